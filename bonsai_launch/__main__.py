@@ -1,0 +1,3 @@
+from bonsai_launch.cli.main import run
+
+run()

@@ -1,0 +1,103 @@
+"""What a llama-server binary can do, as probed from its own output.
+
+Parsing lives here (pure, tested on real `--help` text); running the binary to get that text
+lives in the build module, which caches the result by path, size and mtime.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+_SPEC_TYPES = re.compile(r"\b(none(?:,\s*[a-z0-9][\w-]*)+)")
+_VERSION = re.compile(r"version:\s*(\d+)\s*\(([^)]*)\)")
+_BUILD = re.compile(r"build\s+(\d+)")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    binary: str
+    version: str | None = None  # the `--version` line
+    build_number: int | None = None
+    backend: str = "cpu"  # cpu, cuda, metal, vulkan, hip
+    spec_types: frozenset[str] = frozenset()
+    flags: frozenset[str] = frozenset()
+    devices: tuple[str, ...] = ()
+
+    def accepts(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "binary": self.binary,
+            "version": self.version,
+            "build_number": self.build_number,
+            "backend": self.backend,
+            "spec_types": sorted(self.spec_types),
+            "flags": sorted(self.flags),
+            "devices": list(self.devices),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Capabilities":
+        return cls(
+            binary=data["binary"],
+            version=data.get("version"),
+            build_number=data.get("build_number"),
+            backend=data.get("backend", "cpu"),
+            spec_types=frozenset(data.get("spec_types", ())),
+            flags=frozenset(data.get("flags", ())),
+            devices=tuple(data.get("devices", ())),
+        )
+
+
+def parse_help(text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(flags, speculative types) from `llama-server --help`.
+
+    A flag is any -x/--xyz token in the option column (the text before the description);
+    the speculative types are the comma list on the --spec-type line.
+    """
+    flags: set[str] = set()
+    spec_types: set[str] = set()
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("-"):
+            continue
+        column = re.split(r"\s{2,}", stripped, maxsplit=1)[0]
+        flags.update(m.group(1) for m in _FLAG.finditer(column))
+        if "--spec-type" in column:
+            found = _SPEC_TYPES.search(line)
+            if found:
+                spec_types.update(t.strip() for t in found.group(1).split(","))
+    return frozenset(flags), frozenset(spec_types)
+
+
+def parse_version(text: str) -> tuple[str | None, int | None]:
+    """The version line and build number from `llama-server --version` (stderr)."""
+    for line in text.splitlines():
+        if line.startswith("version:"):
+            match = _BUILD.search(line)
+            number = _VERSION.search(line)
+            build = int(number.group(1)) if number else (int(match.group(1)) if match else None)
+            return line.strip(), build
+    return None, None
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    """Device lines from `--list-devices` (indented `NAME: description` lines)."""
+    devices = []
+    for line in text.splitlines():
+        if line.startswith("  ") and ":" in line:
+            devices.append(line.strip())
+    return tuple(devices)
+
+
+def backend_from_devices(devices: tuple[str, ...]) -> str:
+    joined = " ".join(devices).lower()
+    for needle, backend in (("cuda", "cuda"), ("rocm", "hip"), ("hip", "hip"), ("metal", "metal"), ("vulkan", "vulkan")):
+        if needle in joined:
+            return backend
+    return "cpu"
+

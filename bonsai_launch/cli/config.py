@@ -1,0 +1,39 @@
+"""`bonsai config`: every effective setting and where its value came from.
+
+Examples:
+    bonsai config
+    BONSAI_SPECULATIVE=yes bonsai config --profile demo --json
+"""
+
+from __future__ import annotations
+
+from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
+
+
+def command(profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt = None, json_output: JsonOpt = False) -> None:
+    """Show each BONSAI_* setting's value and its source (flag, env, profile, default)."""
+    from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.launch_inputs import select
+    from bonsai_launch.settings import SETTINGS
+
+    selection = select({"profile": profile, "family": family, "size": size})
+    rows = []
+    for setting in SETTINGS:
+        resolved = selection.settings.values[setting.key]
+        value = resolved.value
+        if setting.kind == "secret" and value:
+            value = "***"
+        if value is None:
+            value = setting.default_text or None
+        rows.append({"env": setting.env, "value": value, "source": resolved.source, "description": setting.description})
+    if json_output:
+        emit_json({"profile": selection.profile.name, "settings": rows})
+        return
+    from rich.table import Table
+
+    table = Table(title=f"profile {selection.profile.name}")
+    for col in ("variable", "value", "source", "meaning"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["env"], "" if row["value"] is None else str(row["value"]), row["source"], row["description"])
+    console().print(table)

@@ -1,0 +1,70 @@
+"""`bonsai inspect FILE.gguf`: what a GGUF declares, read from its header only.
+
+Examples:
+    bonsai inspect models/demo/gemma-3-270m-q4_k_m.gguf
+    bonsai inspect drafter.gguf --target target.gguf     # also check the pair
+    bonsai inspect model.gguf --json
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from bonsai_launch.cli._options import JsonOpt
+
+
+def command(
+    file: Annotated[str, typer.Argument(help="A .gguf file.")],
+    target: Annotated[Optional[str], typer.Option("--target", help="Check FILE as a drafter for this target GGUF.")] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Show architecture, sizes, vocabulary fingerprint and drafter details of a GGUF file."""
+    from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.errors import BonsaiError
+    from bonsai_launch.gguf_info import check_pair, inspect_gguf
+
+    info = inspect_gguf(file)
+    problems = check_pair(inspect_gguf(target), info) if target else []
+    if json_output:
+        data = info.to_json()
+        if target:
+            data["pair_problems"] = problems
+        emit_json(data)
+    else:
+        from rich.table import Table
+
+        table = Table(show_header=False, box=None)
+        rows = [
+            ("file", f"{info.path} ({info.file_size:,} bytes)"),
+            ("architecture", info.architecture),
+            ("name", info.name or "-"),
+            ("layers", info.layers),
+            ("embedding size", info.embedding),
+            ("context length", info.context_length),
+            ("vocabulary", f"{info.vocab_size} tokens, fingerprint {info.vocab_fingerprint}"),
+            ("tokenizer", info.tokenizer_model or "-"),
+            ("chat template", "present" if info.has_chat_template else "absent"),
+            ("tensors", f"{info.tensor_count}: " + ", ".join(f"{k} x{v}" for k, v in info.tensor_types.items())),
+        ]
+        if info.drafter:
+            d = info.drafter
+            rows += [
+                ("drafter kind", d.kind + (" (needs the PrismML fork or a conversion)" if d.kind == "legacy-dspark" else "")),
+                ("block size", d.block_size if d.block_size is not None else "MISSING"),
+                ("target layers", ", ".join(map(str, d.target_layers)) or "-"),
+                ("mask token id", d.mask_token_id),
+                ("draft layers", d.draft_layers),
+                ("confidence head", "yes" if d.has_confidence_head else "no"),
+            ]
+        for key, value in rows:
+            table.add_row(key, str(value))
+        out = console()
+        out.print(table)
+        if target:
+            out.print("pair: " + ("fits" if not problems else "does not fit"))
+            for p in problems:
+                out.print(f"  - {p}")
+    if problems:
+        raise BonsaiError(f"{info.path.name} does not fit {target}: {problems[0]}", "use the drafter made for this target")

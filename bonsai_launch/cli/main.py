@@ -1,0 +1,48 @@
+"""The `bonsai` command. Commands register here; each lives in its own module.
+
+Examples:
+    bonsai build                         # compile llama-server for this machine
+    bonsai pull --profile demo           # fetch a model (and its drafter)
+    BONSAI_SPECULATIVE=1 bonsai start --profile demo
+    bonsai start --profile ternary-27b --dry-run --json
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from bonsai_launch.cli import config as config_cmd
+from bonsai_launch.cli import inspect as inspect_cmd
+from bonsai_launch.cli import models as models_cmd
+from bonsai_launch.cli import start as start_cmd
+from bonsai_launch.errors import BonsaiError
+
+app = typer.Typer(
+    name="bonsai",
+    help="Build, pull and launch llama.cpp servers for Bonsai and other GGUF models, "
+    "with speculative decoding where it pays.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+app.command("config")(config_cmd.command)
+app.command("models")(models_cmd.command)
+app.command("inspect")(inspect_cmd.command)
+app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(start_cmd.command)
+
+
+def run() -> None:
+    """Console-script entry point: user errors become one line and an exit code."""
+    try:
+        app()
+    except BonsaiError as err:
+        from bonsai_launch.cli._output import error_line
+
+        error_line(str(err))
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

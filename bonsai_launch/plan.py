@@ -1,0 +1,389 @@
+"""The launch plan: a pure function from what we know to the exact llama-server command.
+
+Inputs are plain values (settings, profile, inspected GGUF headers, hardware, binary
+capabilities); the output is a frozen LaunchPlan with the argv, the extra environment and a
+reason for every non-default flag. Nothing here touches processes, disk or the network, so
+`bonsai start --dry-run` and `bonsai start` share this one code path and tests can drive it
+with tables of cases.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bonsai_launch.capabilities import Capabilities
+from bonsai_launch.errors import BonsaiError
+from bonsai_launch.gguf_info import GGUFInfo, check_pair
+from bonsai_launch.hardware import Hardware
+from bonsai_launch.profiles import Profile
+from bonsai_launch.settings import Settings
+
+SPECULATIVE_MIN_CTX = 16384
+GIB = 2**30
+# Context by system RAM, as the reference sizes it: (RAM upper bound in GB, context).
+RAM_TIERS: tuple[tuple[float, int], ...] = ((11, 8192), (23, 16384), (35, 32768), (71, 65536))
+GPU_MARGIN_BYTES = 1 * GIB  # compute buffers and the CUDA context
+MIN_CTX = 2048
+SLOW_VISION_BACKENDS = ("cpu", "metal", "vulkan")
+
+
+@dataclass(frozen=True)
+class Reason:
+    flag: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class SpecPlan:
+    spec_type: str
+    n_max: int | None
+    drafter: str | None = None
+    draft_ngl: int | None = None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    reasons: tuple[Reason, ...]
+    warnings: tuple[str, ...]
+    profile: str | None
+    model: str
+    host: str
+    port: int
+    ctx: int
+    ngl: int
+    backend: str
+    speculative: SpecPlan | None
+    mmproj: str | None = None
+
+    @property
+    def binary(self) -> str:
+        return self.argv[0]
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "argv": list(self.argv),
+            "command": shlex.join(self.argv),
+            "env": {k: ("***" if "KEY" in k else v) for k, v in self.env.items()},
+            "reasons": [{"flag": r.flag, "value": r.value, "why": r.why} for r in self.reasons],
+            "warnings": list(self.warnings),
+            "profile": self.profile,
+            "model": self.model,
+            "mmproj": self.mmproj,
+            "host": self.host,
+            "port": self.port,
+            "url": self.base_url,
+            "ctx": self.ctx,
+            "ngl": self.ngl,
+            "backend": self.backend,
+            "speculative": None if self.speculative is None else {
+                "type": self.speculative.spec_type,
+                "n_max": self.speculative.n_max,
+                "drafter": self.speculative.drafter,
+                "draft_ngl": self.speculative.draft_ngl,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    settings: Settings
+    model: GGUFInfo
+    hardware: Hardware
+    binary: str
+    profile: Profile | None = None
+    drafter: GGUFInfo | None = None
+    mmproj: Path | None = None
+    capabilities: Capabilities | None = None  # None: not probed (dry run without a binary)
+    passthrough: tuple[str, ...] = ()
+    drafter_unavailable: str | None = None  # why the profile's drafter cannot be used here
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def auto_ctx_from_ram(hardware: Hardware, ceiling: int) -> int:
+    for limit_gb, ctx in RAM_TIERS:
+        if hardware.ram_gb <= limit_gb:
+            return min(ctx, ceiling)
+    return ceiling
+
+
+def gpu_ctx_limit(hardware: Hardware, weights_bytes: int, kv_per_token: int | None) -> int | None:
+    """The largest context whose KV cache fits in the first GPU's free memory, or None."""
+    if not hardware.gpus or not kv_per_token:
+        return None
+    available = hardware.gpus[0].free_bytes - weights_bytes - GPU_MARGIN_BYTES
+    return max(0, available // kv_per_token) // 1024 * 1024
+
+
+class _Builder:
+    """Collects flags with their reasons so the argv and the explanation never disagree."""
+
+    def __init__(self, binary: str) -> None:
+        self.argv: list[str] = [binary]
+        self.reasons: list[Reason] = []
+        self.warnings: list[str] = []
+
+    def add(self, flag: str, value: Any | None, why: str) -> None:
+        self.argv.append(flag)
+        if value is not None:
+            self.argv.append(str(value))
+        self.reasons.append(Reason(flag, "" if value is None else str(value), why))
+
+
+def _passthrough_value(args: tuple[str, ...], *names: str) -> int | None:
+    """The last integer value given to any of `names` in the pass-through arguments."""
+    found = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                found = args[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg.split("=", 1)[1]
+    try:
+        return int(found) if found is not None else None
+    except ValueError:
+        return None
+
+
+def _backend(inputs: PlanInputs) -> str:
+    if inputs.capabilities is not None:
+        return inputs.capabilities.backend
+    if inputs.hardware.gpus:
+        return "cuda"
+    if inputs.hardware.metal:
+        return "metal"
+    return "cpu"
+
+
+def build_plan(inputs: PlanInputs) -> LaunchPlan:
+    s = inputs.settings
+    caps = inputs.capabilities
+    profile = inputs.profile
+    b = _Builder(inputs.binary)
+    backend = _backend(inputs)
+
+    # Where it listens. A server reachable from the network is an explicit choice.
+    host, port = s["host"], s["port"]
+    if not is_loopback(host) and not s["allow_remote"]:
+        raise BonsaiError(f"BONSAI_HOST={host!r} is not a loopback address and remote access is not allowed",
+                          "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
+    env: dict[str, str] = {}
+    if not is_loopback(host):
+        if not s.get("api_key"):
+            raise BonsaiError(f"BONSAI_HOST={host!r} is reachable from the network but no API key is set",
+                              "set BONSAI_API_KEY, or let `bonsai start` generate one")
+        # Through the environment, so the key never shows in `ps` output.
+        env["LLAMA_API_KEY"] = s["api_key"]
+        b.reasons.append(Reason("LLAMA_API_KEY", "***", "remote access requires an API key"))
+
+    b.add("-m", inputs.model.path, f"model{' of profile ' + profile.name if profile else ''}")
+    b.add("--host", host, "loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1")
+    b.add("--port", port, f"from {s.source('port')}")
+
+    # GPU layers: the user's choice, else everything on a usable GPU.
+    if s.get("ngl") is not None:
+        ngl = s["ngl"]
+        ngl_why = f"BONSAI_NGL/--ngl ({s.source('ngl')})"
+    elif backend == "cpu":
+        ngl = 0
+        ngl_why = "CPU build: nothing to offload" if caps else "no GPU detected"
+    else:
+        ngl = 99
+        ngl_why = f"{backend} backend: offload all layers"
+    b.add("-ngl", ngl, ngl_why)
+
+    spec = _speculation(inputs, ngl, b)
+
+    # Context: explicit wins; else RAM tier, capped by free GPU memory when offloading.
+    ctx_setting = s.get("ctx") or 0
+    if ctx_setting > 0:
+        ctx = ctx_setting
+        ctx_why = f"set explicitly ({s.source('ctx')})"
+        if spec and s.source("ctx") == "profile" and ctx < SPECULATIVE_MIN_CTX:
+            ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
+    else:
+        ceiling = profile.max_auto_ctx if profile else 131072
+        if inputs.model.context_length:
+            ceiling = min(ceiling, inputs.model.context_length)
+        ctx = auto_ctx_from_ram(inputs.hardware, ceiling)
+        ctx_why = f"auto: {inputs.hardware.ram_gb:.0f} GB RAM tier"
+        if ngl > 0:
+            weights = inputs.model.file_size + (inputs.drafter.file_size if inputs.drafter and spec else 0)
+            kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
+            limit = gpu_ctx_limit(inputs.hardware, weights, kv)
+            if limit is not None and limit < ctx:
+                ctx = max(MIN_CTX, limit)
+                ctx_why = f"auto: limited by free GPU memory ({inputs.hardware.gpus[0].free_bytes / GIB:.1f} GiB)"
+                if limit < MIN_CTX:
+                    b.warnings.append(f"the model barely fits in GPU memory; context set to {MIN_CTX}; "
+                                      "lower BONSAI_NGL if loading fails")
+        if spec and ctx < SPECULATIVE_MIN_CTX:
+            ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
+    b.add("-c", ctx, ctx_why)
+
+    if spec:
+        b.add("-np", 1, "speculation: one slot, as the DSpark fork runs it")
+        n_max = spec.n_max or 0
+        for names, label in ((("-ub", "--ubatch-size"), "-ub"), (("-b", "--batch-size"), "-b")):
+            given = _passthrough_value(inputs.passthrough, *names)
+            if given is not None and given < n_max + 1:
+                raise BonsaiError(f"{label} {given} is smaller than slots x (n-max + 1) = {n_max + 1}",
+                                  f"raise {label} to at least {n_max + 1}; llama-server aborts on the first draft otherwise")
+
+    if s["kv4"]:
+        _require_flag(caps, "--cache-type-k", "BONSAI_KV4=1")
+        b.add("--cache-type-k", "q4_0", "BONSAI_KV4=1")
+        b.add("--cache-type-v", "q4_0", "BONSAI_KV4=1")
+        if spec and spec.drafter:
+            _require_flag(caps, "--spec-draft-type-k", "BONSAI_KV4=1 with a drafter")
+            b.add("--spec-draft-type-k", "q4_0", "BONSAI_KV4=1: the drafter's KV cache too (the reference crashed without it)")
+            b.add("--spec-draft-type-v", "q4_0", "BONSAI_KV4=1: the drafter's KV cache too")
+
+    mmproj = _vision(inputs, backend, b)
+
+    if s["verbose"]:
+        b.add("--verbose", None, "BONSAI_LLAMA_VERBOSE=1")
+    b.add("--metrics", None, "expose /metrics so `bonsai verify` and `bonsai bench` can read speculative counters")
+
+    if profile:
+        b.argv.extend(profile.server_args)
+        if profile.server_args:
+            b.reasons.append(Reason("profile", " ".join(profile.server_args), f"sampling and chat settings of profile {profile.name}"))
+    if inputs.passthrough:
+        b.argv.extend(inputs.passthrough)
+        b.reasons.append(Reason("--", " ".join(inputs.passthrough), "passed through unchanged (last value wins in llama-server)"))
+
+    return LaunchPlan(
+        argv=tuple(str(a) for a in b.argv),
+        env=env,
+        reasons=tuple(b.reasons),
+        warnings=tuple(b.warnings),
+        profile=profile.name if profile else None,
+        model=str(inputs.model.path),
+        host=host,
+        port=port,
+        ctx=ctx,
+        ngl=ngl,
+        backend=backend,
+        speculative=spec,
+        mmproj=str(mmproj) if mmproj else None,
+    )
+
+
+def _require_flag(caps: Capabilities | None, flag: str, setting: str) -> None:
+    if caps is not None and not caps.accepts(flag):
+        raise BonsaiError(f"{setting} needs {flag}, which {caps.binary} does not accept",
+                          "rebuild with `bonsai build --force`, or unset the setting")
+
+
+def _require_spec_type(caps: Capabilities | None, spec_type: str) -> None:
+    if caps is not None and caps.spec_types and spec_type not in caps.spec_types:
+        raise BonsaiError(
+            f"speculative type {spec_type} is not supported by {caps.binary} (it knows {', '.join(sorted(caps.spec_types))})",
+            "run `bonsai build` to build the pinned llama.cpp, or point BONSAI_LLAMA_SERVER at a newer binary")
+
+
+def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
+    s = inputs.settings
+    if not s["speculative"]:
+        for key, env in (("spec_type", "BONSAI_SPEC_TYPE"), ("spec_nmax", "BONSAI_SPEC_NMAX")):
+            if s.is_explicit(key):
+                b.warnings.append(f"{env} is set but speculation is off; it has no effect (set BONSAI_SPECULATIVE=1)")
+        if inputs.drafter is not None:
+            b.warnings.append(f"drafter {inputs.drafter.path.name} is given but speculation is off; "
+                              "it is not loaded (set BONSAI_SPECULATIVE=1 or --speculative)")
+        return None
+
+    wanted_type = s.get("spec_type")
+    drafter = inputs.drafter
+    if wanted_type and wanted_type.startswith("ngram"):
+        drafter = None  # an explicit draft-free type needs no drafter
+    if wanted_type == "none":
+        raise BonsaiError("BONSAI_SPEC_TYPE='none' contradicts BONSAI_SPECULATIVE=1",
+                          "unset one of them")
+
+    if drafter is not None:
+        problems = check_pair(inputs.model, drafter)
+        if problems:
+            raise BonsaiError("drafter does not fit the target: " + "; ".join(problems),
+                              f"replace {drafter.path.name} with the drafter made for {inputs.model.path.name}")
+        assert drafter.drafter is not None and drafter.drafter.block_size is not None
+        needed = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
+        if wanted_type and wanted_type != needed:
+            raise BonsaiError(f"BONSAI_SPEC_TYPE={wanted_type!r} does not match the drafter {drafter.path.name}, which needs {needed}",
+                              f"unset BONSAI_SPEC_TYPE or set it to {needed}")
+        _require_spec_type(inputs.capabilities, needed)
+        block = drafter.drafter.block_size
+        if s.get("spec_nmax") is not None and s["spec_nmax"] != block:
+            raise BonsaiError(f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} "
+                              f"({drafter.path.name})", "unset BONSAI_SPEC_NMAX: n-max always equals the block size")
+        b.add("-md", drafter.path, "speculation: the drafter")
+        b.add("--spec-type", needed, f"the drafter is a {drafter.drafter.kind} model")
+        b.add("--spec-draft-n-max", block, f"the drafter's block size, read from {drafter.path.name}")
+        b.add("-ngld", ngl, "drafter GPU layers follow the target's" + (" (CPU)" if ngl == 0 else ""))
+        return SpecPlan(needed, block, str(drafter.path), ngl)
+
+    draft_free = wanted_type or (inputs.profile.draft_free_type if inputs.profile else None)
+    if not draft_free:
+        name = inputs.profile.name if inputs.profile else "this model"
+        why = f" ({inputs.drafter_unavailable})" if inputs.drafter_unavailable else ""
+        raise BonsaiError(f"BONSAI_SPECULATIVE=1 but {name} has no usable drafter and no draft-free mode{why}",
+                          "pass --drafter PATH, or set BONSAI_SPEC_TYPE=ngram-mod for draft-free n-gram speculation")
+    if not draft_free.startswith("ngram"):
+        raise BonsaiError(f"BONSAI_SPEC_TYPE={draft_free!r} needs a drafter model", "pass --drafter PATH")
+    _require_spec_type(inputs.capabilities, draft_free)
+    b.add("--spec-type", draft_free, "draft-free n-gram speculation" + (" (profile default)" if not wanted_type else ""))
+    n_max = s.get("spec_nmax")
+    if n_max is not None:
+        b.add("--spec-draft-n-max", n_max, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')})")
+    return SpecPlan(draft_free, n_max)
+
+
+def _vision(inputs: PlanInputs, backend: str, b: _Builder) -> Path | None:
+    s = inputs.settings
+    if inputs.mmproj is None or not s["vision"]:
+        for key, env in (("mmproj_cpu", "BONSAI_MMPROJ_CPU"), ("image_max_tokens", "BONSAI_IMAGE_MAX_TOKENS")):
+            if s.is_explicit(key):
+                b.warnings.append(f"{env} is set but no vision projector is loaded; it has no effect")
+        return None
+    b.add("--mmproj", inputs.mmproj, "vision projector of the profile")
+    if s["mmproj_cpu"]:
+        b.add("--no-mmproj-offload", None, "BONSAI_MMPROJ_CPU=1")
+    if s.get("image_max_tokens") is not None:
+        b.add("--image-max-tokens", s["image_max_tokens"], f"set explicitly ({s.source('image_max_tokens')})")
+    elif inputs.profile and inputs.profile.vision_cap_on_slow_backends and backend in SLOW_VISION_BACKENDS:
+        b.add("--image-max-tokens", 1024, f"{backend} backend: cap image tokens as the reference does")
+    return inputs.mmproj
+
+
+def render_command(argv: tuple[str, ...] | list[str], shell: str = "posix", env: dict[str, str] | None = None) -> str:
+    """The command line to paste into a shell: POSIX sh or PowerShell."""
+    if shell == "powershell":
+        def quote(arg: str) -> str:
+            if arg and all(c.isalnum() or c in "-_./:=\\+," for c in arg):
+                return arg
+            return "'" + arg.replace("'", "''") + "'"
+        prefix = "".join(f"$env:{k} = {quote(v)}; " for k, v in (env or {}).items())
+        return prefix + "& " + " ".join(quote(a) for a in argv)
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return prefix + shlex.join(argv)
