@@ -1,0 +1,55 @@
+"""Hardware detection never crashes: a missing library or driver means "not present"."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+
+from bonsai_launch import hardware
+
+
+def test_detect_on_this_machine():
+    hw = hardware.detect()
+    assert hw.physical_cores >= 1 and hw.ram_bytes > 0
+    assert hw.to_json()["ram_gb"] > 0
+
+
+def test_nvml_without_driver_means_no_gpu(monkeypatch):
+    import pynvml
+
+    def no_driver():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    assert hardware.detect().gpus == ()
+
+
+def test_missing_nvml_library_is_a_note_not_a_crash(monkeypatch):
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "pynvml":
+            raise ImportError("no pynvml")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    hw = hardware.detect()
+    assert hw.gpus == () and any("nvidia-ml-py" in n for n in hw.notes)
+
+
+def test_gpu_listing_through_nvml(monkeypatch):
+    import pynvml
+
+    class Mem:
+        total, free = 24 * 2**30, 20 * 2**30
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: i)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda h: Mem)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: "NVIDIA H200")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: (9, 0))
+    (gpu,) = hardware.detect().gpus
+    assert gpu.name == "NVIDIA H200" and gpu.compute_capability == "9.0" and gpu.free_bytes == 20 * 2**30
