@@ -1,0 +1,397 @@
+"""Tiny random-weight GGUF models for tests: targets, DSpark/DFlash drafters and broken files.
+
+Every writer returns the Path it wrote, writes to a temporary name first and renames it into
+place, and produces a file of a few hundred KB that llama-server (upstream b11434) loads in
+milliseconds. Keys and tensor names follow src/llama-model.cpp, src/models/{qwen3,llama,dflash}.cpp
+and src/llama-vocab.cpp of that build (see /work/shared/reference/drafter-gguf.md).
+
+Vocabulary: the `"test"` tokenizer (hash tokenizer, no BOS/EOS, so generation runs to
+n_predict; a token detokenizes to its id in hex). Token texts are f"{token_prefix}{i}", so a
+target and a drafter built with the same vocab size and prefix have the same token list (same
+fingerprint for `bonsai_launch.gguf_info.check_pair`); another prefix gives a same-size list
+with different texts, for mismatch tests.
+
+Deterministic pairs: `constant_token=k` makes a model always predict k. Every token embeds to
+the same constant vector, the attention output and FFN down projections are zero (so the
+residual stream stays that vector), and the output head has a single non-zero row, k. A
+constant target and a constant drafter of the same k accept every draft: speculation is live
+and lossless, and its output equals a plain run.
+
+What llama-server b11434 does with the files (checked by tests/test_tiny_gguf.py):
+- write_target: loads (qwen3 and llama); /completion at temperature 0 answers n_predict tokens.
+- write_dspark_drafter with `-md FILE --spec-type draft-dspark`: loads, logs
+  "adding speculative implementation 'draft-dspark'", and completions report
+  timings.draft_n > 0.
+- write_dflash_drafter (no Markov head) with `--spec-type draft-dflash`: loads and drafts too.
+- legacy=True ("dspark" architecture): the server refuses the drafter at load time and exits
+  ("unknown model architecture: 'dspark'", then "failed to load draft model").
+- write_runtime_refused_drafter: a DSpark drafter that declares
+  `dflash.has_confidence_head = false`. Started with a positive `--spec-draft-p-min` (the
+  fixture's RUNTIME_REFUSED_ARGS), llama-server loads both models, then logs
+  "failed to initialize speculative decoding context: DSpark draft has no confidence head:
+  please set --spec-draft-p-min 0" and keeps serving without speculation (draft_n == 0).
+  Note: a drafter whose vocabulary differs from the target's is NOT refused by
+  draft-dflash/draft-dspark (only draft-simple compares vocabularies), so the launcher's own
+  check_pair is the only guard against that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+
+DEFAULT_TOKEN_PREFIX = "tok"
+# Extra server arguments that make llama-server refuse write_runtime_refused_drafter's file
+# at runtime (it loads, then speculation initialization fails and the server serves without it).
+RUNTIME_REFUSED_ARGS = ("--spec-draft-p-min", "0.5")
+
+_RMS_EPS = 1e-6
+_ROPE_BASE = 10000.0
+_CONST = 0.5  # every embedding of a constant-token model is this vector (times ones)
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _rand(rng: np.random.Generator, *ggml_shape: int, scale: float = 0.1) -> np.ndarray:
+    """Random f32 weights; `ggml_shape` is ggml order {ne0, ne1}, numpy gets it reversed."""
+    return (rng.standard_normal(tuple(reversed(ggml_shape))) * scale).astype(np.float32)
+
+
+def _zeros(*ggml_shape: int) -> np.ndarray:
+    return np.zeros(tuple(reversed(ggml_shape)), dtype=np.float32)
+
+
+def _ones(*ggml_shape: int) -> np.ndarray:
+    return np.ones(tuple(reversed(ggml_shape)), dtype=np.float32)
+
+
+def token_texts(vocab: int, token_prefix: str = DEFAULT_TOKEN_PREFIX) -> list[str]:
+    return [f"{token_prefix}{i}" for i in range(vocab)]
+
+
+def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token_embd, output) so that any token's hidden state scores `token` highest."""
+    if not 0 <= token < vocab:
+        raise ValueError(f"constant_token {token} outside the vocabulary of {vocab}")
+    embd = np.full((vocab, embedding), _CONST, dtype=np.float32)
+    out = np.zeros((vocab, embedding), dtype=np.float32)
+    out[token, :] = 1.0
+    return embd, out
+
+
+def _write(path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]],
+           tensors: Sequence[tuple[str, np.ndarray]]) -> Path:
+    """Write a GGUF file atomically. kv items are (kind, key, value), kind one of the
+    GGUFWriter add_* suffixes (uint32, float32, bool, string, array)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    writer = GGUFWriter(str(tmp), arch)
+    try:
+        for kind, key, value in kv:
+            getattr(writer, f"add_{kind}")(key, value)
+        for name, data in tensors:
+            writer.add_tensor(name, data)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _tokenizer_kv(vocab: int, tokenizer: str, token_prefix: str, chat_template: str | None,
+                  mask_token_id: int | None = None) -> list[tuple[str, str, object]]:
+    if tokenizer != "test":
+        raise ValueError("only the 'test' tokenizer is supported by tiny_gguf")
+    kv: list[tuple[str, str, object]] = [
+        ("string", "tokenizer.ggml.model", tokenizer),
+        ("array", "tokenizer.ggml.tokens", token_texts(vocab, token_prefix)),
+    ]
+    if mask_token_id is not None:
+        kv.append(("uint32", "tokenizer.ggml.mask_token_id", mask_token_id))
+    if chat_template is not None:
+        kv.append(("string", "tokenizer.chat_template", chat_template))
+    return kv
+
+
+def _attention_kv(arch: str, *, context_length: int, embedding: int, layers: int, ff: int, heads: int,
+                  heads_kv: int, head_dim: int) -> list[tuple[str, str, object]]:
+    return [
+        ("uint32", f"{arch}.context_length", context_length),
+        ("uint32", f"{arch}.embedding_length", embedding),
+        ("uint32", f"{arch}.block_count", layers),
+        ("uint32", f"{arch}.feed_forward_length", ff),
+        ("uint32", f"{arch}.attention.head_count", heads),
+        ("uint32", f"{arch}.attention.head_count_kv", heads_kv),
+        ("uint32", f"{arch}.attention.key_length", head_dim),
+        ("uint32", f"{arch}.attention.value_length", head_dim),
+        ("float32", f"{arch}.attention.layer_norm_rms_epsilon", _RMS_EPS),
+        ("float32", f"{arch}.rope.freq_base", _ROPE_BASE),
+        ("uint32", f"{arch}.rope.dimension_count", head_dim),
+    ]
+
+
+def _layer_tensors(rng: np.random.Generator, i: int, *, embedding: int, ff: int, heads: int, heads_kv: int,
+                   head_dim: int, qk_norm: bool, constant: bool) -> list[tuple[str, np.ndarray]]:
+    e, q, kv = embedding, head_dim * heads, head_dim * heads_kv
+    # constant models zero the projections back into the residual stream, so it never changes
+    wo = _zeros(q, e) if constant else _rand(rng, q, e)
+    down = _zeros(ff, e) if constant else _rand(rng, ff, e)
+    out = [
+        (f"blk.{i}.attn_norm.weight", _ones(e)),
+        (f"blk.{i}.attn_q.weight", _rand(rng, e, q)),
+        (f"blk.{i}.attn_k.weight", _rand(rng, e, kv)),
+        (f"blk.{i}.attn_v.weight", _rand(rng, e, kv)),
+        (f"blk.{i}.attn_output.weight", wo),
+        (f"blk.{i}.ffn_norm.weight", _ones(e)),
+        (f"blk.{i}.ffn_gate.weight", _rand(rng, e, ff)),
+        (f"blk.{i}.ffn_up.weight", _rand(rng, e, ff)),
+        (f"blk.{i}.ffn_down.weight", down),
+    ]
+    if qk_norm:
+        out += [(f"blk.{i}.attn_q_norm.weight", _ones(head_dim)),
+                (f"blk.{i}.attn_k_norm.weight", _ones(head_dim))]
+    return out
+
+
+def write_target(path: str | Path, *, arch: str = "qwen3", embedding: int = 64, layers: int = 2,
+                 vocab: int = 512, ff: int = 128, heads: int = 4, heads_kv: int = 2, head_dim: int = 16,
+                 context_length: int = 32768, seed: int = 0, constant_token: int | None = None,
+                 tokenizer: str = "test", chat_template: str | None = None,
+                 token_prefix: str = DEFAULT_TOKEN_PREFIX, name: str = "tiny-target") -> Path:
+    """A tiny `qwen3` or `llama` target. `constant_token=k`: it always predicts k."""
+    if arch not in ("qwen3", "llama"):
+        raise ValueError(f"unsupported target architecture {arch!r} (qwen3 or llama)")
+    rng = _rng(seed)
+    kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
+    kv += _attention_kv(arch, context_length=context_length, embedding=embedding, layers=layers, ff=ff,
+                        heads=heads, heads_kv=heads_kv, head_dim=head_dim)
+    kv += _tokenizer_kv(vocab, tokenizer, token_prefix, chat_template)
+
+    tensors: list[tuple[str, np.ndarray]] = []
+    if constant_token is not None:
+        embd, out = _constant_head(embedding, vocab, constant_token)
+        tensors += [("token_embd.weight", embd), ("output.weight", out)]
+    else:
+        tensors += [("token_embd.weight", _rand(rng, embedding, vocab, scale=1.0))]  # tied output head
+    tensors.append(("output_norm.weight", _ones(embedding)))
+    for i in range(layers):
+        tensors += _layer_tensors(rng, i, embedding=embedding, ff=ff, heads=heads, heads_kv=heads_kv,
+                                  head_dim=head_dim, qk_norm=arch == "qwen3", constant=constant_token is not None)
+    return _write(path, arch, kv, tensors)
+
+
+def _write_drafter(path: str | Path, *, markov: bool, target_embedding: int, target_layers: Sequence[int],
+                   vocab: int, block_size: int, mask_token_id: int | None, draft_layers: int, seed: int,
+                   constant_token: int | None, legacy: bool, omit_block_size: bool, markov_rank: int,
+                   token_prefix: str, heads: int, heads_kv: int, head_dim: int, ff: int,
+                   context_length: int, has_confidence_head: bool | None, confidence_head: bool,
+                   name: str) -> Path:
+    arch = "dspark" if legacy else "dflash"
+    e = target_embedding
+    mask = vocab - 1 if mask_token_id is None else mask_token_id
+    rng = _rng(seed)
+    kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
+    kv += _attention_kv(arch, context_length=context_length, embedding=e, layers=draft_layers, ff=ff,
+                        heads=heads, heads_kv=heads_kv, head_dim=head_dim)
+    layer_ids = [int(i) for i in target_layers]
+    if legacy:
+        # the PrismML fork's layout: the DSpark settings live under "dspark.dspark."
+        kv.append(("array", "dspark.dspark.target_layers", layer_ids))
+        if not omit_block_size:
+            kv.append(("uint32", "dspark.dspark.block_size", block_size))
+    else:
+        kv.append(("array", "dflash.target_layers", layer_ids))
+        if not omit_block_size:
+            kv.append(("uint32", "dflash.block_size", block_size))
+        kv.append(("bool", "dflash.sample_from_anchor", True))
+    if has_confidence_head is not None:
+        kv.append(("bool", f"{arch}.has_confidence_head", has_confidence_head))
+    kv += _tokenizer_kv(vocab, "test", token_prefix, None, mask_token_id=mask)
+
+    n_in = len(layer_ids) * e
+    tensors: list[tuple[str, np.ndarray]] = [
+        ("fc.weight", _rand(rng, n_in, e)),
+        ("enc.output_norm.weight", _ones(e)),
+        ("output_norm.weight", _ones(e)),
+    ]
+    if constant_token is not None:
+        # its own embeddings and head, so it drafts k whatever the target is
+        embd, out = _constant_head(e, vocab, constant_token)
+        tensors += [("token_embd.weight", embd), ("output.weight", out)]
+    # otherwise token_embd/output are borrowed from the target, like the real drafters
+    if markov:
+        w2 = _zeros(markov_rank, vocab) if constant_token is not None else _rand(rng, markov_rank, vocab)
+        tensors += [("markov_w1.weight", _rand(rng, markov_rank, vocab)), ("markov_w2.weight", w2)]
+        if confidence_head:
+            tensors += [("conf_proj.weight", _rand(rng, e + markov_rank, 1)), ("conf_proj.bias", _zeros(1))]
+    for i in range(draft_layers):
+        tensors += _layer_tensors(rng, i, embedding=e, ff=ff, heads=heads, heads_kv=heads_kv, head_dim=head_dim,
+                                  qk_norm=True, constant=constant_token is not None)
+    return _write(path, arch, kv, tensors)
+
+
+def write_dspark_drafter(path: str | Path, *, target_embedding: int = 64, target_layers: Sequence[int] = (1,),
+                         vocab: int = 512, block_size: int = 4, mask_token_id: int | None = None,
+                         draft_layers: int = 1, seed: int = 0, constant_token: int | None = None,
+                         legacy: bool = False, omit_block_size: bool = False, markov_rank: int = 8,
+                         tokens_like_target: bool = True, token_prefix: str | None = None,
+                         heads: int = 4, heads_kv: int = 2, head_dim: int = 16, ff: int = 128,
+                         context_length: int = 32768, has_confidence_head: bool | None = None,
+                         confidence_head: bool = False, name: str = "tiny-dspark") -> Path:
+    """A DSpark drafter: architecture `dflash` plus markov_w1/markov_w2.
+
+    legacy=True writes the PrismML fork's `general.architecture = "dspark"` form (block size
+    under `dspark.dspark.block_size`), which upstream llama.cpp cannot load. tokens_like_target
+    =False (or another token_prefix) gives a same-size vocabulary with different token texts.
+    confidence_head=True adds conf_proj tensors; has_confidence_head sets the metadata flag.
+    """
+    prefix = token_prefix or (DEFAULT_TOKEN_PREFIX if tokens_like_target else "other")
+    return _write_drafter(path, markov=True, target_embedding=target_embedding, target_layers=target_layers,
+                          vocab=vocab, block_size=block_size, mask_token_id=mask_token_id,
+                          draft_layers=draft_layers, seed=seed, constant_token=constant_token, legacy=legacy,
+                          omit_block_size=omit_block_size, markov_rank=markov_rank, token_prefix=prefix,
+                          heads=heads, heads_kv=heads_kv, head_dim=head_dim, ff=ff, context_length=context_length,
+                          has_confidence_head=has_confidence_head, confidence_head=confidence_head, name=name)
+
+
+def write_dflash_drafter(path: str | Path, *, target_embedding: int = 64, target_layers: Sequence[int] = (1,),
+                         vocab: int = 512, block_size: int = 4, mask_token_id: int | None = None,
+                         draft_layers: int = 1, seed: int = 0, constant_token: int | None = None,
+                         omit_block_size: bool = False, tokens_like_target: bool = True,
+                         token_prefix: str | None = None, heads: int = 4, heads_kv: int = 2,
+                         head_dim: int = 16, ff: int = 128, context_length: int = 32768,
+                         name: str = "tiny-dflash") -> Path:
+    """A plain DFlash drafter (no Markov head; llama-server's kind draft-dflash)."""
+    prefix = token_prefix or (DEFAULT_TOKEN_PREFIX if tokens_like_target else "other")
+    return _write_drafter(path, markov=False, target_embedding=target_embedding, target_layers=target_layers,
+                          vocab=vocab, block_size=block_size, mask_token_id=mask_token_id,
+                          draft_layers=draft_layers, seed=seed, constant_token=constant_token, legacy=False,
+                          omit_block_size=omit_block_size, markov_rank=0, token_prefix=prefix,
+                          heads=heads, heads_kv=heads_kv, head_dim=head_dim, ff=ff, context_length=context_length,
+                          has_confidence_head=None, confidence_head=False, name=name)
+
+
+def write_runtime_refused_drafter(path: str | Path, **kwargs) -> Path:
+    """A DSpark drafter llama-server loads but then refuses at runtime when started with
+    RUNTIME_REFUSED_ARGS (`--spec-draft-p-min 0.5`): it declares no confidence head, so
+    speculation init fails ("failed to initialize speculative decoding context: DSpark draft
+    has no confidence head: please set --spec-draft-p-min 0") and the server serves without it."""
+    kwargs.setdefault("name", "tiny-dspark-no-confidence")
+    return write_dspark_drafter(path, has_confidence_head=False, confidence_head=False, **kwargs)
+
+
+def truncate(path: str | Path, keep_bytes: int) -> Path:
+    """Cut an existing file down to its first keep_bytes bytes (a half-downloaded model)."""
+    path = Path(path)
+    with path.open("r+b") as fh:
+        fh.truncate(keep_bytes)
+    return path
+
+
+def write_not_gguf(path: str | Path, content: bytes = b"<html>404 Not Found</html>\n" * 4) -> Path:
+    """A file with a .gguf name that is not GGUF (an error page saved by a download)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    tmp.write_bytes(content)
+    os.replace(tmp, path)
+    return path
+
+
+# --- running a tiny model in the real llama-server (for tests) ---------------------------------
+
+@dataclass
+class TinyServer:
+    """A llama-server started by `serve`: its base URL, process and log file."""
+
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def completion(self, prompt: str = "hello world", n_predict: int = 8, **extra: object) -> dict:
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, **extra}
+        req = urllib.request.Request(f"{self.url}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.load(resp)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerExited(RuntimeError):
+    """llama-server ended before it became healthy; `log` holds what it printed."""
+
+    def __init__(self, returncode: int | None, log: str) -> None:
+        super().__init__(f"llama-server exited ({returncode}) before /health said 200:\n{log[-3000:]}")
+        self.returncode = returncode
+        self.log = log
+
+
+@contextlib.contextmanager
+def serve(binary: str | Path, args: Sequence[str], log_path: str | Path, *,
+          timeout: float = 60.0) -> Iterator[TinyServer]:
+    """Run `binary args --host 127.0.0.1 --port <free>` until /health answers 200; always kill it.
+
+    Raises ServerExited if the process ends first (a refused model), TimeoutError otherwise.
+    """
+    log_path = Path(log_path)
+    port = free_port()
+    argv = [str(binary), *map(str, args), "--host", "127.0.0.1", "--port", str(port)]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise ServerExited(proc.returncode, log_path.read_text(errors="replace"))
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass  # not listening yet, or 503 while loading
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"llama-server not healthy after {timeout}s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.05)
+        yield TinyServer(url=url, process=proc, log_path=log_path)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
