@@ -167,3 +167,76 @@ def test_server_refuses_drafter_at_runtime_and_keeps_serving(tmp_path, llama_ser
     assert f"{SPEC_FAILED}: DSpark draft has no confidence head" in log
     assert out["timings"]["predicted_n"] == 8
     assert out["timings"].get("draft_n", 0) == 0
+
+
+@pytest.mark.server
+def test_runtime_refusal_through_the_environment(tmp_path, llama_server):
+    target = tg.write_target(tmp_path / "t.gguf")
+    drafter = tg.write_runtime_refused_drafter(tmp_path / "d.gguf")
+    with tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "s.log", env=tg.RUNTIME_REFUSED_ENV) as srv:
+        out = srv.completion(n_predict=4)
+        assert tg.RUNTIME_REFUSED_LOG in srv.log()
+    assert out["timings"]["predicted_n"] == 4 and "draft_n" not in out["timings"]
+
+
+@pytest.mark.server
+def test_runtime_refused_drafter_works_without_p_min(tmp_path, llama_server):
+    target = tg.write_target(tmp_path / "t.gguf")
+    drafter = tg.write_runtime_refused_drafter(tmp_path / "d.gguf")
+    with tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "s.log") as srv:
+        out = srv.completion(n_predict=8)
+        assert SPEC_FAILED not in srv.log()
+    assert out["timings"]["draft_n"] > 0
+
+
+@pytest.mark.server
+def test_server_auto_detects_dspark(tmp_path, llama_server):
+    target = tg.write_target(tmp_path / "t.gguf")
+    drafter = tg.write_dspark_drafter(tmp_path / "d.gguf")
+    args = ["-m", target, "-md", drafter, "--spec-draft-n-max", "4", "-np", "1", "-c", "4096"]
+    with tg.serve(llama_server, args, tmp_path / "s.log") as srv:
+        out = srv.completion(n_predict=8)
+        assert "auto-detected speculative type 'draft-dspark'" in srv.log()
+    assert out["timings"]["draft_n"] > 0
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("kwargs", [{"omit_block_size": True}, {"target_layers": (5,)}, {"target_embedding": 32}],
+                         ids=["no-block-size", "layer-id-above", "embedding"])
+def test_server_aborts_on_pairs_check_pair_rejects(tmp_path, llama_server, kwargs):
+    """Why the launcher checks pairs first: llama-server dies on these instead of refusing them."""
+    target = tg.write_target(tmp_path / "t.gguf", layers=2)
+    drafter = tg.write_dspark_drafter(tmp_path / "d.gguf", **kwargs)
+    assert check_pair(inspect_gguf(target), inspect_gguf(drafter))
+    with pytest.raises(tg.ServerExited) as exc:
+        with tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "s.log"):
+            pass
+    assert "GGML_ASSERT" in exc.value.log
+    assert exc.value.returncode != 0
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("kwargs", [{"tokens_like_target": False}, {"vocab": 256}], ids=["texts", "size"])
+def test_server_does_not_notice_a_vocabulary_mismatch(tmp_path, llama_server, kwargs):
+    """Only check_pair catches these: the server drafts with the wrong vocabulary."""
+    target = tg.write_target(tmp_path / "t.gguf")
+    drafter = tg.write_dspark_drafter(tmp_path / "d.gguf", **kwargs)
+    assert check_pair(inspect_gguf(target), inspect_gguf(drafter))
+    with tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "s.log") as srv:
+        out = srv.completion(n_predict=8)
+        assert SPEC_FAILED not in srv.log()
+    assert out["timings"]["draft_n"] > 0
+
+
+@pytest.mark.server
+def test_server_dies_on_first_request_when_a_layer_id_equals_the_layer_count(tmp_path, llama_server):
+    """set_embeddings_layer_inp accepts lid <= n_layer, so the server comes up; the first
+    completion then asserts "layer input tensor is null" and the process aborts."""
+    target = tg.write_target(tmp_path / "t.gguf", layers=2)
+    drafter = tg.write_dspark_drafter(tmp_path / "d.gguf", target_layers=(2,))
+    assert check_pair(inspect_gguf(target), inspect_gguf(drafter))
+    with tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "s.log") as srv:
+        with pytest.raises(OSError):  # the connection drops (URLError / RemoteDisconnected)
+            srv.completion(n_predict=8)
+        assert srv.process.wait(timeout=30) != 0
+        assert "layer input tensor is null" in srv.log()

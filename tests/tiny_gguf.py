@@ -17,22 +17,39 @@ residual stream stays that vector), and the output head has a single non-zero ro
 constant target and a constant drafter of the same k accept every draft: speculation is live
 and lossless, and its output equals a plain run.
 
-What llama-server b11434 does with the files (checked by tests/test_tiny_gguf.py):
-- write_target: loads (qwen3 and llama); /completion at temperature 0 answers n_predict tokens.
-- write_dspark_drafter with `-md FILE --spec-type draft-dspark`: loads, logs
-  "adding speculative implementation 'draft-dspark'", and completions report
-  timings.draft_n > 0.
-- write_dflash_drafter (no Markov head) with `--spec-type draft-dflash`: loads and drafts too.
-- legacy=True ("dspark" architecture): the server refuses the drafter at load time and exits
-  ("unknown model architecture: 'dspark'", then "failed to load draft model").
-- write_runtime_refused_drafter: a DSpark drafter that declares
-  `dflash.has_confidence_head = false`. Started with a positive `--spec-draft-p-min` (the
-  fixture's RUNTIME_REFUSED_ARGS), llama-server loads both models, then logs
-  "failed to initialize speculative decoding context: DSpark draft has no confidence head:
-  please set --spec-draft-p-min 0" and keeps serving without speculation (draft_n == 0).
-  Note: a drafter whose vocabulary differs from the target's is NOT refused by
-  draft-dflash/draft-dspark (only draft-simple compares vocabularies), so the launcher's own
-  check_pair is the only guard against that.
+What llama-server b11434 does with these files (each point is checked by tests/test_tiny_gguf.py):
+- write_target (qwen3 or llama): loads; /completion at temperature 0 answers n_predict tokens.
+- write_dspark_drafter with `-md FILE --spec-type draft-dspark --spec-draft-n-max <block>`:
+  loads, logs "adding speculative implementation 'draft-dspark'", and a completion's timings
+  report draft_n > 0. Without --spec-type the server auto-detects draft-dspark from the
+  markov_w1 tensor ("auto-detected speculative type 'draft-dspark' from the draft model
+  metadata").
+- write_dflash_drafter (no Markov head) with `--spec-type draft-dflash`: loads and drafts;
+  DFlash drafts at most block_size - 1 tokens (DSpark block_size).
+- Refused at load, the server exits with status 1 before /health is ever 200:
+  legacy=True ("dspark" architecture): "error loading model: unknown model architecture:
+  'dspark'", "failed to load draft model, '<path>'", "exiting due to model loading error".
+- Crashes (GGML_ASSERT, SIGABRT, exit status 134) while loading, before /health is 200:
+  omit_block_size=True ("DSpark draft requires 'dflash.block_size' in GGUF metadata"), a
+  target layer id above the target's layer count ("GGML_ASSERT(lid <= model.hparams.n_layer())"),
+  an embedding size other than the target's ("GGML_ASSERT(ggml_can_mul_mat(a, b))").
+- A target layer id EQUAL to the target's layer count passes that assert: the server comes
+  up healthy, then aborts on the first completion ("GGML_ASSERT(t_layer_inp[il] != nullptr &&
+  "layer input tensor is null")"); the client sees the connection drop.
+- NOT refused at all: a drafter whose token texts differ from the target's, or whose
+  vocabulary is smaller, serves and drafts happily (draft-dflash/draft-dspark never compare
+  vocabularies; only draft-simple does). check_pair is the only guard for those.
+- Refused at runtime while the server keeps serving: write_runtime_refused_drafter's file
+  (a DSpark drafter declaring `dflash.has_confidence_head = false`) when the server also gets
+  a positive draft p-min (RUNTIME_REFUSED_ARGS `--spec-draft-p-min 0.5`, or the environment
+  RUNTIME_REFUSED_ENV `LLAMA_ARG_SPEC_DRAFT_P_MIN=0.5`). Both models load, then the server
+  logs "srv    load_model: failed to initialize speculative decoding context: DSpark draft
+  has no confidence head: please set --spec-draft-p-min 0", /health turns 200 and
+  completions run without speculation (timings carry no draft_n). No drafter file on its own
+  (with the launcher's usual flags) makes b11434 fail speculation init this softly: the
+  DSpark/DFlash init throws only for that p-min case; everything else aborts or exits.
+- The log always shows "failed to initialize the context: dflash requires ctx_other to be
+  set (this warning is normal during memory fitting)" for a dflash drafter: harmless.
 """
 
 from __future__ import annotations
@@ -56,6 +73,9 @@ DEFAULT_TOKEN_PREFIX = "tok"
 # Extra server arguments that make llama-server refuse write_runtime_refused_drafter's file
 # at runtime (it loads, then speculation initialization fails and the server serves without it).
 RUNTIME_REFUSED_ARGS = ("--spec-draft-p-min", "0.5")
+RUNTIME_REFUSED_ENV = {"LLAMA_ARG_SPEC_DRAFT_P_MIN": "0.5"}  # the same, for an unchanged argv
+RUNTIME_REFUSED_LOG = ("failed to initialize speculative decoding context: "
+                       "DSpark draft has no confidence head: please set --spec-draft-p-min 0")
 
 _RMS_EPS = 1e-6
 _ROPE_BASE = 10000.0
@@ -91,8 +111,8 @@ def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, 
     """(token_embd, output) so that any token's hidden state scores `token` highest."""
     if not 0 <= token < vocab:
         raise ValueError(f"constant_token {token} outside the vocabulary of {vocab}")
-    embd = np.full((vocab, embedding), _CONST, dtype=np.float32)
-    out = np.zeros((vocab, embedding), dtype=np.float32)
+    embd = np.full((vocab, embedding), _CONST, dtype=np.float16)
+    out = np.zeros((vocab, embedding), dtype=np.float16)
     out[token, :] = 1.0
     return embd, out
 
@@ -197,7 +217,8 @@ def write_target(path: str | Path, *, arch: str = "qwen3", embedding: int = 64, 
         embd, out = _constant_head(embedding, vocab, constant_token)
         tensors += [("token_embd.weight", embd), ("output.weight", out)]
     else:
-        tensors += [("token_embd.weight", _rand(rng, embedding, vocab, scale=1.0))]  # tied output head
+        # tied output head; f16 keeps the vocabulary-sized matrix small
+        tensors += [("token_embd.weight", _rand(rng, embedding, vocab, scale=1.0).astype(np.float16))]
     tensors.append(("output_norm.weight", _ones(embedding)))
     for i in range(layers):
         tensors += _layer_tensors(rng, i, embedding=embedding, ff=ff, heads=heads, heads_kv=heads_kv,
@@ -361,16 +382,18 @@ class ServerExited(RuntimeError):
 
 @contextlib.contextmanager
 def serve(binary: str | Path, args: Sequence[str], log_path: str | Path, *,
-          timeout: float = 60.0) -> Iterator[TinyServer]:
+          timeout: float = 60.0, env: dict[str, str] | None = None) -> Iterator[TinyServer]:
     """Run `binary args --host 127.0.0.1 --port <free>` until /health answers 200; always kill it.
 
     Raises ServerExited if the process ends first (a refused model), TimeoutError otherwise.
+    `env` adds variables to the inherited environment.
     """
     log_path = Path(log_path)
     port = free_port()
     argv = [str(binary), *map(str, args), "--host", "127.0.0.1", "--port", str(port)]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})})
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout
