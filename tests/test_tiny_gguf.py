@@ -114,6 +114,16 @@ def test_server_loads_target(tmp_path, llama_server, arch):
 
 
 @pytest.mark.server
+def test_server_chat_with_template(tmp_path, llama_server):
+    template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>"
+    target = tg.write_target(tmp_path / "t.gguf", chat_template=template, constant_token=10)
+    with tg.serve(llama_server, ["-m", target, "-np", "1", "-c", "4096"], tmp_path / "s.log") as srv:
+        out = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                "max_tokens": 4, "temperature": 0})
+    assert out["choices"][0]["message"]["content"] == "a" * 4  # token 10 prints as hex "a"
+
+
+@pytest.mark.server
 @pytest.mark.parametrize(("writer", "kind", "n_max"), [
     (tg.write_dspark_drafter, "draft-dspark", 4),
     (tg.write_dflash_drafter, "draft-dflash", 3),  # DFlash drafts at most block_size - 1

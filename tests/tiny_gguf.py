@@ -18,7 +18,8 @@ constant target and a constant drafter of the same k accept every draft: specula
 and lossless, and its output equals a plain run.
 
 What llama-server b11434 does with these files (each point is checked by tests/test_tiny_gguf.py):
-- write_target (qwen3 or llama): loads; /completion at temperature 0 answers n_predict tokens.
+- write_target (qwen3 or llama): loads; /completion at temperature 0 answers n_predict tokens;
+  /v1/chat/completions works with or without chat_template (the server falls back to chatml).
 - write_dspark_drafter with `-md FILE --spec-type draft-dspark --spec-draft-n-max <block>`:
   loads, logs "adding speculative implementation 'draft-dspark'", and a completion's timings
   report draft_n > 0. Without --spec-type the server auto-detects draft-dspark from the
@@ -357,12 +358,15 @@ class TinyServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def completion(self, prompt: str = "hello world", n_predict: int = 8, **extra: object) -> dict:
-        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, **extra}
-        req = urllib.request.Request(f"{self.url}/completion", data=json.dumps(body).encode(),
+    def post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(f"{self.url}{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.load(resp)
+
+    def completion(self, prompt: str = "hello world", n_predict: int = 8, **extra: object) -> dict:
+        """POST /completion at temperature 0; the answer's `timings` has draft_n when speculating."""
+        return self.post("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": 0, **extra})
 
 
 def free_port() -> int:
