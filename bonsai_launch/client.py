@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 
@@ -166,6 +166,7 @@ class StreamResult:
     """What a finished stream leaves behind: the text and llama-server's timings if sent."""
 
     text: str = ""
+    reasoning: str = ""  # thinking models stream their reasoning separately
     timings: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)
     finish_reason: str | None = None
@@ -174,9 +175,10 @@ class StreamResult:
 def stream_chat(base_url: str, messages: list[dict[str, str]], *, max_tokens: int | None = None,
                 temperature: float | None = None, api_key: str | None = None, model: str | None = None,
                 result: StreamResult | None = None, timeout: float = GENERATE_TIMEOUT,
-                **extra: Any) -> Iterator[str]:
+                on_reasoning: Callable[[str], None] | None = None, **extra: Any) -> Iterator[str]:
     """Yield text pieces of a streamed chat answer. Pass a StreamResult to collect the full
-    text and the `timings` llama-server attaches to the final chunk."""
+    text and the `timings` llama-server attaches to the final chunk; reasoning pieces (thinking
+    models) go to `on_reasoning` and result.reasoning, not into the answer."""
     url = base(base_url) + "/v1/chat/completions"
     body: dict[str, Any] = {"messages": messages, "stream": True, **extra}
     if max_tokens is not None:
@@ -208,7 +210,13 @@ def stream_chat(base_url: str, messages: list[dict[str, str]], *, max_tokens: in
                 for choice in chunk.get("choices") or []:
                     if choice.get("finish_reason"):
                         result.finish_reason = choice["finish_reason"]
-                    piece = (choice.get("delta") or {}).get("content")
+                    delta = choice.get("delta") or {}
+                    thought = delta.get("reasoning_content")
+                    if thought:
+                        result.reasoning += thought
+                        if on_reasoning is not None:
+                            on_reasoning(thought)
+                    piece = delta.get("content")
                     if piece:
                         result.text += piece
                         yield piece

@@ -47,11 +47,12 @@ class ServerProcess:
 
     @classmethod
     def spawn(cls, argv: Sequence[str], *, env: Mapping[str, str] | None, log_path: Path,
-              base_url: str) -> "ServerProcess":
+              base_url: str, die_with_parent: bool = True) -> "ServerProcess":
         """Start `argv` with stdout and stderr appended to `log_path`.
 
         `env` holds extra variables layered over ours (LLAMA_API_KEY, for instance), so a
-        key never shows on the command line.
+        key never shows on the command line. `die_with_parent=False` is for detached servers,
+        which must outlive the `bonsai start --detach` that spawned them.
         """
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = dict(os.environ)
@@ -62,7 +63,7 @@ class ServerProcess:
             kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
         else:
             kwargs["start_new_session"] = True
-            if sys.platform.startswith("linux"):
+            if die_with_parent and sys.platform.startswith("linux"):
                 kwargs["preexec_fn"] = _die_with_parent
         with open(log_path, "ab") as log:
             try:

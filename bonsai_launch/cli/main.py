@@ -17,6 +17,12 @@ from bonsai_launch.cli import config as config_cmd
 from bonsai_launch.cli import inspect as inspect_cmd
 from bonsai_launch.cli import models as models_cmd
 from bonsai_launch.cli import start as start_cmd
+from bonsai_launch.cli import chat as chat_cmd
+from bonsai_launch.cli import logs as logs_cmd
+from bonsai_launch.cli import ps as ps_cmd
+from bonsai_launch.cli import run as run_cmd
+from bonsai_launch.cli import stop as stop_cmd
+from bonsai_launch.cli import verify as verify_cmd
 from bonsai_launch.errors import BonsaiError
 
 app = typer.Typer(
@@ -33,6 +39,12 @@ app.command("config")(config_cmd.command)
 app.command("models")(models_cmd.command)
 app.command("inspect")(inspect_cmd.command)
 app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(start_cmd.command)
+app.command("ps")(ps_cmd.command)
+app.command("logs")(logs_cmd.command)
+app.command("stop")(stop_cmd.command)
+app.command("verify")(verify_cmd.command)
+app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_cmd.command)
+app.command("chat", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(chat_cmd.command)
 
 
 def run() -> None:

@@ -6,6 +6,8 @@ Examples:
     bonsai start --profile ternary-27b --dry-run --json
     bonsai start --model T.gguf --drafter D.gguf --speculative --dry-run --format powershell
     bonsai start --profile demo -- --threads 2      # arguments after -- go to llama-server
+    bonsai start --profile demo --detach            # keep serving in the background (`bonsai stop`)
+    bonsai start --model T.gguf --drafter D.gguf --speculative --spec-fallback
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ PortOpt = Annotated[Optional[int], typer.Option("--port", help="Port; env BONSAI
 Kv4Opt = Annotated[Optional[bool], typer.Option("--kv4/--no-kv4", help="4-bit KV cache; env BONSAI_KV4.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the llama-server command instead of running it.")]
 FormatOpt = Annotated[str, typer.Option("--format", help="Shell for --dry-run output: posix or powershell.")]
+DetachOpt = Annotated[bool, typer.Option("--detach", "-d", help="Return once the server is ready and keep it running (see `bonsai ps`, `bonsai stop`).")]
+SpecFallbackOpt = Annotated[bool, typer.Option("--spec-fallback", help="When speculation is not live, warn and keep serving without it instead of stopping.")]
 
 
 def start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4) -> dict:
@@ -55,8 +59,13 @@ def command(
     dry_run: DryRunOpt = False,
     shell_format: FormatOpt = "posix",
     json_output: JsonOpt = False,
+    detach: DetachOpt = False,
+    spec_fallback: SpecFallbackOpt = False,
 ) -> None:
-    """Launch llama-server for a profile (or local GGUFs) with the right flags."""
+    """Launch llama-server for a profile (or local GGUFs) with the right flags.
+
+    Waits until it serves, proves speculative decoding is live when it is on, and stops the
+    server on Ctrl+C. Arguments after -- go to llama-server unchanged."""
     from bonsai_launch.errors import BonsaiError
 
     if shell_format not in ("posix", "powershell"):
@@ -66,7 +75,8 @@ def command(
     if dry_run:
         show_dry_run(flags, model, drafter, passthrough, shell_format, json_output)
         return
-    raise BonsaiError("bonsai start can only --dry-run in this version", "add --dry-run")
+    raise typer.Exit(start_server(flags, model, drafter, passthrough, detach=detach,
+                                  spec_fallback=spec_fallback, json_output=json_output))
 
 
 def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_output: bool) -> None:
@@ -89,3 +99,188 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
     for w in warnings:
         warn(w)
     print(render_command(plan.argv, shell_format, {k: "<hidden>" for k in plan.env}))
+
+
+# -- the real start ---------------------------------------------------------------------------
+
+def _build_server() -> "Path":
+    """Build llama-server on demand (the pinned llama.cpp, for the detected backend)."""
+    from bonsai_launch.errors import BonsaiError
+
+    try:
+        from bonsai_launch.build import ensure_server
+    except ImportError:  # a checkout without the build package
+        raise BonsaiError("no llama-server is built yet", "run `bonsai build`, or set BONSAI_LLAMA_SERVER to a llama-server binary") from None
+    from bonsai_launch.cli._output import console
+
+    return ensure_server(backend="auto", console=console(stderr=True))
+
+
+def _profile_fetcher():
+    """`bonsai pull`'s library call that fetches a profile's missing files, if present."""
+    try:
+        from bonsai_launch.pull import ensure_profile_files  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return ensure_profile_files
+
+
+def _refuse_remote_host(host: str) -> None:
+    """The plan's own refusal, raised before any download or build."""
+    from bonsai_launch.errors import BonsaiError
+
+    raise BonsaiError(f"BONSAI_HOST={host!r} is not a loopback address and remote access is not allowed",
+                      "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
+
+
+def _err_console():
+    from bonsai_launch.cli._output import console
+
+    return console(stderr=True)
+
+
+def prepare_plan(flags, model, drafter, passthrough):
+    """The plan `bonsai start` runs: gather_plan (as --dry-run) with the real binary, after
+    building it and fetching missing model files if needed. A remote host without a key gets a
+    generated one. Returns (plan, generated_key or None)."""
+    import os
+    import secrets
+
+    from bonsai_launch.binaries import find_server
+    from bonsai_launch.launch_inputs import gather_plan, select
+    from bonsai_launch.plan import is_loopback
+    from bonsai_launch.settings import resolve
+
+    settings = resolve(flags)
+    env = dict(os.environ)
+    generated = None
+    if not is_loopback(settings["host"]) and settings["allow_remote"] and not settings.get("api_key"):
+        generated = secrets.token_urlsafe(24)
+        env["BONSAI_API_KEY"] = generated
+    if not is_loopback(settings["host"]) and not settings["allow_remote"]:
+        _refuse_remote_host(settings["host"])
+    fetch = None if model else _profile_fetcher()
+    if fetch is not None:
+        selection = select(flags, env)
+        s = selection.settings
+        fetch(selection.profile, layout=s["layout"], want_drafter=bool(s["speculative"]) and not drafter,
+              want_vision=bool(s["vision"]), console=_err_console())
+    binary = find_server(settings["llama_server"])
+    if binary is None:
+        # Fail on a bad setting or file now, not after a long build.
+        gather_plan(flags, model, drafter, passthrough, None, env=env)
+        binary = _build_server()
+    return gather_plan(flags, model, drafter, passthrough, binary, env=env), generated
+
+
+def _status_reporter(json_output: bool):
+    """Live loading status: a spinner on a terminal, plain lines otherwise."""
+    import sys
+    import time
+
+    from bonsai_launch.cli._output import console
+
+    err = console(stderr=True)
+    started = time.monotonic()
+    if err.is_terminal and not json_output:
+        status = err.status("starting llama-server")
+        status.start()
+
+        def update(text: str) -> None:
+            status.update(f"{text} ({time.monotonic() - started:.1f} s)")
+
+        return update, status.stop
+
+    def line(text: str) -> None:
+        if not json_output:
+            sys.stderr.write(f"llama-server: {text}\n")
+            sys.stderr.flush()
+
+    return line, lambda: None
+
+
+def _web_ui(base_url: str, api_key: str | None) -> bool:
+    import httpx
+
+    try:
+        r = httpx.get(base_url + "/", timeout=2.0, trust_env=False, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        return r.status_code == 200 and "html" in r.headers.get("content-type", "")
+    except httpx.HTTPError:
+        return False
+
+
+def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None:
+    import shlex
+    from pathlib import Path
+
+    from bonsai_launch.cli._output import console
+
+    out = console()
+    inst, server = launched.instance, launched.server
+    key = plan.env.get("LLAMA_API_KEY")
+    out.print(f"[bold green]ready[/] in {launched.ready_s:.1f} s: llama-server pid {server.pid}, "
+              f"name {inst.name}, log {server.log_path}")
+    rows = [
+        ("model", Path(plan.model).name + (f" (profile {plan.profile})" if plan.profile else "")),
+        ("context", f"{plan.ctx} tokens"),
+        ("GPU layers", f"{plan.ngl} ({plan.backend})"),
+    ]
+    if plan.speculative is None:
+        rows.append(("speculation", "off"))
+    else:
+        sp = plan.speculative
+        rows.append(("speculation", f"{sp.spec_type}, n-max {sp.n_max if sp.n_max is not None else 'default'}"
+                     + (f", drafter {Path(sp.drafter).name}" if sp.drafter else "")))
+    rows.append(("OpenAI base URL", plan.base_url + "/v1"))
+    if _web_ui(plan.base_url, key):
+        rows.append(("web UI", plan.base_url + "/"))
+    for label, value in rows:
+        out.print(f"  {label:<16} {value}")
+    if generated_key:
+        out.print(f"  {'API key':<16} {generated_key}   [yellow](generated; shown only this once)[/]")
+    auth = " -H " + shlex.quote(f"Authorization: Bearer {'$BONSAI_API_KEY' if key else ''}") if key else ""
+    body = '{"messages":[{"role":"user","content":"Hello!"}]}'
+    out.print(f"  try: curl {plan.base_url}/v1/chat/completions -H 'Content-Type: application/json'"
+              f"{auth} -d '{body}'", markup=False)
+    if launched.proof is not None:
+        style = "green" if launched.proof.live else "yellow"
+        out.print(f"[{style}]{launched.proof.summary()}[/]")
+    if detach:
+        out.print(f"running in the background: `bonsai logs {inst.name} -f`, `bonsai stop {inst.name}`")
+    else:
+        out.print("press Ctrl+C to stop")
+
+
+def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallback: bool, json_output: bool) -> int:
+    """`bonsai start` without --dry-run. Returns the exit code (0 when the user stopped it)."""
+    from bonsai_launch import supervisor
+    from bonsai_launch.cli._output import emit_json, warn
+
+    with supervisor.SignalForwarder() as forwarder:
+        try:
+            plan, generated = prepare_plan(flags, model, drafter, passthrough)
+            for w in plan.warnings:
+                warn(w)
+            update, stop_status = _status_reporter(json_output)
+            try:
+                launched = supervisor.launch(plan, detach=detach, spec_fallback=spec_fallback,
+                                             on_status=update, forwarder=forwarder)
+            finally:
+                stop_status()
+        except supervisor.StopRequested:
+            return 0
+        if launched.proof is not None and not launched.proof.live:
+            warn(launched.proof.summary() + "; serving without it (--spec-fallback)")
+        if json_output:
+            data = {"name": launched.instance.name, "pid": launched.server.pid, "url": plan.base_url,
+                    "openai_base_url": plan.base_url + "/v1", "log": str(launched.server.log_path),
+                    "ready_s": round(launched.ready_s, 3), "detached": detach,
+                    "speculative": launched.proof.to_json() if launched.proof else None, "plan": plan.to_json()}
+            if generated:
+                data["api_key"] = generated
+            emit_json(data)
+        else:
+            print_ready(plan, launched, generated, detach)
+        if detach:
+            return 0
+        return supervisor.serve(launched)

@@ -1,0 +1,95 @@
+"""`bonsai chat`: an interactive chat with history, streamed.
+
+Uses the running server of the profile, or starts a temporary one for the session.
+Type /reset to forget the history, /exit (or Ctrl+D) to leave; Ctrl+C stops an answer.
+
+Examples:
+    bonsai chat --profile demo
+    BONSAI_SPECULATIVE=1 bonsai chat --profile demo
+    bonsai chat --url http://127.0.0.1:8080 --system "Answer briefly."
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import typer
+
+from bonsai_launch.cli._options import FamilyOpt, ProfileOpt, SizeOpt
+from bonsai_launch.cli.run import ApiKeyOpt, MaxTokensOpt, SystemOpt, TempOpt, UrlOpt, server_for, stats_line
+from bonsai_launch.cli.start import (CtxOpt, DrafterOpt, ModelOpt, NglOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt,
+                                     SpecTypeOpt, start_flags)
+
+
+def command(
+    ctx: typer.Context,
+    profile: ProfileOpt = None,
+    family: FamilyOpt = None,
+    size: SizeOpt = None,
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    speculative: SpecOpt = None,
+    spec_type: SpecTypeOpt = None,
+    spec_nmax: SpecNmaxOpt = None,
+    ctx_size: CtxOpt = None,
+    ngl: NglOpt = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    max_tokens: MaxTokensOpt = 1024,
+    temperature: TempOpt = None,
+    system: SystemOpt = None,
+    spec_fallback: SpecFallbackOpt = False,
+) -> None:
+    """Chat in the terminal; each answer ends with its decode speed and acceptance."""
+    from bonsai_launch import client, supervisor
+    from bonsai_launch.cli._output import console
+
+    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None)
+    err = console(stderr=True)
+    history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    # Ctrl+C interrupts an answer (KeyboardInterrupt); SIGTERM/SIGHUP end the session cleanly.
+    stop_signals = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+    with supervisor.SignalForwarder(stop_signals) as forwarder:
+        try:
+            with server_for(flags, model, drafter, tuple(ctx.args), url=url, api_key=api_key,
+                            spec_fallback=spec_fallback, forwarder=forwarder) as target:
+                err.print(f"chatting with {target.name} ({target.base_url}); /reset clears history, /exit leaves",
+                          style="dim")
+                while True:
+                    try:
+                        line = input("> ")
+                    except EOFError:
+                        sys.stdout.write("\n")
+                        break
+                    except KeyboardInterrupt:
+                        sys.stdout.write("\n")
+                        break
+                    text = line.strip()
+                    if not text:
+                        continue
+                    if text in ("/exit", "/quit"):
+                        break
+                    if text == "/reset":
+                        history = history[:1] if system else []
+                        err.print("history cleared", style="dim")
+                        continue
+                    history.append({"role": "user", "content": text})
+                    result = client.StreamResult()
+                    try:
+                        for piece in client.stream_chat(target.base_url, history, max_tokens=max_tokens,
+                                                        temperature=temperature, api_key=target.api_key,
+                                                        result=result,
+                                                        on_reasoning=lambda p: err.print(p, style="dim", end="")):
+                            sys.stdout.write(piece)
+                            sys.stdout.flush()
+                    except KeyboardInterrupt:
+                        sys.stdout.write("\n")
+                        err.print("(answer interrupted)", style="dim")
+                        history.pop()
+                        continue
+                    sys.stdout.write("\n")
+                    history.append({"role": "assistant", "content": result.text})
+                    err.print(stats_line(result), style="dim")
+        except supervisor.StopRequested:
+            pass

@@ -1,0 +1,48 @@
+"""`bonsai ps`: llama-servers started by bonsai that are running now.
+
+Examples:
+    bonsai ps
+    bonsai ps --json
+"""
+
+from __future__ import annotations
+
+from bonsai_launch.cli._options import JsonOpt
+
+
+def format_uptime(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def command(json_output: JsonOpt = False) -> None:
+    """List running servers: profile, port, pid, uptime, whether speculation is live.
+
+    State files of servers that are gone are removed, never trusted."""
+    from bonsai_launch import instances
+    from bonsai_launch.cli._output import console, emit_json
+
+    live = instances.running()
+    if json_output:
+        emit_json([i.to_json() for i in live])
+        return
+    out = console()
+    if not live:
+        out.print("no servers running (start one with `bonsai start --detach`)")
+        return
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("NAME", "PROFILE", "URL", "PID", "UPTIME", "SPECULATIVE", "MODE"):
+        table.add_column(col)
+    for i in live:
+        spec = f"yes ({i.spec_type})" if i.speculative else ("no" if not i.spec_type else f"no ({i.spec_type} not live)")
+        table.add_row(i.name, i.profile or "-", i.base_url, str(i.pid), format_uptime(i.uptime), spec,
+                      "detached" if i.detached else "foreground")
+    out.print(table)

@@ -1,0 +1,239 @@
+"""Running servers bonsai knows about: one small JSON state file each under paths.run_dir().
+
+Both foreground (`bonsai start`) and detached (`bonsai start --detach`) servers register here,
+so `bonsai ps`, `bonsai run` and `bonsai stop` find them. A state file is only a claim: it is
+trusted only while its pid is alive, is a llama-server, and has the recorded creation time
+(pids are reused). Anything else is stale and is removed on sight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bonsai_launch.errors import BonsaiError
+from bonsai_launch.paths import run_dir
+
+CREATE_TIME_SLACK = 1.0  # seconds; psutil's create_time is rounded by the kernel's clock ticks
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    pid: int
+    create_time: float  # psutil's create_time of pid, to tell a reused pid apart
+    host: str
+    port: int
+    base_url: str
+    profile: str | None
+    model: str
+    log_path: str
+    started_at: float
+    detached: bool
+    speculative: bool  # proven live (not merely requested)
+    spec_type: str | None = None
+    supervisor_pid: int | None = None  # the `bonsai start` process watching it, if foreground
+    api_key_required: bool = False
+    argv: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def uptime(self) -> float:
+        return max(0.0, time.time() - self.started_at)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["argv"] = list(self.argv)
+        data["uptime_s"] = round(self.uptime, 1)
+        return data
+
+
+def state_path(name: str) -> Path:
+    return run_dir() / f"{name}.json"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def process_create_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def _matches(inst: Instance) -> bool:
+    """Is the recorded process still the llama-server we started?"""
+    import psutil
+
+    try:
+        proc = psutil.Process(inst.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if abs(proc.create_time() - inst.create_time) > CREATE_TIME_SLACK:
+            return False
+        name = proc.name().lower()
+        exe_name = Path(inst.argv[0]).name.lower() if inst.argv else "llama-server"
+        return "llama-server" in name or name == exe_name[:15] or exe_name.startswith(name)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def register(inst: Instance) -> Path:
+    path = state_path(inst.name)
+    _write_atomic(path, json.dumps(inst.to_json(), indent=2) + "\n")
+    return path
+
+
+def update(name: str, **changes: Any) -> None:
+    inst = load(state_path(name))
+    if inst is not None:
+        data = inst.to_json()
+        data.update(changes)
+        _write_atomic(state_path(name), json.dumps(data, indent=2) + "\n")
+
+
+def unregister(name: str, pid: int | None = None) -> None:
+    """Remove a state file; with `pid`, only if it still describes that process."""
+    path = state_path(name)
+    if pid is not None:
+        inst = load(path)
+        if inst is not None and inst.pid != pid:
+            return
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def load(path: Path) -> Instance | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data.pop("uptime_s", None)
+        data["argv"] = tuple(data.get("argv") or ())
+        known = Instance.__dataclass_fields__
+        return Instance(**{k: v for k, v in data.items() if k in known})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def running() -> list[Instance]:
+    """Live instances, oldest first. Stale or unreadable state files are deleted."""
+    found: list[Instance] = []
+    folder = run_dir()
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.glob("*.json")):
+        inst = load(path)
+        if inst is None or not _matches(inst):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            continue
+        found.append(inst)
+    return sorted(found, key=lambda i: i.started_at)
+
+
+def unique_name(base: str, port: int) -> str:
+    """The profile's name, or name-port when that name is already taken by a live server."""
+    taken = {i.name for i in running()}
+    base = base.replace(os.sep, "_") or "server"
+    return base if base not in taken else f"{base}-{port}"
+
+
+def find(selector: str | None) -> Instance:
+    """The instance a user means: by name, port, or pid; the only one when not given."""
+    live = running()
+    if not live:
+        raise BonsaiError("no server started by bonsai is running", "start one with `bonsai start --detach`")
+    if selector is None:
+        if len(live) == 1:
+            return live[0]
+        raise BonsaiError(f"{len(live)} servers are running ({', '.join(i.name for i in live)})",
+                          "name one of them, or use --all")
+    for inst in live:
+        if selector in (inst.name, str(inst.port), str(inst.pid)):
+            return inst
+    raise BonsaiError(f"no running server is called {selector!r} (running: {', '.join(i.name for i in live)})",
+                      "see `bonsai ps`")
+
+
+def for_profile(profile: str | None) -> Instance | None:
+    for inst in running():
+        if inst.profile == profile:
+            return inst
+    return None
+
+
+def _supervisor(inst: Instance):
+    """The live `bonsai start` process of a foreground server, or None."""
+    import psutil
+
+    if inst.detached or not inst.supervisor_pid or inst.supervisor_pid == os.getpid():
+        return None
+    try:
+        sup = psutil.Process(inst.supervisor_pid)
+        # It started before the server it spawned; a reused pid would be younger.
+        if sup.create_time() > inst.create_time + CREATE_TIME_SLACK or sup.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return sup
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def stop(inst: Instance, timeout: float = 10.0) -> bool:
+    """SIGTERM the server's group, wait (bounded), then SIGKILL. True when it is gone."""
+    import psutil
+
+    if not _matches(inst):
+        unregister(inst.name)
+        return True
+    try:
+        proc = psutil.Process(inst.pid)
+        supervisor = _supervisor(inst)
+        if supervisor is not None:
+            # A foreground `bonsai start` watches this server: ask it to stop, so it exits 0
+            # as for Ctrl+C instead of reporting a server that died.
+            supervisor.terminate()
+            try:
+                proc.wait(timeout + 5)
+                unregister(inst.name)
+                return True
+            except psutil.TimeoutExpired:
+                pass  # fall through and stop the server ourselves
+        if sys.platform == "win32":
+            proc.terminate()
+        else:
+            try:
+                os.killpg(inst.pid, signal.SIGTERM)  # servers run in their own group (pgid == pid)
+            except (ProcessLookupError, PermissionError):
+                proc.terminate()
+        try:
+            proc.wait(timeout)
+        except psutil.TimeoutExpired:
+            if sys.platform != "win32":
+                try:
+                    os.killpg(inst.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    proc.kill()
+            else:
+                proc.kill()
+            proc.wait(5)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return False
+    unregister(inst.name)
+    return True

@@ -1,0 +1,305 @@
+"""Running a LaunchPlan: checks before spawning, readiness, proof of speculation, signals.
+
+The plan says what to run; this module runs it and watches it:
+- `preflight` makes the last checks the plan cannot (the port is free right now);
+- `launch` spawns llama-server, registers it for `bonsai ps`, waits for /health with a live
+  status, and, with speculation on, proves it is live with one real completion;
+- `serve` waits for the server while forwarding Ctrl+C/SIGTERM/SIGHUP, and always leaves no
+  process behind.
+llama-server keeps serving without speculation when its drafter fails to initialise, so a
+request is the only way to know; `prove_speculation` makes that request.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from bonsai_launch import client, instances
+from bonsai_launch.errors import ActionFailed, BonsaiError
+from bonsai_launch.paths import logs_dir
+from bonsai_launch.plan import LaunchPlan, SpecPlan
+from bonsai_launch.server_process import ServerProcess
+
+SPEC_FAILURE_MARKER = "failed to initialize speculative decoding context"
+# A prompt with a repeated pattern: n-gram speculation only drafts when the text repeats a
+# long enough run of tokens (ngram-mod looks up 24), so a plain question would prove nothing.
+PROOF_PROMPT = ("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 3) + "a b c"
+PROOF_TOKENS = 32
+STOP_TIMEOUT = 10.0
+_LOG_PREFIX = re.compile(r"^\s*[\d.]+\s+[A-Z]\s+(?:\S+\s+)?(?:[\w:~<>]+:\s+)?")
+_HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+# -- before spawning ---------------------------------------------------------------------------
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind the address for a moment: the only reliable test that llama-server can bind it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # Match llama-server's own socket options so a port in TIME_WAIT is not reported busy.
+        if sys.platform != "win32":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1)):
+                holder = _port_holder(port)
+                raise BonsaiError(f"port {port} on {host} is already in use{holder}",
+                                  "stop that server (`bonsai ps`, `bonsai stop`) or pick another with --port / BONSAI_PORT") from None
+            raise BonsaiError(f"cannot bind {host}:{port}: {exc.strerror or exc}",
+                              "use another --host/BONSAI_HOST or --port/BONSAI_PORT") from None
+
+
+def _port_holder(port: int) -> str:
+    for inst in instances.running():
+        if inst.port == port:
+            return f" by bonsai server {inst.name!r} (pid {inst.pid})"
+    return ""
+
+
+def preflight(plan: LaunchPlan) -> None:
+    """Checks the pure plan cannot make. Model, drafter and capability checks already ran in
+    gather_plan; each failure here is one message with the fix, in milliseconds."""
+    check_port_free(plan.host, plan.port)
+
+
+# -- speculation proof ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SpecProof:
+    live: bool
+    spec_type: str
+    n_max: int | None
+    drafted: int
+    accepted: int
+    slots_speculative: bool | None  # None: /slots not available
+    reason: str | None = None  # the server's own words when not live
+
+    @property
+    def rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def summary(self) -> str:
+        n_max = self.n_max if self.n_max is not None else "default"
+        if self.live:
+            rate = f"{self.rate * 100:.1f}%" if self.rate is not None else "n/a (nothing drafted on the probe)"
+            return f"speculative decoding: live ({self.spec_type}, n-max {n_max}, acceptance {rate})"
+        return f"speculative decoding: NOT live ({self.spec_type}): {self.reason}"
+
+    def to_json(self) -> dict:
+        return {"live": self.live, "type": self.spec_type, "n_max": self.n_max, "drafted": self.drafted,
+                "accepted": self.accepted, "acceptance": self.rate, "slots_speculative": self.slots_speculative,
+                "reason": self.reason}
+
+
+def _strip_prefix(line: str) -> str:
+    """`0.00.029.770 E srv    load_model: failed ...` -> `failed ...`."""
+    return _LOG_PREFIX.sub("", line, count=1).strip()
+
+
+def speculation_failure_reason(log_lines: list[str]) -> str | None:
+    """The server's own explanation: the marker line and the error lines just before it."""
+    for i, line in enumerate(log_lines):
+        if SPEC_FAILURE_MARKER in line:
+            before = [_strip_prefix(x) for x in log_lines[max(0, i - 3):i] if re.match(r"^\s*[\d.]+\s+E\s", x)]
+            text = line[line.index(SPEC_FAILURE_MARKER):].strip()
+            return "; ".join([*before, text])
+    return None
+
+
+def _read_log(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def prove_speculation(base_url: str, spec: SpecPlan, log_path: Path | None = None,
+                      api_key: str | None = None) -> SpecProof:
+    """One short temperature-0 completion; live when it drafted tokens.
+
+    /slots says whether a draft context exists; draft_n says whether it drafted. An n-gram
+    type that has a context but drafted nothing on the probe counts as live (it only drafts
+    on repeated text); a drafter model that drafted nothing does not.
+    """
+    slot_info = client.slots(base_url, api_key)
+    slots_spec = None if not slot_info else any(bool(s.get("speculative")) for s in slot_info)
+    result = client.completion(base_url, PROOF_PROMPT, n_predict=PROOF_TOKENS, temperature=0.0,
+                               api_key=api_key, cache_prompt=False)
+    drafted, accepted, _ = client.acceptance(result.get("timings") or {})
+    ngram = spec.spec_type.startswith("ngram")
+    live = drafted > 0 or (ngram and slots_spec is True)
+    reason = None
+    if not live:
+        reason = speculation_failure_reason(_read_log(log_path)) if log_path else None
+        if reason is None:
+            if slots_spec is False:
+                reason = "the server has no draft context (/slots says speculative: false); see its log"
+            else:
+                reason = f"the probe completion drafted no tokens ({PROOF_TOKENS} generated)"
+    return SpecProof(live, spec.spec_type, spec.n_max, drafted, accepted, slots_spec, reason)
+
+
+# -- signals -------------------------------------------------------------------------------------
+
+class StopRequested(Exception):
+    """The user (or the system) asked bonsai to stop: Ctrl+C, SIGTERM or SIGHUP."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class SignalForwarder:
+    """Turns the first stop signal into StopRequested in the main thread; a second one while
+    stopping kills the server at once (the user is impatient, and no orphan is left)."""
+
+    def __init__(self, signals: tuple[int, ...] = _HANDLED_SIGNALS) -> None:
+        self.server: ServerProcess | None = None
+        self.received: int | None = None
+        self._signals = signals
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if self.received is None:
+            self.received = signum
+            raise StopRequested(signum)
+        if self.server is not None:
+            self.server.send_signal(getattr(signal, "SIGKILL", signal.SIGTERM))
+
+    def __enter__(self) -> "SignalForwarder":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self._signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+
+# -- launching -----------------------------------------------------------------------------------
+
+def log_path_for(name: str) -> Path:
+    """logs/<name>.log; the previous run's log is kept as <name>.log.1."""
+    path = logs_dir() / f"{name}.log"
+    if path.exists():
+        try:
+            path.replace(path.with_name(path.name + ".1"))
+        except OSError:
+            pass
+    return path
+
+
+@dataclass
+class Launched:
+    server: ServerProcess
+    instance: instances.Instance
+    ready_s: float  # from spawn to /health 200
+    proof: SpecProof | None
+
+
+def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = False,
+           on_status: Callable[[str], None] | None = None, forwarder: SignalForwarder | None = None,
+           ready_timeout: float = 600.0) -> Launched:
+    """Spawn, register, wait until ready, prove speculation. On any failure the server is
+    stopped and unregistered before the error propagates."""
+    preflight(plan)
+    name = instances.unique_name(plan.profile or Path(plan.model).stem, plan.port)
+    log_path = log_path_for(name)
+    started = time.monotonic()
+    server = ServerProcess.spawn(plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url,
+                                 die_with_parent=not detach)
+    if forwarder is not None:
+        forwarder.server = server
+    ok = False
+    try:
+        inst = instances.Instance(
+            name=name, pid=server.pid, create_time=instances.process_create_time(server.pid) or time.time(),
+            host=plan.host, port=plan.port, base_url=plan.base_url, profile=plan.profile, model=plan.model,
+            log_path=str(log_path), started_at=time.time(), detached=detach, speculative=False,
+            spec_type=plan.speculative.spec_type if plan.speculative else None,
+            supervisor_pid=None if detach else _own_pid(), api_key_required=bool(plan.env.get("LLAMA_API_KEY")),
+            argv=plan.argv)
+        instances.register(inst)
+        server.wait_ready(ready_timeout, on_status)
+        ready_s = time.monotonic() - started
+        proof = None
+        if plan.speculative is not None:
+            if on_status:
+                on_status("checking speculative decoding")
+            proof = prove_speculation(plan.base_url, plan.speculative, log_path, plan.env.get("LLAMA_API_KEY"))
+            if not proof.live and not spec_fallback:
+                raise ActionFailed(proof.summary(),
+                                   "fix the drafter or its settings, or pass --spec-fallback to serve without speculation")
+            if proof.live:
+                instances.update(name, speculative=True)
+                inst = instances.load(instances.state_path(name)) or inst
+        ok = True
+        return Launched(server, inst, ready_s, proof)
+    finally:
+        if not ok:
+            _stop(server)
+            instances.unregister(name, server.pid)
+
+
+def _stop(server: ServerProcess) -> None:
+    """Stop even when the one StopRequested arrives in the middle of stopping."""
+    try:
+        server.stop(STOP_TIMEOUT)
+    except StopRequested:
+        server.stop(STOP_TIMEOUT)
+
+
+def _own_pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def serve(launched: Launched, *, poll: float = 0.25) -> int:
+    """Wait while the server runs. Returns 0 when the user stopped it (StopRequested is
+    caught here); raises ActionFailed with the log tail when it dies on its own."""
+    server = launched.server
+    try:
+        while True:
+            code = server.wait(poll)
+            if code is not None:
+                raise ActionFailed(server.exit_message("while serving"), f"full log: {server.log_path}")
+    except StopRequested:
+        return 0
+    finally:
+        _stop(server)
+        instances.unregister(launched.instance.name, server.pid)
+
+
+def follow(path: Path, *, offset: int = 0, alive: Callable[[], bool] | None = None,
+           poll: float = 0.2) -> Iterator[str]:
+    """Yield lines of a growing log file from byte `offset` (like `tail -f`) until `alive()`
+    turns false; then the rest of the file is yielded."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        buffer = b""
+        while True:
+            chunk = f.read()
+            if chunk:
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+                continue
+            if alive is not None and not alive():
+                if buffer:
+                    yield buffer.decode("utf-8", "replace")
+                return
+            time.sleep(poll)

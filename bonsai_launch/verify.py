@@ -1,0 +1,134 @@
+"""Checking a running OpenAI-compatible server: health, model, decode speed, speculation.
+
+Works on any such server; llama-server gives more (per-request timings with draft counts,
+/slots, /metrics), and only there can speculation be proven. The report is plain data, so
+`bonsai verify --json` and the text output are two views of one result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bonsai_launch import client
+from bonsai_launch.errors import ActionFailed
+from bonsai_launch.supervisor import PROOF_PROMPT, PROOF_TOKENS
+
+SPEC_COUNTERS = ("llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:spec_decode_num_accepted_tokens_total")
+
+
+@dataclass
+class VerifyReport:
+    url: str
+    healthy: bool = False
+    health: str = ""
+    server: str = "unknown"  # "llama-server" or "openai-compatible"
+    model: str | None = None
+    tokens: int = 0
+    decode_tps: float | None = None
+    speculative: bool | None = None  # None: cannot tell (not llama-server)
+    slots_speculative: bool | None = None
+    drafted: int = 0
+    accepted: int = 0
+    expect_speculative: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["acceptance"] = self.acceptance
+        data["ok"] = self.ok
+        return data
+
+
+def verify(url: str, *, api_key: str | None = None, expect_speculative: bool = False) -> VerifyReport:
+    base = client.base(url)
+    report = VerifyReport(url=base, expect_speculative=expect_speculative)
+    try:
+        h = client.health(base, api_key)
+    except ActionFailed as exc:
+        report.health = "unreachable"
+        report.problems.append(exc.message)
+        return report
+    report.health = h.status
+    report.healthy = h.ok
+    if h.status_code == 404:  # not every OpenAI-compatible server has /health; /v1/models will tell
+        report.healthy = True
+        report.health = "no /health endpoint"
+    if not report.healthy:
+        report.problems.append(f"health: {h.status} (HTTP {h.status_code})")
+        return report
+
+    try:
+        props = client.props(base, api_key)
+    except ActionFailed:
+        props = None
+    is_llama = bool(props) and ("build_info" in props or "default_generation_settings" in props)
+    report.server = "llama-server" if is_llama else "openai-compatible"
+    try:
+        ids = client.models(base, api_key)
+        report.model = ids[0] if ids else None
+    except ActionFailed as exc:
+        report.problems.append(f"model list: {exc.message}")
+    if props and not report.model:
+        report.model = props.get("model_alias") or props.get("model_path")
+
+    if is_llama:
+        _check_llama(base, api_key, report)
+    else:
+        _check_openai(base, api_key, report)
+
+    if expect_speculative and not report.speculative:
+        if report.speculative is None:
+            report.problems.append("speculation cannot be checked: the server is not llama-server (no draft counts)")
+        else:
+            report.problems.append("speculative decoding is not live: the probe drafted no tokens"
+                                   + (" and /slots reports no draft context" if report.slots_speculative is False else ""))
+    return report
+
+
+def _check_llama(base: str, api_key: str | None, report: VerifyReport) -> None:
+    slots = client.slots(base, api_key)
+    report.slots_speculative = None if not slots else any(bool(s.get("speculative")) for s in slots)
+    try:
+        result = client.completion(base, PROOF_PROMPT, n_predict=PROOF_TOKENS, temperature=0.0,
+                                   api_key=api_key, cache_prompt=False)
+    except ActionFailed as exc:
+        report.problems.append(f"generation: {exc.message}")
+        return
+    timings = result.get("timings") or {}
+    report.tokens = int(timings.get("predicted_n") or 0)
+    report.decode_tps = timings.get("predicted_per_second")
+    report.drafted, report.accepted, _ = client.acceptance(timings)
+    report.speculative = report.drafted > 0
+    if report.tokens == 0:
+        report.problems.append("generation: the server produced no tokens")
+
+
+def _check_openai(base: str, api_key: str | None, report: VerifyReport) -> None:
+    started = time.monotonic()
+    try:
+        result = client.chat_completion(base, [{"role": "user", "content": PROOF_PROMPT}], max_tokens=PROOF_TOKENS,
+                                        temperature=0.0, api_key=api_key, model=report.model)
+    except ActionFailed as exc:
+        report.problems.append(f"generation: {exc.message}")
+        return
+    elapsed = time.monotonic() - started
+    usage = result.get("usage") or {}
+    report.tokens = int(usage.get("completion_tokens") or 0)
+    # Without server timings this includes prompt processing: a lower bound on decode speed.
+    report.decode_tps = report.tokens / elapsed if report.tokens and elapsed > 0 else None
+    timings = result.get("timings") or {}
+    if timings:
+        report.drafted, report.accepted, _ = client.acceptance(timings)
+        report.speculative = report.drafted > 0
+    if report.tokens == 0 and not (result.get("choices") or []):
+        report.problems.append("generation: the server returned no answer")
