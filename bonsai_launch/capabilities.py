@@ -1,7 +1,7 @@
 """What a llama-server binary can do, as probed from its own output.
 
 Parsing lives here (pure, tested on real `--help` text); running the binary to get that text
-lives in the build module, which caches the result by path, size and mtime.
+lives in bonsai_launch.binaries, which caches the result by path, size and mtime.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class Capabilities:
     spec_types: frozenset[str] = frozenset()
     flags: frozenset[str] = frozenset()
     devices: tuple[str, ...] = ()
+    removed_flags: frozenset[str] = frozenset()  # listed by --help but rejected ("has been removed")
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags
@@ -38,6 +39,7 @@ class Capabilities:
             "spec_types": sorted(self.spec_types),
             "flags": sorted(self.flags),
             "devices": list(self.devices),
+            "removed_flags": sorted(self.removed_flags),
         }
 
     @classmethod
@@ -50,28 +52,47 @@ class Capabilities:
             spec_types=frozenset(data.get("spec_types", ())),
             flags=frozenset(data.get("flags", ())),
             devices=tuple(data.get("devices", ())),
+            removed_flags=frozenset(data.get("removed_flags", ())),
         )
 
 
 def parse_help(text: str) -> tuple[frozenset[str], frozenset[str]]:
-    """(flags, speculative types) from `llama-server --help`.
+    """(flags, speculative types) from `llama-server --help`; see parse_help_full."""
+    flags, spec_types, _removed = parse_help_full(text)
+    return flags, spec_types
 
-    A flag is any -x/--xyz token in the option column (the text before the description);
-    the speculative types are the comma list on the --spec-type line.
+
+def parse_help_full(text: str) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """(accepted flags, speculative types, removed flags) from `llama-server --help`.
+
+    An option line starts in column 0 with `-`; its option column is every leading
+    two-space-separated part that starts with `-` (`-c,    --ctx-size N` has two), the rest
+    is the description. Continuation lines are indented and never define flags. Flags whose
+    description says "has been removed" still parse but make the server exit with an error,
+    so they are reported apart. The speculative types are the comma list on the
+    `--spec-type` line.
     """
     flags: set[str] = set()
+    removed: set[str] = set()
     spec_types: set[str] = set()
     for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped.startswith("-"):
+        if not line.startswith("-") or line.startswith("---"):
             continue
-        column = re.split(r"\s{2,}", stripped, maxsplit=1)[0]
-        flags.update(m.group(1) for m in _FLAG.finditer(column))
-        if "--spec-type" in column:
-            found = _SPEC_TYPES.search(line)
+        parts = re.split(r"\s{2,}", line.strip())
+        options = []
+        for part in parts:
+            if not part.startswith("-"):
+                break
+            options.append(part)
+        column = " ".join(options)
+        description = " ".join(parts[len(options):])
+        names = {m.group(1) for m in _FLAG.finditer(column)}
+        (removed if "has been removed" in description else flags).update(names)
+        if "--spec-type" in names:
+            found = _SPEC_TYPES.search(column)
             if found:
                 spec_types.update(t.strip() for t in found.group(1).split(","))
-    return frozenset(flags), frozenset(spec_types)
+    return frozenset(flags), frozenset(spec_types), frozenset(removed - flags)
 
 
 def parse_version(text: str) -> tuple[str | None, int | None]:

@@ -13,7 +13,9 @@ import sys
 
 import typer
 
+from bonsai_launch.cli import build as build_cmd
 from bonsai_launch.cli import config as config_cmd
+from bonsai_launch.cli import doctor as doctor_cmd
 from bonsai_launch.cli import inspect as inspect_cmd
 from bonsai_launch.cli import models as models_cmd
 from bonsai_launch.cli import start as start_cmd
@@ -35,6 +37,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+app.command("build")(build_cmd.command)
+app.command("doctor")(doctor_cmd.command)
 app.command("config")(config_cmd.command)
 app.command("models")(models_cmd.command)
 app.command("inspect")(inspect_cmd.command)

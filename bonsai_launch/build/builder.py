@@ -1,0 +1,274 @@
+"""`bonsai build` as a library: plan a build, skip it when up to date, else run and install it.
+
+A build is keyed by what decides its output: the source (sdist sha256, git commit or local
+folder), the patch series, the backend, the cmake flags and the compiler. Each key has its
+own folder under BONSAI_HOME/builds/<key>/ with `work/` (cmake's build folder, kept for
+incremental rebuilds), `bin/`, `manifest.json` and `build.log`. The up-to-date check reads
+a few small files and runs nothing but `c++ --version`: it takes well under half a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bonsai_launch.build import cmake_build, toolchain
+from bonsai_launch.build.install import install_binaries, installed_builds, read_manifest, write_manifest
+from bonsai_launch.build.patches import load_series, series_hash
+from bonsai_launch.build.pin import load_pin
+from bonsai_launch.build.source import SourceTree, parse_source, prepare
+from bonsai_launch.errors import BonsaiError
+from bonsai_launch.paths import bonsai_home, builds_dir
+
+EXE = ".exe" if os.name == "nt" else ""
+COLD_CPU_NOTE = "a cold CPU build takes about 12 minutes on 2 cores (seconds with a warm ccache)"
+COLD_GPU_NOTE = "a cold GPU build takes longer than a CPU one (tens of minutes on a few cores)"
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    backend: str = "auto"
+    source: str | None = None  # None: the pin
+    cuda_archs: str | None = None
+    gpu_targets: str | None = None
+    jobs: int | None = None
+    portable: bool = False
+    force: bool = False
+    targets: tuple[str, ...] = cmake_build.TARGETS
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything decided before anything runs: plain data, printable, comparable."""
+
+    key: str
+    backend: str
+    backend_reason: str
+    source: SourceTree
+    patches_hash: str
+    cmake_flags: tuple[str, ...]
+    targets: tuple[str, ...]
+    jobs: int
+    compiler: dict[str, Any]
+    cmake: Path
+    ninja: Path
+    key_dir: Path
+
+    @property
+    def work_dir(self) -> Path:
+        return self.key_dir / "work"
+
+    @property
+    def log_path(self) -> Path:
+        return self.key_dir / "build.log"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    manifest: dict[str, Any]
+    server: Path
+    up_to_date: bool
+    key_dir: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def default_jobs(backend: str) -> int:
+    """One job per core, but no more than memory allows (about 1 GiB per C++ job, 3 for GPU)."""
+    cpus = os.cpu_count() or 1
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except Exception:
+        return cpus
+    per_job = (3 if backend in ("cuda", "hip") else 1) * 2**30
+    return max(1, min(cpus, available // per_job))
+
+
+def _key(material: dict[str, Any], backend: str) -> str:
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{backend}-{digest}"
+
+
+def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
+    """Choose the backend, prepare the source (downloading it if needed) and name the build.
+
+    The toolchain checks come first, so a missing nvcc fails in seconds, before any download.
+    """
+    from bonsai_launch import hardware
+
+    pin = load_pin()
+    spec = parse_source(request.source, pin)
+    tools = toolchain.detect(versions=False)
+    if not tools.cc.found or not tools.cxx.found:
+        raise BonsaiError("no C/C++ compiler was found (looked for $CC/$CXX, cc, c++, gcc, g++, clang)",
+                          toolchain.compiler_hint())
+    cmake, ninja = toolchain.cmake_exe(), toolchain.ninja_exe()
+    if cmake is None or ninja is None:
+        raise BonsaiError("the cmake and ninja PyPI packages are not installed in bonsai's environment",
+                          "pip install cmake ninja (they are dependencies of bonsai-launch)")
+    choice = toolchain.choose_backend(request.backend, hardware.detect(), tools,
+                                      cuda_archs=request.cuda_archs, gpu_targets=request.gpu_targets)
+    if request.jobs is not None and request.jobs < 1:
+        raise BonsaiError(f"--jobs {request.jobs} must be at least 1", "omit it to use one job per core")
+
+    series = load_series() if spec.kind != "local" else ()
+    source = prepare(spec, pin, series, console=console, force=request.force)
+    flags = cmake_build.base_flags(source.build_number, source.commit, native=not request.portable,
+                                   ccache=tools.ccache.found) + list(choice.cmake_flags)
+    compiler = {"cc": tools.cc.path, "cxx": tools.cxx.path, "id": toolchain.compiler_id(str(tools.cxx.path))}
+    patches_id = series_hash(series)
+    material = {"source": source.identity, "patches": patches_id, "backend": choice.backend,
+                "flags": cmake_build.key_flags(flags), "compiler": compiler, "targets": list(request.targets)}
+    key = _key(material, choice.backend)
+    return BuildPlan(key, choice.backend, choice.reason, source, patches_id, tuple(flags), tuple(request.targets),
+                     request.jobs or default_jobs(choice.backend), compiler, cmake, ninja, builds_dir() / key)
+
+
+def current_install(plan: BuildPlan) -> dict[str, Any] | None:
+    """The manifest of this exact build when it is installed and its source is unchanged."""
+    data = read_manifest(plan.key_dir)
+    if data is None or data.get("source", {}).get("fingerprint") != plan.source.fingerprint:
+        return None
+    for target in plan.targets:
+        path = Path(data.get("binaries", {}).get(target, ""))
+        if not path.is_file():
+            return None
+    return data
+
+
+def build_env() -> dict[str, str]:
+    """cmake and ninja from the PyPI packages first on PATH; ccache paths relative to BONSAI_HOME
+    so the cache is shared between build folders (and with an earlier build of the same tree)."""
+    env = dict(os.environ)
+    dirs = [str(p.parent) for p in (toolchain.cmake_exe(), toolchain.ninja_exe()) if p is not None]
+    env["PATH"] = os.pathsep.join(dict.fromkeys(dirs + env.get("PATH", "").split(os.pathsep)))
+    env.setdefault("CCACHE_BASEDIR", str(bonsai_home().resolve()))
+    return env
+
+
+def _announce(plan: BuildPlan, console) -> None:
+    if console is None:
+        return
+    note = COLD_CPU_NOTE if plan.backend == "cpu" else COLD_GPU_NOTE
+    console.print(f"building llama-server ({plan.backend}: {plan.backend_reason}) from {plan.source.spec} "
+                  f"with {plan.jobs} job{'s' if plan.jobs != 1 else ''}; {note}")
+    console.print(f"[dim]build folder {plan.key_dir}, log {plan.log_path}[/]")
+
+
+def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildResult:
+    """Configure (when needed), compile, install and write the manifest, under a lock."""
+    from filelock import FileLock
+
+    from bonsai_launch.binaries import probe
+
+    plan.key_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(plan.key_dir / ".lock")):
+        if not force:
+            existing = current_install(plan)
+            if existing is not None:  # another bonsai built it while we waited for the lock
+                return BuildResult(existing, Path(existing["binaries"]["llama-server"]), True, plan.key_dir)
+        _announce(plan, console)
+        env = build_env()
+        src, work = plan.source.path.resolve(), plan.work_dir.resolve()
+        timings: dict[str, float] = {}
+        with open(plan.log_path, "w") as log:
+            log.write(f"# bonsai build {plan.key} at {datetime.now(timezone.utc).isoformat()}\n")
+            if force or not (work / "build.ninja").is_file():
+                timings["configure_seconds"] = cmake_build.configure(
+                    plan.cmake, src, work, list(plan.cmake_flags), env, log, plan.log_path, console)
+            timings["compile_seconds"] = cmake_build.build(
+                plan.ninja, work, plan.targets, plan.jobs, env, log, plan.log_path, console,
+                label=f"llama.cpp {plan.backend}")
+        binaries = install_binaries(work / "bin", plan.key_dir, tuple(t + EXE for t in plan.targets))
+        server = binaries["llama-server" + EXE]
+        caps = probe(server)
+        manifest = {
+            "schema": 1,
+            "key": plan.key,
+            "backend": plan.backend,
+            "backend_reason": plan.backend_reason,
+            "source": {**plan.source.to_json(), "fingerprint": plan.source.fingerprint},
+            "patches_hash": plan.patches_hash,
+            "cmake_flags": list(plan.cmake_flags),
+            "targets": list(plan.targets),
+            "jobs": plan.jobs,
+            "compiler": plan.compiler,
+            "build_seconds": round(sum(timings.values()), 2),
+            **{k: round(v, 2) for k, v in timings.items()},
+            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "binaries": {t.removesuffix(EXE): str(p) for t, p in binaries.items()},
+            "version": caps.version,
+            "capabilities": caps.to_json(),
+            "work_dir": str(plan.work_dir),
+            "log": str(plan.log_path),
+        }
+        write_manifest(plan.key_dir, manifest)
+    return BuildResult(manifest, server, False, plan.key_dir, timings)
+
+
+def build(request: BuildRequest | None = None, *, console=None) -> BuildResult:
+    """Build (or find up to date) llama-server for `request`; returns the manifest and path."""
+    request = request or BuildRequest()
+    plan = plan_build(request, console=console)
+    if not request.force:
+        existing = current_install(plan)
+        if existing is not None:
+            return BuildResult(existing, Path(existing["binaries"]["llama-server"]), True, plan.key_dir)
+    return run_build(plan, console=console, force=request.force)
+
+
+def detected_backend() -> str:
+    """What `--backend auto` would build on this machine, without running anything heavy."""
+    from bonsai_launch import hardware
+
+    try:
+        return toolchain.choose_backend("auto", hardware.detect(), toolchain.detect(versions=False)).backend
+    except BonsaiError:
+        return "cpu"
+
+
+def find_installed(backend: str = "auto") -> Path | None:
+    """The installed llama-server for `backend` (auto: the detected one), or None.
+
+    Prefers a build of the current pin; then the newest build of that backend.
+    """
+    backend = detected_backend() if backend == "auto" else backend
+    candidates = [(d, m) for d, m in installed_builds(builds_dir()) if m.get("backend") == backend]
+    if not candidates:
+        return None
+    try:
+        pinned = load_pin().default.sha256
+    except BonsaiError:
+        pinned = None
+    for _key_dir, data in candidates:
+        if data.get("source", {}).get("identity") == pinned:
+            return Path(data["binaries"]["llama-server"])
+    return Path(candidates[0][1]["binaries"]["llama-server"])
+
+
+def ensure_server(backend: str = "auto", *, console=None) -> Path:
+    """The llama-server to launch for `backend`, building it first when none fits.
+
+    An up-to-date build of the pin wins. Without one, a build the user made on purpose from
+    another source (a git ref, a folder) for this backend is used as it is. Otherwise the pin
+    is built now, which is announced with how long it takes.
+    """
+    if console is None:
+        from bonsai_launch.cli._output import console as make_console
+
+        console = make_console(stderr=True)
+    wanted = detected_backend() if backend == "auto" else backend
+    mine = [data for _key_dir, data in installed_builds(builds_dir()) if data.get("backend") == wanted]
+    pinned = [data for data in mine if data.get("source", {}).get("kind") == "pin"]
+    if not pinned and mine:
+        return Path(mine[0]["binaries"]["llama-server"])
+    if not pinned:
+        console.print(f"no llama-server is built for {wanted} yet: building it now")
+    return build(BuildRequest(backend=wanted), console=console).server

@@ -1,0 +1,61 @@
+"""`bonsai build`: compile llama-server from the pinned llama.cpp for this machine.
+
+Examples:
+    bonsai build                                   # auto backend, pinned source; prints the binary path
+    bonsai build --json                            # the manifest: version, flags, capabilities
+    bonsai build --backend cuda --cuda-archs 90    # CUDA for H100/H200 without a visible GPU
+    bonsai build --source prismml                  # a named alternative from vendor/llama.cpp/pin.toml
+    bonsai build --source git+https://github.com/ggml-org/llama.cpp.git@b6000
+    bonsai build --source ~/src/llama.cpp --jobs 4 # a local checkout, as it is
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from bonsai_launch.cli._options import JsonOpt
+
+BackendOpt = Annotated[str, typer.Option("--backend", help="auto, cpu, cuda, metal, vulkan or hip.")]
+SourceOpt = Annotated[Optional[str], typer.Option(
+    "--source", help="pin (default), a name from vendor/llama.cpp/pin.toml, git+URL@REF, or a folder.")]
+CudaArchsOpt = Annotated[Optional[str], typer.Option(
+    "--cuda-archs", help="CUDA architectures, e.g. 90 or 86,89 (default: the visible GPUs').")]
+GpuTargetsOpt = Annotated[Optional[str], typer.Option(
+    "--gpu-targets", help="HIP targets, e.g. gfx1100 (default: the visible GPUs').")]
+JobsOpt = Annotated[Optional[int], typer.Option("--jobs", "-j", help="Parallel compile jobs (default: cores, capped by RAM).")]
+PortableOpt = Annotated[bool, typer.Option("--portable", help="Do not tune for this CPU (GGML_NATIVE=OFF).")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Configure, compile and install even when up to date; re-fetch a git source.")]
+
+
+def command(
+    backend: BackendOpt = "auto",
+    source: SourceOpt = None,
+    cuda_archs: CudaArchsOpt = None,
+    gpu_targets: GpuTargetsOpt = None,
+    jobs: JobsOpt = None,
+    portable: PortableOpt = False,
+    force: ForceOpt = False,
+    json_output: JsonOpt = False,
+) -> None:
+    """Build llama-server, llama-speculative-simple and llama-bench; print the server's path."""
+    from bonsai_launch.build import BuildRequest, build
+    from bonsai_launch.cli._output import console, emit_json
+
+    err = console(stderr=True)
+    request = BuildRequest(backend=backend, source=source, cuda_archs=cuda_archs, gpu_targets=gpu_targets,
+                           jobs=jobs, portable=portable, force=force)
+    result = build(request, console=err)
+    if json_output:
+        emit_json({**result.manifest, "up_to_date": result.up_to_date})
+        return
+    m = result.manifest
+    caps = m.get("capabilities", {})
+    if result.up_to_date:
+        err.print(f"up to date: {m['backend']} build {m['key']} ({m.get('version') or 'version unknown'})")
+    else:
+        err.print(f"built in {m['build_seconds']:.0f} s: {m.get('version') or 'version unknown'}; "
+                  f"speculative types: {', '.join(caps.get('spec_types', [])) or 'none found'}")
+    print(result.server)

@@ -1,0 +1,170 @@
+"""What `bonsai doctor` checks: hardware, toolchains, builds, models, the default port.
+
+Gathering only reads and probes (nothing is built or downloaded); every problem found
+carries the fix. The CLI renders the report as text or JSON.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    severity: str  # "error": bonsai cannot work; "warning": something is missing or slower
+    what: str
+    fix: str
+
+
+@dataclass
+class Report:
+    hardware: dict[str, Any] = field(default_factory=dict)
+    toolchain: dict[str, Any] = field(default_factory=dict)
+    backend: dict[str, Any] = field(default_factory=dict)
+    builds: list[dict[str, Any]] = field(default_factory=list)
+    llama_server: dict[str, Any] | None = None
+    models: list[dict[str, Any]] = field(default_factory=list)
+    port: dict[str, Any] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = not any(p.severity == "error" for p in self.problems)
+        return data
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _toolchain(report: Report, hw) -> Any:
+    from bonsai_launch.build import toolchain
+
+    tools = toolchain.detect(versions=True)
+    report.toolchain = tools.to_json()
+    add = report.problems.append
+    if not tools.cc.found or not tools.cxx.found:
+        add(Problem("error", "no C/C++ compiler found", toolchain.compiler_hint()))
+    if not tools.cmake.found or not tools.ninja.found:
+        add(Problem("error", "the cmake/ninja PyPI packages are missing", "pip install cmake ninja"))
+    if not tools.ccache.found:
+        add(Problem("warning", "ccache is not installed: every rebuild compiles from scratch", toolchain.INSTALL_HINTS["ccache"]))
+    if hw.gpus and not tools.nvcc.found:
+        add(Problem("warning", f"an NVIDIA GPU ({hw.gpus[0].name}) is present but nvcc is not: builds are CPU-only",
+                    toolchain.INSTALL_HINTS["cuda"]))
+    try:
+        choice = toolchain.choose_backend("auto", hw, tools)
+        report.backend = {"backend": choice.backend, "reason": choice.reason, "cmake_flags": list(choice.cmake_flags)}
+    except Exception as exc:  # a BonsaiError from a half-installed GPU toolchain
+        report.backend = {"backend": "cpu", "reason": str(exc), "cmake_flags": []}
+    return tools
+
+
+def _builds(report: Report) -> None:
+    from bonsai_launch.build.install import installed_builds
+    from bonsai_launch.build.pin import load_pin
+    from bonsai_launch.paths import builds_dir
+
+    try:
+        pinned = load_pin().default
+    except Exception as exc:
+        report.problems.append(Problem("error", f"the llama.cpp pin cannot be read: {exc}", "reinstall bonsai-launch"))
+        pinned = None
+    for key_dir, m in installed_builds(builds_dir()):
+        caps = m.get("capabilities", {})
+        report.builds.append({
+            "key": m.get("key"), "backend": m.get("backend"), "version": m.get("version"),
+            "source": m.get("source", {}).get("spec"), "is_pin": bool(pinned) and m.get("source", {}).get("identity") == pinned.sha256,
+            "built_at": m.get("built_at"), "build_seconds": m.get("build_seconds"),
+            "llama_server": m.get("binaries", {}).get("llama-server"),
+            "spec_types": caps.get("spec_types", []), "devices": caps.get("devices", []), "path": str(key_dir),
+        })
+    wanted = report.backend.get("backend", "cpu")
+    mine = [b for b in report.builds if b["backend"] == wanted]
+    if not mine:
+        report.problems.append(Problem("warning", f"no llama-server is built for {wanted}",
+                                       "run `bonsai build` (or let `bonsai start` build it; a cold CPU build takes about 12 minutes on 2 cores)"))
+    elif pinned and not any(b["is_pin"] for b in mine):
+        report.problems.append(Problem("warning", f"no {wanted} build of the pinned llama.cpp ({pinned.package}=={pinned.version})",
+                                       "run `bonsai build`"))
+    for b in mine:
+        if b["is_pin"] and "draft-dspark" not in b["spec_types"]:
+            report.problems.append(Problem("warning", f"build {b['key']} does not list draft-dspark",
+                                           "run `bonsai build --force`"))
+
+
+def _explicit_server(report: Report) -> None:
+    import os
+
+    from bonsai_launch.binaries import probe
+
+    explicit = os.environ.get("BONSAI_LLAMA_SERVER", "").strip()
+    if not explicit:
+        return
+    try:
+        from bonsai_launch.binaries import find_server
+
+        caps = probe(find_server(explicit))
+        report.llama_server = {"path": explicit, **caps.to_json(), "flags": len(caps.flags)}
+        if "draft-dspark" not in caps.spec_types:
+            report.problems.append(Problem("warning", f"BONSAI_LLAMA_SERVER={explicit} does not know draft-dspark "
+                                                      "(DSpark drafters need it)",
+                                           "unset BONSAI_LLAMA_SERVER to use `bonsai build`'s binary"))
+    except Exception as exc:
+        report.llama_server = {"path": explicit, "error": str(exc)}
+        report.problems.append(Problem("error", f"BONSAI_LLAMA_SERVER={explicit} cannot be used: {exc}",
+                                       "point it at a working llama-server or unset it"))
+
+
+def _models(report: Report) -> None:
+    from bonsai_launch.launch_inputs import local_path
+    from bonsai_launch.profiles import load_all
+
+    try:
+        profiles = load_all()
+    except Exception as exc:
+        report.problems.append(Problem("error", f"profiles cannot be loaded: {exc}", "fix or remove the profile file named"))
+        return
+    for profile in profiles.values():
+        present = [f.name for f in profile.files if local_path(profile, f.name).is_file()]
+        if present:
+            size = sum(local_path(profile, n).stat().st_size for n in present)
+            report.models.append({"profile": profile.name, "files": present, "bytes": size,
+                                  "complete": len(present) == len(profile.files)})
+
+
+def _port(report: Report) -> None:
+    from bonsai_launch.settings import resolve
+
+    try:
+        s = resolve()
+        host, port = s["host"], s["port"]
+    except Exception as exc:
+        report.problems.append(Problem("error", str(exc), "fix the BONSAI_* variable named"))
+        return
+    free = port_free(host if host in ("127.0.0.1", "localhost", "::1") else "127.0.0.1", port)
+    report.port = {"host": host, "port": port, "free": free}
+    if not free:
+        report.problems.append(Problem("warning", f"port {port} on {host} is in use (another llama-server?)",
+                                       "stop it (`bonsai ps`, `bonsai stop`) or set BONSAI_PORT to a free port"))
+
+
+def gather() -> Report:
+    from bonsai_launch import hardware
+
+    report = Report()
+    hw = hardware.detect()
+    report.hardware = hw.to_json()
+    _toolchain(report, hw)
+    _builds(report)
+    _explicit_server(report)
+    _models(report)
+    _port(report)
+    return report

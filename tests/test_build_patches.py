@@ -1,0 +1,67 @@
+"""The patch series: applied in order, each checked first; one that does not fit stops the build."""
+
+from __future__ import annotations
+
+import pytest
+from build_helpers import bad_patch, fake_tree, file_index, help_patch, make_sdist, use_index, write_pin
+
+from bonsai_launch.build.patches import apply_series, load_series, series_hash
+from bonsai_launch.build.source import prepare_pin
+from bonsai_launch.errors import ActionFailed
+from bonsai_launch.paths import sources_dir
+
+
+def test_series_is_ordered_and_hashed(tmp_path):
+    assert load_series(tmp_path / "none") == () and series_hash(()) == ""
+    folder = tmp_path / "patches"
+    help_patch(folder, "0002-b.patch", "draft-b")
+    help_patch(folder, "0001-a.patch", "draft-a")
+    (folder / "README").write_text("not a patch")
+    series = load_series(folder)
+    assert [p.name for p in series] == ["0001-a.patch", "0002-b.patch"]
+    assert len(series_hash(series)) == 64
+
+
+def test_vendored_series_applies_to_the_tree_it_is_for():
+    # Empty today; every patch added later must at least parse as a series.
+    for patch in load_series():
+        assert patch.path.suffix in (".patch", ".diff")
+
+
+def test_patch_applies(tmp_path):
+    tree = fake_tree(tmp_path / "tree")
+    apply_series(tree, load_series(help_patch(tmp_path / "p").parent))
+    assert "draft-patched" in (tree / "server.c").read_text()
+
+
+def test_patch_that_does_not_apply_is_named(tmp_path):
+    tree = fake_tree(tmp_path / "tree")
+    bad_patch(tmp_path / "p")
+    before = (tree / "server.c").read_text()
+    with pytest.raises(ActionFailed, match="0002-does-not-apply.patch does not apply cleanly"):
+        apply_series(tree, load_series(tmp_path / "p"))
+    assert (tree / "server.c").read_text() == before
+
+
+def test_pinned_source_with_a_bad_patch_leaves_no_tree(tmp_path, monkeypatch):
+    archive, sha = make_sdist(tmp_path / "dist")
+    use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))
+    pin = write_pin(tmp_path / "vendor", archive, sha)
+    help_patch(tmp_path / "p")
+    bad_patch(tmp_path / "p")
+    with pytest.raises(ActionFailed, match="0002-does-not-apply.patch"):
+        prepare_pin(pin.default, load_series(tmp_path / "p"))
+    left = {p.name for p in sources_dir().iterdir()} - {".lock", "downloads"}
+    assert left == set(), f"half-patched trees left behind: {left}"
+
+
+def test_pinned_source_with_patches_gets_its_own_folder(tmp_path, monkeypatch):
+    archive, sha = make_sdist(tmp_path / "dist")
+    use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))
+    pin = write_pin(tmp_path / "vendor", archive, sha)
+    plain = prepare_pin(pin.default, ())
+    patched = prepare_pin(pin.default, load_series(help_patch(tmp_path / "p").parent))
+    assert plain.path != patched.path and patched.path.parent.name.startswith("fake-llama-bin-1.0-p")
+    assert "draft-patched" in (patched.path / "server.c").read_text()
+    assert "draft-patched" not in (plain.path / "server.c").read_text()
+    assert patched.patches == ("0001-add-type.patch",)
