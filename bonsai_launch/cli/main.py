@@ -18,6 +18,8 @@ from bonsai_launch.cli import config as config_cmd
 from bonsai_launch.cli import doctor as doctor_cmd
 from bonsai_launch.cli import inspect as inspect_cmd
 from bonsai_launch.cli import models as models_cmd
+from bonsai_launch.cli import pull as pull_cmd
+from bonsai_launch.cli import rm as rm_cmd
 from bonsai_launch.cli import start as start_cmd
 from bonsai_launch.cli import chat as chat_cmd
 from bonsai_launch.cli import logs as logs_cmd
@@ -40,7 +42,9 @@ app = typer.Typer(
 app.command("build")(build_cmd.command)
 app.command("doctor")(doctor_cmd.command)
 app.command("config")(config_cmd.command)
+app.command("pull")(pull_cmd.command)
 app.command("models")(models_cmd.command)
+app.command("rm")(rm_cmd.command)
 app.command("inspect")(inspect_cmd.command)
 app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(start_cmd.command)
 app.command("ps")(ps_cmd.command)

@@ -3,6 +3,9 @@
 Examples:
     bonsai models
     bonsai models --json
+
+For each file: present or not, its size (on disk, or as the profile declares it), and whether
+its sha256 was verified (from the record `bonsai pull` keeps; nothing is re-hashed here).
 """
 
 from __future__ import annotations
@@ -10,34 +13,59 @@ from __future__ import annotations
 from bonsai_launch.cli._options import JsonOpt
 
 
-def command(json_output: JsonOpt = False) -> None:
-    """List every profile: family, size, files, drafter, and what is downloaded."""
-    from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.launch_inputs import local_path
+def catalog() -> list[dict]:
+    from bonsai_launch import model_store
     from bonsai_launch.profiles import load_all
 
-    catalog = []
+    entries = []
     for profile in load_all().values():
+        records = model_store.read_records(profile.name)
         files = []
         for f in profile.files:
-            path = local_path(profile, f.name)
-            files.append({"role": f.role, "name": f.name, "layout": f.layout, "present": path.is_file(),
-                          "path": str(path), "size": path.stat().st_size if path.is_file() else f.size})
-        catalog.append({"profile": profile.name, "family": profile.family, "size": profile.size,
-                        "description": profile.description, "source": profile.repo or f"pypi:{profile.pypi_package}",
+            s = model_store.state(profile.name, f.name, records)
+            files.append({"role": f.role, "name": f.name, "layout": f.layout, "present": s.present,
+                          "verified": s.verified, "size": s.size if s.present else f.size,
+                          "sha256": s.record.sha256 if s.record else f.sha256,
+                          "partial_bytes": s.partial_bytes, "path": str(s.path)})
+        folder = model_store.folder(profile.name)
+        entries.append({"profile": profile.name, "family": profile.family, "size": profile.size,
+                        "description": profile.description,
+                        "source": profile.repo or f"pypi:{profile.pypi_package}",
                         "drafter": next((f.name for f in profile.files if f.role == "drafter"), None),
-                        "draft_free_type": profile.draft_free_type, "files": files})
+                        "draft_free_type": profile.draft_free_type, "folder": str(folder),
+                        "disk_bytes": model_store.folder_size(folder) if folder.is_dir() else 0,
+                        "files": files})
+    return entries
+
+
+def command(json_output: JsonOpt = False) -> None:
+    """List every profile: family, size, files (present, size, verified), drafter."""
+    from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.model_store import human
+
+    entries = catalog()
     if json_output:
-        emit_json(catalog)
+        emit_json(entries)
         return
     from rich.table import Table
 
-    table = Table(title="bonsai profiles")
-    for col in ("profile", "family", "size", "files", "speculation"):
+    table = Table(title="bonsai profiles",
+                  caption="✓ present, sha256 verified   ? present, not verified   · not downloaded")
+    for col in ("profile", "family", "size", "files", "speculation", "on disk"):
         table.add_column(col)
-    for entry in catalog:
-        lines = [f"{'[green]✓[/]' if f['present'] else '[dim]·[/]'} {f['role']}: {f['name']}"
-                 + (f" [dim]({f['layout']})[/]" if f["layout"] != "any" else "") for f in entry["files"]]
+    for entry in entries:
+        lines = []
+        for f in entry["files"]:
+            if f["verified"]:
+                mark, state = "[green]✓[/]", ""
+            elif f["present"]:
+                mark, state = "[yellow]?[/]", "not verified"
+            else:
+                mark, state = "[dim]·[/]", "partial " + human(f["partial_bytes"]) if f["partial_bytes"] else ""
+            layout = f" [dim]({f['layout']})[/]" if f["layout"] != "any" else ""
+            size = f" {human(f['size'])}" if f["size"] else ""
+            lines.append(f"{mark} {f['role']}: {f['name']}{layout}{size}" + (f" [dim]{state}[/]" if state else ""))
         spec = entry["drafter"] and "drafter" or entry["draft_free_type"] or "-"
-        table.add_row(entry["profile"], entry["family"], entry["size"], "\n".join(lines), spec)
+        disk = human(entry["disk_bytes"]) if entry["disk_bytes"] else "-"
+        table.add_row(entry["profile"], entry["family"], entry["size"], "\n".join(lines), spec, disk)
     console().print(table)

