@@ -177,6 +177,25 @@ def for_profile(profile: str | None) -> Instance | None:
     return None
 
 
+def _wait_gone(proc, timeout: float) -> bool:
+    """Wait until `proc` has exited. A zombie counts as gone: a detached server's parent is
+    init (or a container's PID 1), which may take its time to reap it."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
 def _supervisor(inst: Instance):
     """The live `bonsai start` process of a foreground server, or None."""
     import psutil
@@ -207,12 +226,10 @@ def stop(inst: Instance, timeout: float = 10.0) -> bool:
             # A foreground `bonsai start` watches this server: ask it to stop, so it exits 0
             # as for Ctrl+C instead of reporting a server that died.
             supervisor.terminate()
-            try:
-                proc.wait(timeout + 5)
+            if _wait_gone(proc, timeout + 5):
                 unregister(inst.name)
                 return True
-            except psutil.TimeoutExpired:
-                pass  # fall through and stop the server ourselves
+            # else fall through and stop the server ourselves
         if sys.platform == "win32":
             proc.terminate()
         else:
@@ -220,9 +237,7 @@ def stop(inst: Instance, timeout: float = 10.0) -> bool:
                 os.killpg(inst.pid, signal.SIGTERM)  # servers run in their own group (pgid == pid)
             except (ProcessLookupError, PermissionError):
                 proc.terminate()
-        try:
-            proc.wait(timeout)
-        except psutil.TimeoutExpired:
+        if not _wait_gone(proc, timeout):
             if sys.platform != "win32":
                 try:
                     os.killpg(inst.pid, signal.SIGKILL)
@@ -230,10 +245,9 @@ def stop(inst: Instance, timeout: float = 10.0) -> bool:
                     proc.kill()
             else:
                 proc.kill()
-            proc.wait(5)
+            if not _wait_gone(proc, 5):
+                return False
     except psutil.NoSuchProcess:
         pass
-    except psutil.TimeoutExpired:
-        return False
     unregister(inst.name)
     return True
