@@ -13,6 +13,7 @@ import sys
 
 import typer
 
+from bonsai_launch.cli import bench as bench_cmd
 from bonsai_launch.cli import build as build_cmd
 from bonsai_launch.cli import config as config_cmd
 from bonsai_launch.cli import doctor as doctor_cmd
@@ -53,6 +54,7 @@ app.command("stop")(stop_cmd.command)
 app.command("verify")(verify_cmd.command)
 app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_cmd.command)
 app.command("chat", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(chat_cmd.command)
+app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench_cmd.command)
 
 
 def run() -> None:

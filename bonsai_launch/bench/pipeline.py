@@ -1,0 +1,78 @@
+"""The whole benchmark, end to end: options -> servers and requests -> summary -> files.
+
+`bonsai bench` (cli/bench.py) is a thin wrapper around `run_bench`; tests call it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bonsai_launch.bench import prompts as suite
+from bonsai_launch.bench import report, runner, summary
+from bonsai_launch.bench.runner import QUICK, BenchOptions, Listener
+from bonsai_launch.errors import BonsaiError
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to measure: servers bonsai starts (settings flags, files, binary) or URLs."""
+
+    flags: dict[str, Any] = dataclasses.field(default_factory=dict)
+    model: str | None = None
+    drafter: str | None = None
+    passthrough: tuple[str, ...] = ()
+    binary: Path | None = None
+    url: str | None = None
+    baseline_url: str | None = None
+    api_key: str | None = None
+
+
+def quick_options(options: BenchOptions, given: set[str]) -> BenchOptions:
+    """--quick: a small subset for a laptop; options the user gave explicitly still win."""
+    changes = {k: v for k, v in QUICK.items() if k not in given}
+    return dataclasses.replace(options, quick=True, **changes)
+
+
+def check_options(options: BenchOptions) -> None:
+    if options.repeats < 1:
+        raise BonsaiError(f"--repeats {options.repeats} must be at least 1", "use 3 or more for a verdict")
+    if options.max_tokens < 2:
+        raise BonsaiError(f"--max-tokens {options.max_tokens} is too small", "use 64 or more")
+    if not options.temps:
+        raise BonsaiError("--temps is empty", "for example --temps 0,0.7")
+    for t in options.temps:
+        if t < 0 or t > 2:
+            raise BonsaiError(f"--temps: {t:g} is outside 0-2", "for example --temps 0,0.7")
+    for c in options.concurrency:
+        if c < 1 or c > 64:
+            raise BonsaiError(f"--concurrency: {c} is outside 1-64", "for example --concurrency 1,4")
+    if options.api not in ("chat", "completion"):
+        raise BonsaiError(f"--api {options.api!r} is not known", "use chat or completion")
+
+
+def run_bench(options: BenchOptions, target: Target, out_dir: Path | None, listener: Listener | None = None,
+              chart: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
+    """Measure, summarise and write the reports. Returns (report document, written paths)."""
+    check_options(options)
+    all_prompts = suite.load_prompts(options.prompts_path)
+    prompts = suite.select(all_prompts, list(options.categories) if options.categories else None, options.per_category)
+    if target.url:
+        data = runner.run_urls(options, target.url, target.baseline_url, prompts, all_prompts, target.api_key, listener)
+    else:
+        if target.binary is None:
+            raise BonsaiError("no llama-server to benchmark", "run `bonsai build`, set BONSAI_LLAMA_SERVER, or pass --url")
+        configs = runner.plan_configs(options.configs, target.flags, target.model, target.drafter, target.passthrough,
+                                      target.binary)
+        from bonsai_launch.paths import logs_dir
+
+        log_dir = logs_dir() / "bench" / time.strftime("%Y%m%d-%H%M%S")
+        data = runner.run_launch(options, configs, prompts, all_prompts, log_dir, listener)
+    if options.repeats < 3:
+        data.notes.append(f"only {options.repeats} repeat(s): no verdict is claimed (3 or more are needed)")
+    doc = summary.summarize(data)
+    paths = report.write_reports(doc, out_dir, chart) if out_dir is not None else {}
+    return doc, paths

@@ -1,0 +1,413 @@
+"""Drawing the report: a rich table for the terminal, Markdown, JSON and a PNG chart.
+
+Every renderer reads the one summary dict (summary.py), so the four outputs always agree.
+matplotlib is optional (`pip install 'bonsai-launch[chart]'`): without it the chart is
+skipped with a note and everything else is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+MARK = {"faster": "faster", "slower": "SLOWER", "noise": "noise", "inconclusive": "?"}
+LEGEND = ("faster / SLOWER: beyond the noise band; noise: within it; ?: fewer than 3 repeats, no verdict. "
+          "Ratios are paired per repeat, candidate / baseline, median (min-max).")
+
+
+# -- small formatters ---------------------------------------------------------------------------
+
+
+def _sp(s: dict | None, digits: int = 1, unit: str = "") -> str:
+    if not s:
+        return "-"
+    if s["n"] == 1 or s["min"] == s["max"]:
+        return f"{s['median']:.{digits}f}{unit}"
+    return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def _ratio(v: dict | None) -> str:
+    if not v or not v.get("ratio"):
+        return "-"
+    r = v["ratio"]
+    text = f"{r['median']:.2f}x"
+    if r["n"] > 1:
+        text += f" ({r['min']:.2f}-{r['max']:.2f})"
+    return f"{text} {MARK.get(v['kind'], v['kind'])}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _mib(s: dict | None) -> str:
+    if not s:
+        return "-"
+    return _sp({k: (v / 2**20 if k != "n" else v) for k, v in s.items()}, 0, " MiB")
+
+
+def _temp(t: float) -> str:
+    return f"{t:g}"
+
+
+def _labels(doc: dict) -> dict[str, str]:
+    return {c["name"]: c["label"] for c in doc["configs"]}
+
+
+def _equality_text(eq: dict | None) -> str:
+    if not eq:
+        return "-"
+    text = f"{eq['identical']}/{eq['compared']} identical"
+    if eq["identical"] < eq["compared"] and eq.get("first_diff_char"):
+        d = eq["first_diff_char"]
+        p = eq.get("first_diff_piece") or {}
+        text += f"; first diff at char {d['min']:.0f}" + (f" (~token {p['min']:.0f})" if p else "")
+        if d["n"] > 1:
+            text += f", median char {d['median']:.0f}"
+    if not eq.get("baseline_self_consistent", True):
+        text += "; baseline itself varies"
+    return text
+
+
+def _result(doc: dict, config: str, category: str, temp: float) -> dict | None:
+    return next((r for r in doc["results"] if r["config"] == config and r["category"] == category
+                 and r["temperature"] == temp), None)
+
+
+def _comparison(doc: dict, config: str, category: str, temp: float) -> dict | None:
+    return next((c for c in doc["comparisons"] if c["config"] == config and c["category"] == category
+                 and c["temperature"] == temp), None)
+
+
+def _candidates(doc: dict) -> list[str]:
+    return [c["name"] for c in doc["configs"] if c["name"] != doc.get("baseline")]
+
+
+def _machine(doc: dict) -> str:
+    env = doc.get("environment") or {}
+    hw = env.get("hardware") or {}
+    parts = []
+    if hw:
+        parts.append(f"{hw.get('logical_cores')} logical cores, {hw.get('ram_gb')} GB RAM, {hw.get('arch')}")
+        gpus = hw.get("gpus") or []
+        if gpus:
+            parts.append(", ".join(g["name"] for g in gpus))
+    server = env.get("llama_server") or {}
+    if server.get("build"):
+        parts.append(f"llama.cpp build {server['build']} ({server.get('backend')})")
+    la, lb = env.get("load_average_start"), env.get("load_average_end")
+    if la:
+        parts.append(f"load average {la[0]:.2f} at start" + (f", {lb[0]:.2f} at end" if lb else ""))
+    return "; ".join(parts)
+
+
+# -- terminal -------------------------------------------------------------------------------------
+
+
+def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    labels = _labels(doc)
+    base = doc.get("baseline")
+    cands = _candidates(doc)
+    o = doc["options"]
+    console.print(f"[bold]bonsai bench[/bold] ({doc['mode']} mode): {len(doc['configs'])} configurations, "
+                  f"{o['repeats']} repeats, temperatures {', '.join(_temp(t) for t in o['temps'])}, "
+                  f"max {o['max_tokens']} tokens; {_machine(doc)}")
+
+    table = Table(title="Decode speed per category (median of repeats, min-max; ratios paired per repeat)")
+    table.add_column("category")
+    table.add_column("T", justify="right")
+    if base:
+        table.add_column(f"{labels.get(base, base)} tok/s", justify="right")
+    for c in cands:
+        table.add_column(f"{labels.get(c, c)}", justify="right")
+        table.add_column("accepted", justify="right")
+    for temp in o["temps"]:
+        for category in doc["categories"] + ["all"]:
+            row = [category, _temp(temp)]
+            if base:
+                row.append(_sp((_result(doc, base, category, temp) or {}).get("decode_tps")))
+            for c in cands:
+                comp = _comparison(doc, c, category, temp)
+                res = _result(doc, c, category, temp) or {}
+                row.append(_ratio(comp["verdict"]) if comp else _sp(res.get("decode_tps")))
+                row.append(_pct(res.get("acceptance_rate")))
+            table.add_row(*row)
+    console.print(table)
+    console.print(f"[dim]{LEGEND}[/dim]")
+
+    if doc["verdicts"]:
+        console.print("[bold]Verdicts[/bold]")
+        for v in doc["verdicts"]:
+            style = {"faster": "green", "slower": "red"}.get(v["kind"], "yellow")
+            console.print(f"  [{style}]{v['line']}[/{style}]")
+    eq_rows = [(c, _comparison(doc, c, "all", 0.0)) for c in cands]
+    eq_rows = [(c, comp) for c, comp in eq_rows if comp and comp.get("output_equality")]
+    for c, comp in eq_rows:
+        console.print(f"  temperature 0, {labels.get(c, c)} vs {labels.get(base, base)}: "
+                      f"{_equality_text(comp['output_equality'])}")
+
+    _print_tradeoffs(doc, console, labels)
+    if paths:
+        for kind, path in paths.items():
+            console.print(f"  {kind}: {path}")
+    for note in doc.get("notes") or []:
+        console.print(f"  [dim]note: {note}[/dim]")
+
+
+def _print_tradeoffs(doc: dict, console, labels: dict[str, str]) -> None:
+    from rich.table import Table
+
+    mt = doc.get("multi_turn") or {}
+    if mt.get("turns"):
+        t = Table(title="Multi-turn: time to first token per turn (prompt tokens evaluated / reused from cache)")
+        t.add_column("configuration")
+        turns = sorted({r["turn"] for r in mt["turns"]})
+        for n in turns:
+            t.add_column(f"turn {n}", justify="right")
+        for config in [c["name"] for c in doc["configs"]]:
+            cells = []
+            for n in turns:
+                r = next((x for x in mt["turns"] if x["config"] == config and x["turn"] == n), None)
+                if r is None:
+                    cells.append("-")
+                    continue
+                ev = r["prompt_n"]["median"] if r.get("prompt_n") else None
+                ca = r["cache_n"]["median"] if r.get("cache_n") else None
+                extra = f" ({ev:.0f}/{ca:.0f})" if ev is not None and ca is not None else ""
+                cells.append(_sp(r["ttft_s"], 3, " s") + extra)
+            t.add_row(labels.get(config, config), *cells)
+        console.print(t)
+        for c in mt.get("comparisons") or []:
+            console.print(f"  first token on turns 2+, {labels.get(c['config'], c['config'])} vs baseline: "
+                          f"{_ratio(c['verdict'])} (above 1 = sooner)")
+    conc = doc.get("concurrency") or []
+    if conc:
+        t = Table(title="Concurrency: total throughput with N clients at once")
+        t.add_column("clients", justify="right")
+        t.add_column("configuration")
+        t.add_column("tok/s", justify="right")
+        t.add_column("TTFT", justify="right")
+        t.add_column("vs baseline", justify="right")
+        for r in conc:
+            t.add_row(str(r["level"]), labels.get(r["config"], r["config"]), _sp(r["throughput_tps"]),
+                      _sp(r["ttft_s"], 2, " s"), _ratio(r["verdict"]) if r.get("verdict") else "-")
+        console.print(t)
+    mem = doc.get("memory") or []
+    if any(m.get("peak_rss_bytes") for m in mem):
+        t = Table(title="Memory and startup per server")
+        t.add_column("configuration")
+        t.add_column("peak RSS", justify="right")
+        t.add_column("vs baseline", justify="right")
+        t.add_column("GPU memory", justify="right")
+        t.add_column("ready after", justify="right")
+        for m in mem:
+            delta = m.get("rss_delta_bytes")
+            t.add_row(labels.get(m["config"], m["config"]), _mib(m["peak_rss_bytes"]),
+                      "-" if delta is None else f"{delta / 2**20:+.0f} MiB", _mib(m.get("peak_gpu_bytes")),
+                      _sp(m.get("startup_s"), 2, " s"))
+        console.print(t)
+
+
+# -- Markdown -------------------------------------------------------------------------------------
+
+
+def _md_table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> list[str]:
+    align = align or ["l"] + ["r"] * (len(header) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def verdict_table_markdown(doc: dict) -> list[str]:
+    labels = _labels(doc)
+    base = doc.get("baseline")
+    cands = _candidates(doc)
+    header = ["category", "T"] + ([f"{labels.get(base, base)} tok/s"] if base else [])
+    for c in cands:
+        header += [labels.get(c, c), "accepted"]
+    header.append("verdict")
+    rows = []
+    for temp in doc["options"]["temps"]:
+        for category in doc["categories"] + ["all"]:
+            row = [category, _temp(temp)]
+            if base:
+                row.append(_sp((_result(doc, base, category, temp) or {}).get("decode_tps")))
+            for c in cands:
+                comp = _comparison(doc, c, category, temp)
+                res = _result(doc, c, category, temp) or {}
+                row += [_ratio(comp["verdict"]) if comp else _sp(res.get("decode_tps")), _pct(res.get("acceptance_rate"))]
+            v = next((x for x in doc["verdicts"] if x["category"] == category and x["temperature"] == temp), None)
+            row.append(v["line"].split(": ", 1)[1] if v else "-")
+            rows.append(row)
+    return _md_table(header, rows, ["l", "r"] + ["r"] * (len(header) - 3) + ["l"])
+
+
+def to_markdown(doc: dict, chart: str | None = None) -> str:
+    labels = _labels(doc)
+    o = doc["options"]
+    lines = [f"# bonsai bench report ({doc['created']})", ""]
+    lines.append(f"- mode: {doc['mode']}; configurations: " + ", ".join(labels[c["name"]] for c in doc["configs"]))
+    lines.append(f"- {o['repeats']} repeats, temperatures {', '.join(_temp(t) for t in o['temps'])}, "
+                 f"max {o['max_tokens']} tokens, API {o['api']}, categories {', '.join(doc['categories'])}"
+                 + (" (--quick)" if o.get("quick") else ""))
+    lines.append(f"- machine: {_machine(doc)}")
+    lines.append(f"- duration: {doc['duration_s']:.0f} s")
+    for c in doc["configs"]:
+        if c.get("argv"):
+            lines.append(f"- `{c['name']}`: `{' '.join(c['argv'][1:])}`")
+        elif c.get("url"):
+            lines.append(f"- `{c['name']}`: {c['url']}")
+    lines += ["", "## Verdicts", ""]
+    lines += [f"- {v['line']}" for v in doc["verdicts"]] or ["- no comparison (one configuration)"]
+    lines += ["", "## Decode speed per category", "",
+              "Baseline tok/s is the median of the repeats (min-max); the other columns are paired ratios "
+              "(candidate / baseline of the same repeat) with the verdict of the noise rule.", ""]
+    lines += verdict_table_markdown(doc)
+    lines += ["", LEGEND]
+    if chart:
+        lines += ["", f"![decode tok/s per category]({chart})"]
+
+    lines += ["", "## Details", ""]
+    header = ["config", "category", "T", "decode tok/s", "client decode tok/s", "prefill tok/s", "TTFT s",
+              "acceptance rate", "mean acceptance length", "temperature-0 output vs baseline"]
+    rows = []
+    for r in doc["results"]:
+        comp = _comparison(doc, r["config"], r["category"], r["temperature"])
+        rows.append([labels.get(r["config"], r["config"]), r["category"], _temp(r["temperature"]), _sp(r["decode_tps"]),
+                     _sp(r["client_decode_tps"]), _sp(r["prefill_tps"], 0), _sp(r["ttft_s"], 3),
+                     _pct(r["acceptance_rate"]), _num(r["mean_acceptance_length"]),
+                     _equality_text(comp.get("output_equality")) if comp else "-"])
+    lines += _md_table(header, rows, ["l", "l", "r", "r", "r", "r", "r", "r", "r", "l"])
+
+    mt = doc.get("multi_turn") or {}
+    if mt.get("turns"):
+        lines += ["", "## Trade-off: time to first token in a conversation", ""]
+        turns = sorted({r["turn"] for r in mt["turns"]})
+        rows = []
+        for c in doc["configs"]:
+            cells = [labels[c["name"]]]
+            for n in turns:
+                r = next((x for x in mt["turns"] if x["config"] == c["name"] and x["turn"] == n), None)
+                cells.append(_sp(r["ttft_s"], 3, " s") if r else "-")
+            rows.append(cells)
+        lines += _md_table(["configuration"] + [f"turn {n}" for n in turns], rows)
+        for c in mt.get("comparisons") or []:
+            lines.append("")
+            lines.append(f"Turns 2+, {labels.get(c['config'], c['config'])}: baseline TTFT / candidate TTFT "
+                         f"{_ratio(c['verdict'])} (above 1 = first token sooner).")
+    conc = doc.get("concurrency") or []
+    if conc:
+        lines += ["", "## Trade-off: throughput with concurrent clients", ""]
+        rows = [[str(r["level"]), labels.get(r["config"], r["config"]), _sp(r["throughput_tps"]), _sp(r["ttft_s"], 2),
+                 _ratio(r["verdict"]) if r.get("verdict") else "-"] for r in conc]
+        lines += _md_table(["clients", "configuration", "total tok/s", "TTFT s", "vs baseline"], rows,
+                           ["r", "l", "r", "r", "r"])
+    mem = doc.get("memory") or []
+    if any(m.get("peak_rss_bytes") for m in mem):
+        lines += ["", "## Memory and startup", ""]
+        rows = []
+        for m in mem:
+            delta = m.get("rss_delta_bytes")
+            rows.append([labels.get(m["config"], m["config"]), _mib(m["peak_rss_bytes"]),
+                         "-" if delta is None else f"{delta / 2**20:+.0f} MiB", _mib(m.get("peak_gpu_bytes")),
+                         _sp(m.get("startup_s"), 2, " s")])
+        lines += _md_table(["configuration", "peak RSS", "vs baseline", "GPU memory", "ready after"], rows)
+    lines += ["", "## Definitions", ""]
+    lines += [f"- **{k}**: {v}" for k, v in doc["definitions"].items()]
+    if doc.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+# -- chart ----------------------------------------------------------------------------------------
+
+
+def chart_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_chart(doc: dict, path: Path) -> bool:
+    """Grouped bars: decode tok/s per category and configuration, one panel per temperature,
+    with min-max error bars. False when matplotlib is missing."""
+    if not chart_available():
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = _labels(doc)
+    temps = doc["options"]["temps"]
+    cats = doc["categories"]
+    configs = [c["name"] for c in doc["configs"]]
+    fig, axes = plt.subplots(1, len(temps), figsize=(max(6.0, 1.4 * len(cats) * len(temps) + 2), 4.2),
+                             squeeze=False, sharey=True)
+    width = 0.8 / max(1, len(configs))
+    for ax, temp in zip(axes[0], temps):
+        for i, config in enumerate(configs):
+            med, lo, hi = [], [], []
+            for cat in cats:
+                s = (_result(doc, config, cat, temp) or {}).get("decode_tps")
+                med.append(s["median"] if s else 0.0)
+                lo.append(s["median"] - s["min"] if s else 0.0)
+                hi.append(s["max"] - s["median"] if s else 0.0)
+            xs = [j + (i - (len(configs) - 1) / 2) * width for j in range(len(cats))]
+            ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, label=labels.get(config, config))
+        ax.set_xticks(range(len(cats)))
+        ax.set_xticklabels(cats, rotation=20)
+        ax.set_title(f"temperature {temp:g}")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("decode tok/s (median, min-max)")
+    axes[0][-1].legend(fontsize="small")
+    fig.suptitle("bonsai bench: decode speed per category and configuration")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def to_json_text(doc: dict) -> str:
+    return json.dumps(doc, indent=2, default=str) + "\n"
+
+
+def write_reports(doc: dict, out_dir: Path, chart: bool = True) -> dict[str, str]:
+    """bench.json, bench.md and (with matplotlib) bench.png in `out_dir`; returns their paths.
+    Each file is written under a temporary name and renamed, so none is ever half-written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, str] = {}
+    png = out_dir / "bench.png"
+    if chart and write_chart(doc, png):
+        paths["chart"] = str(png)
+    elif chart:
+        doc.setdefault("notes", []).append("no chart: matplotlib is not installed (pip install 'bonsai-launch[chart]')")
+    _write_text(out_dir / "bench.json", to_json_text(doc))
+    paths["json"] = str(out_dir / "bench.json")
+    _write_text(out_dir / "bench.md", to_markdown(doc, "bench.png" if "chart" in paths else None))
+    paths["markdown"] = str(out_dir / "bench.md")
+    return paths

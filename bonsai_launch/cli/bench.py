@@ -1,0 +1,182 @@
+"""`bonsai bench`: does speculative decoding pay on this machine, for this kind of work?
+
+Examples:
+    bonsai bench --profile demo --quick                      # a few minutes on a laptop
+    bonsai bench --profile demo --configs plain,ngram-mod,ngram-map-k --temps 0,0.7 --repeats 3
+    bonsai bench --model T.gguf --drafter D.gguf --configs plain,speculative
+    bonsai bench --url http://127.0.0.1:8000 --baseline-url http://127.0.0.1:8001   # vLLM, SGLang, llama.cpp
+    bonsai bench --profile demo --prompts my_prompts.jsonl --categories code-edit --json
+    bonsai bench --profile demo --quick -- --threads 2       # arguments after -- go to every llama-server
+
+Reports go to --out (default $BONSAI_HOME/bench/<time>): bench.json (schema in
+bonsai_launch/bench/schema.json), bench.md and bench.png (with the `chart` extra).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
+
+ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
+PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled suite.")]
+CategoriesOpt = Annotated[Optional[str], typer.Option("--categories", help="Comma list of categories to run (default: all).")]
+TempsOpt = Annotated[Optional[str], typer.Option("--temps", help="Comma list of temperatures (default 0,0.7).")]
+RepeatsOpt = Annotated[Optional[int], typer.Option("--repeats", help="Runs per configuration (default 3; fewer gives no verdict).")]
+MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Tokens generated per request (default 128).")]
+ConcurrencyOpt = Annotated[Optional[str], typer.Option("--concurrency", help="Comma list of simultaneous clients (default 1,4).")]
+QuickOpt = Annotated[bool, typer.Option("--quick", help="A small subset: 2 prompts per category, temperature 0, 96 tokens.")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Folder for bench.json, bench.md, bench.png.")]
+UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Measure this running OpenAI-compatible server instead of launching one.")]
+BaselineUrlOpt = Annotated[Optional[str], typer.Option("--baseline-url", help="With --url: the same model served without speculation.")]
+ApiOpt = Annotated[str, typer.Option("--api", help="chat (/v1/chat/completions) or completion (/v1/completions).")]
+ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", help="API key for --url servers; env BONSAI_API_KEY.")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Benchmark this local GGUF instead of the profile's weights.")]
+DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="DSpark/DFlash drafter GGUF for the speculative configuration.")]
+CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")]
+NglOpt = Annotated[Optional[int], typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
+NoTradeoffsOpt = Annotated[bool, typer.Option("--no-tradeoffs", help="Skip the multi-turn and concurrency measurements.")]
+NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.png.")]
+
+
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    from bonsai_launch.errors import BonsaiError
+
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise BonsaiError(f"{option} {text!r} is not a comma list of numbers", f"for example {option} 0,0.7") from None
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    from bonsai_launch.errors import BonsaiError
+
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise BonsaiError(f"{option} {text!r} is not a comma list of whole numbers", f"for example {option} 1,4") from None
+
+
+def command(
+    ctx: typer.Context,
+    profile: ProfileOpt = None,
+    family: FamilyOpt = None,
+    size: SizeOpt = None,
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    configs: ConfigsOpt = None,
+    prompts: PromptsOpt = None,
+    categories: CategoriesOpt = None,
+    temps: TempsOpt = None,
+    repeats: RepeatsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    quick: QuickOpt = False,
+    out: OutOpt = None,
+    url: UrlOpt = None,
+    baseline_url: BaselineUrlOpt = None,
+    api: ApiOpt = "chat",
+    api_key: ApiKeyOpt = None,
+    ctx_size: CtxOpt = None,
+    ngl: NglOpt = None,
+    no_tradeoffs: NoTradeoffsOpt = False,
+    no_chart: NoChartOpt = False,
+    json_output: JsonOpt = False,
+) -> None:
+    """Benchmark speculative decoding against plain decoding and say, per kind of work, whether it pays."""
+    import dataclasses
+
+    from bonsai_launch.bench.pipeline import Target, quick_options, run_bench
+    from bonsai_launch.bench.runner import BenchOptions, parse_config_names
+    from bonsai_launch.cli._output import emit_json
+    from bonsai_launch.errors import BonsaiError
+    from bonsai_launch.paths import bonsai_home
+    from bonsai_launch.settings import resolve
+
+    given: dict = {}
+    if configs is not None:
+        given["configs"] = parse_config_names(configs)
+    if categories is not None:
+        given["categories"] = tuple(c.strip() for c in categories.split(",") if c.strip())
+    if temps is not None:
+        given["temps"] = _floats(temps, "--temps")
+    if repeats is not None:
+        given["repeats"] = repeats
+    if max_tokens is not None:
+        given["max_tokens"] = max_tokens
+    if concurrency is not None:
+        given["concurrency"] = _ints(concurrency, "--concurrency")
+    options = dataclasses.replace(BenchOptions(), api=api, prompts_path=prompts, tradeoffs=not no_tradeoffs, **given)
+    if quick:
+        options = quick_options(options, set(given))
+
+    if baseline_url and not url:
+        raise BonsaiError("--baseline-url needs --url", "pass the speculative server as --url")
+    flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl}
+    settings = resolve(flags)
+    if url:
+        if ctx.args or model or drafter or configs:
+            raise BonsaiError("--url measures running servers: --model, --drafter, --configs and llama-server "
+                              "arguments do not apply", "drop them, or leave out --url to launch servers")
+        target = Target(url=url, baseline_url=baseline_url, api_key=api_key or settings.get("api_key"))
+    else:
+        from bonsai_launch.binaries import find_server
+
+        target = Target(flags=flags, model=model, drafter=drafter, passthrough=tuple(ctx.args),
+                        binary=find_server(settings["llama_server"]))
+    out_dir = out or (bonsai_home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
+
+    with _ProgressListener(enabled=True) as listener:
+        doc, paths = run_bench(options, target, out_dir, listener, chart=not no_chart)
+    if json_output:
+        emit_json(doc)
+        return
+    from bonsai_launch.bench.report import print_terminal
+    from bonsai_launch.cli._output import console
+
+    print_terminal(doc, console(), paths)
+
+
+class _ProgressListener:
+    """A rich progress bar on stderr: requests done out of planned, and what runs now."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress = None
+        self._task = None
+
+    def __enter__(self) -> "_ProgressListener":
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            from bonsai_launch.cli._output import console
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=console(stderr=True), transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task("bench", total=None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def total(self, n: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, total=n)
+
+    def step(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=text[:70])
+
+    def advance(self, n: int = 1) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, n)
+
+    def note(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text)
