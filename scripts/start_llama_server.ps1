@@ -1,0 +1,46 @@
+# Start llama-server for a Bonsai model: a thin wrapper around `bonsai start`.
+#
+# Same environment variables as before ($env:BONSAI_FAMILY, BONSAI_MODEL, BONSAI_SPECULATIVE,
+# BONSAI_CTX, BONSAI_NGL, BONSAI_HOST, BONSAI_KV4, ... see environment_variables.md); bonsai
+# reads them itself and checks every value. Arguments go to llama-server unchanged.
+#
+#   $env:BONSAI_SPECULATIVE = "1"; .\scripts\start_llama_server.ps1
+#   $env:BONSAI_PROFILE = "demo"; .\scripts\start_llama_server.ps1 --threads 2
+#
+# Windows PowerShell 5.1 and PowerShell 7 (pwsh) on any OS.
+
+# Not "Stop": Windows PowerShell 5.1 would turn a probe's stderr (2>$null) into a fatal error.
+$ErrorActionPreference = "Continue"
+
+function Find-Bonsai {
+    $cmd = Get-Command bonsai -CommandType Application -ErrorAction SilentlyContinue | Select-Object -First 1
+    if ($cmd) { return @($cmd.Source) }
+    # A checkout with its own virtual environment (python -m venv .venv; pip install -e .).
+    $root = Split-Path -Parent $PSScriptRoot
+    foreach ($candidate in @((Join-Path $root ".venv\Scripts\bonsai.exe"), (Join-Path $root ".venv/bin/bonsai"))) {
+        if (Test-Path $candidate -PathType Leaf) { return @($candidate) }
+    }
+    foreach ($py in @("py", "python3", "python")) {
+        $found = Get-Command $py -CommandType Application -ErrorAction SilentlyContinue | Select-Object -First 1
+        if ($found) {
+            & $found.Source -c "import bonsai_launch" 2>$null
+            if ($LASTEXITCODE -eq 0) { return @($found.Source, "-m", "bonsai_launch") }
+        }
+    }
+    return $null
+}
+
+$bonsai = Find-Bonsai
+if (-not $bonsai) {
+    [Console]::Error.WriteLine("error: bonsai is not installed (no 'bonsai' command on PATH, no python with bonsai_launch)")
+    [Console]::Error.WriteLine("  install it:            pip install 'bonsai-launch[demo]'")
+    [Console]::Error.WriteLine("  or from this checkout: pip install '.[demo]'")
+    [Console]::Error.WriteLine("then run this script again.")
+    exit 127
+}
+
+$exe = $bonsai[0]
+$prefix = @($bonsai | Select-Object -Skip 1)
+# '--' quoted: PowerShell would otherwise eat a bare -- instead of passing it on.
+& $exe @prefix start '--' @args
+exit $LASTEXITCODE
