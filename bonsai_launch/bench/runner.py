@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -257,11 +258,17 @@ def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener
         proc = ServerProcess.spawn(plan.argv, env=plan.env, log_path=log, base_url=plan.base_url)
         try:
             proc.wait_ready(READY_TIMEOUT)
-        except ActionFailed:
+        except ActionFailed as exc:
             proc.stop()
             bind_failed = any("couldn't bind" in line for line in proc.log_tail(20))
             if bind_failed and attempt + 1 < attempts:
                 continue
+            if proc.returncode == -signal.SIGILL:
+                # Seen on VMs whose CPU flags list AMX while the kernel does not enable it: the
+                # repacked (AMX) weights crash on the first matrix multiply.
+                raise ActionFailed(exc.message, "this llama-server uses CPU instructions the machine refuses; "
+                                   "try `bonsai bench ... -- --no-repack` (or LLAMA_ARG_REPACK=0), or rebuild "
+                                   f"without native CPU tuning; full log: {log}") from None
             raise
         run.startup_s = time.perf_counter() - t0
         run.pid, run.log = proc.pid, str(log)
@@ -490,17 +497,9 @@ def run_urls(options: BenchOptions, url: str, baseline_url: str | None, prompts:
                 if options.tradeoffs:
                     run_multi_turn(http, endpoint, spec, options, conversations, repeat, data, listener, salt)
                     run_concurrency(endpoint, spec, options, load, repeat, data, listener, salt)
-            counters = spec_counters(read_metrics_once(endpoint))
-            if counters.family:
-                spec.spec_type = spec.spec_type or f"{counters.family} counters"
     data.finished = time.time()
     data.environment["load_average_end"] = _loadavg()
     return data
-
-
-def read_metrics_once(endpoint: Endpoint) -> dict[str, float]:
-    with httpx.Client(trust_env=False) as http:
-        return read_metrics(http, endpoint)
 
 
 # -- environment --------------------------------------------------------------------------------

