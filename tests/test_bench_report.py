@@ -150,3 +150,13 @@ def test_reports_are_written_with_and_without_matplotlib(doc, tmp_path, monkeypa
     assert any("matplotlib" in n for n in written["notes"])
     assert "bench.png" not in (tmp_path / "b" / "bench.md").read_text()
     assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_busy_machine_is_noted():
+    from bonsai_launch.bench.pipeline import busy_note
+
+    hw = {"logical_cores": 2}
+    assert busy_note({"hardware": hw, "load_average_start": [0.3], "load_average_end": [2.5]}) is None
+    assert "busy" in busy_note({"hardware": hw, "load_average_start": [1.6], "load_average_end": [2.0]})
+    assert "busy" in busy_note({"hardware": hw, "load_average_start": [0.2], "load_average_end": [3.4]})
+    assert busy_note({}) is None

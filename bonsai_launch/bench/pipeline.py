@@ -54,6 +54,20 @@ def check_options(options: BenchOptions) -> None:
         raise BonsaiError(f"--api {options.api!r} is not known", "use chat or completion")
 
 
+def busy_note(environment: dict[str, Any]) -> str | None:
+    """A warning when other work competed for the CPU. The load average counts runnable
+    processes: at the start of the run (no server of ours yet) above half the logical cores,
+    or at the end above the cores our own server keeps busy plus that half."""
+    cores = (environment.get("hardware") or {}).get("logical_cores") or 1
+    spare = max(1.0, cores / 2)
+    start, end = environment.get("load_average_start"), environment.get("load_average_end")
+    seen = [x for x in ((start or [None])[0], (end or [None])[0]) if x is not None]
+    if (start and start[0] > spare) or (end and end[0] > cores + spare):
+        return (f"the machine was busy (load average up to {max(seen):.1f} on {cores} logical cores): other work "
+                "competed with the servers, so timings are noisier and slower than on an idle machine")
+    return None
+
+
 def run_bench(options: BenchOptions, target: Target, out_dir: Path | None, listener: Listener | None = None,
               chart: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
     """Measure, summarise and write the reports. Returns (report document, written paths)."""
@@ -71,6 +85,9 @@ def run_bench(options: BenchOptions, target: Target, out_dir: Path | None, liste
 
         log_dir = logs_dir() / "bench" / time.strftime("%Y%m%d-%H%M%S")
         data = runner.run_launch(options, configs, prompts, all_prompts, log_dir, listener)
+    busy = busy_note(data.environment)
+    if busy:
+        data.notes.append(busy)
     if options.repeats < 3:
         data.notes.append(f"only {options.repeats} repeat(s): no verdict is claimed (3 or more are needed)")
     doc = summary.summarize(data)

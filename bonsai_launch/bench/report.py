@@ -14,7 +14,8 @@ from typing import Any
 
 MARK = {"faster": "faster", "slower": "SLOWER", "noise": "noise", "inconclusive": "?"}
 LEGEND = ("faster / SLOWER: beyond the noise band; noise: within it; ?: fewer than 3 repeats, no verdict. "
-          "Ratios are paired per repeat, candidate / baseline, median (min-max).")
+          "Ratios are paired per repeat, candidate / baseline, median (min-max). "
+          "acc. rate = accepted / drafted draft tokens.")
 
 
 # -- small formatters ---------------------------------------------------------------------------
@@ -101,6 +102,8 @@ def _machine(doc: dict) -> str:
     server = env.get("llama_server") or {}
     if server.get("build"):
         parts.append(f"llama.cpp build {server['build']} ({server.get('backend')})")
+    if env.get("llama_arg_env"):
+        parts.append("environment " + " ".join(f"{k}={v}" for k, v in env["llama_arg_env"].items()))
     la, lb = env.get("load_average_start"), env.get("load_average_end")
     if la:
         parts.append(f"load average {la[0]:.2f} at start" + (f", {lb[0]:.2f} at end" if lb else ""))
@@ -130,7 +133,7 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
         table.add_column(f"{labels.get(base, base)} tok/s", justify="right")
     for c in cands:
         table.add_column(f"{labels.get(c, c)}", justify="right")
-        table.add_column("accepted", justify="right")
+        table.add_column("acc. rate", justify="right")
     for temp in o["temps"]:
         for category in doc["categories"] + ["all"]:
             row = [category, _temp(temp)]
@@ -235,7 +238,7 @@ def verdict_table_markdown(doc: dict) -> list[str]:
     cands = _candidates(doc)
     header = ["category", "T"] + ([f"{labels.get(base, base)} tok/s"] if base else [])
     for c in cands:
-        header += [labels.get(c, c), "accepted"]
+        header += [labels.get(c, c), "acc. rate"]
     header.append("verdict")
     rows = []
     for temp in doc["options"]["temps"]:
