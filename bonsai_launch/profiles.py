@@ -156,7 +156,8 @@ def load_profile_file(path: Path) -> Profile:
     import yaml  # lazily: keeps `bonsai --help` fast
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        # The C loader when PyYAML has it: every `bonsai start` reads all profiles (~5x faster).
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         raise BonsaiError(f"{path}: not valid YAML ({exc})", "fix the syntax") from None
     return parse_profile(data, path)
