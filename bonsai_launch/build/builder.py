@@ -96,13 +96,24 @@ def _key(material: dict[str, Any], backend: str) -> str:
     return f"{backend}-{digest}"
 
 
+def _hardware(requested: str, tools: toolchain.Toolchain):
+    """The machine as the backend choice needs it. Probing GPUs (NVML) only matters when
+    nvcc could use them; skipping it otherwise keeps the up-to-date path fast."""
+    from bonsai_launch import hardware
+
+    if tools.nvcc.found and requested in ("auto", "cuda"):
+        return hardware.detect()
+    import platform
+
+    return hardware.Hardware(platform.system(), platform.machine().lower(), os.cpu_count() or 1,
+                             os.cpu_count() or 1, 0)
+
+
 def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     """Choose the backend, prepare the source (downloading it if needed) and name the build.
 
     The toolchain checks come first, so a missing nvcc fails in seconds, before any download.
     """
-    from bonsai_launch import hardware
-
     pin = load_pin()
     spec = parse_source(request.source, pin)
     tools = toolchain.detect(versions=False)
@@ -113,7 +124,7 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     if cmake is None or ninja is None:
         raise BonsaiError("the cmake and ninja PyPI packages are not installed in bonsai's environment",
                           "pip install cmake ninja (they are dependencies of bonsai-launch)")
-    choice = toolchain.choose_backend(request.backend, hardware.detect(), tools,
+    choice = toolchain.choose_backend(request.backend, _hardware(request.backend, tools), tools,
                                       cuda_archs=request.cuda_archs, gpu_targets=request.gpu_targets)
     if request.jobs is not None and request.jobs < 1:
         raise BonsaiError(f"--jobs {request.jobs} must be at least 1", "omit it to use one job per core")
@@ -180,9 +191,16 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
         timings: dict[str, float] = {}
         with open(plan.log_path, "w") as log:
             log.write(f"# bonsai build {plan.key} at {datetime.now(timezone.utc).isoformat()}\n")
-            if force or not (work / "build.ninja").is_file():
+            # Configure again when forced, when never finished, or when flags that are not part of
+            # the key (ccache appeared or went) changed; otherwise ninja alone is incremental.
+            flags_file = work / ".bonsai-cmake-flags.json"
+            wanted = json.dumps([str(src), *plan.cmake_flags])
+            configured = (work / "build.ninja").is_file() and flags_file.is_file() and flags_file.read_text() == wanted
+            if force or not configured:
+                flags_file.unlink(missing_ok=True)
                 timings["configure_seconds"] = cmake_build.configure(
                     plan.cmake, src, work, list(plan.cmake_flags), env, log, plan.log_path, console)
+                flags_file.write_text(wanted)
             timings["compile_seconds"] = cmake_build.build(
                 plan.ninja, work, plan.targets, plan.jobs, env, log, plan.log_path, console,
                 label=f"llama.cpp {plan.backend}")
@@ -226,10 +244,9 @@ def build(request: BuildRequest | None = None, *, console=None) -> BuildResult:
 
 def detected_backend() -> str:
     """What `--backend auto` would build on this machine, without running anything heavy."""
-    from bonsai_launch import hardware
-
+    tools = toolchain.detect(versions=False)
     try:
-        return toolchain.choose_backend("auto", hardware.detect(), toolchain.detect(versions=False)).backend
+        return toolchain.choose_backend("auto", _hardware("auto", tools), tools).backend
     except BonsaiError:
         return "cpu"
 
