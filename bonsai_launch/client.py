@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
-
-import httpx
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from bonsai_launch.errors import ActionFailed
+
+if TYPE_CHECKING:
+    import httpx
+
+# httpx is imported inside the calls: `bonsai start` imports this module before spawning the
+# server, and httpx takes ~0.1 s to import, which would add to the server's time-to-ready.
 
 DEFAULT_TIMEOUT = 10.0
 GENERATE_TIMEOUT = 300.0
@@ -25,7 +29,9 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _client(api_key: str | None, timeout: float) -> httpx.Client:
+def _client(api_key: str | None, timeout: float) -> "httpx.Client":
+    import httpx
+
     # trust_env=False: a proxy from the environment must never sit between us and a loopback server.
     return httpx.Client(headers=_headers(api_key), timeout=timeout, trust_env=False)
 
@@ -35,7 +41,9 @@ def _fail(url: str, exc: Exception) -> ActionFailed:
                         "is the server running? check the URL and port (`bonsai ps`)")
 
 
-def _get(url: str, api_key: str | None, timeout: float = DEFAULT_TIMEOUT) -> httpx.Response:
+def _get(url: str, api_key: str | None, timeout: float = DEFAULT_TIMEOUT) -> "httpx.Response":
+    import httpx
+
     try:
         with _client(api_key, timeout) as http:
             return http.get(url)
@@ -43,7 +51,7 @@ def _get(url: str, api_key: str | None, timeout: float = DEFAULT_TIMEOUT) -> htt
         raise _fail(url, exc) from None
 
 
-def _check(r: httpx.Response) -> httpx.Response:
+def _check(r: "httpx.Response") -> "httpx.Response":
     if r.status_code == 401:
         raise ActionFailed(f"{r.request.url} refused the request (401 unauthorized)",
                            "pass the server's API key (--api-key or BONSAI_API_KEY)")
@@ -135,6 +143,8 @@ def completion(base_url: str, prompt: str, n_predict: int = 32, temperature: flo
                api_key: str | None = None, timeout: float = GENERATE_TIMEOUT, **extra: Any) -> dict[str, Any]:
     """llama-server's native /completion; the JSON includes `timings` (draft_n, draft_n_accepted
     when speculation drafted anything)."""
+    import httpx
+
     url = base(base_url) + "/completion"
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature, **extra}
     try:
@@ -149,6 +159,8 @@ def chat_completion(base_url: str, messages: list[dict[str, str]], max_tokens: i
                     api_key: str | None = None, model: str | None = None, timeout: float = GENERATE_TIMEOUT,
                     **extra: Any) -> dict[str, Any]:
     """OpenAI-compatible /v1/chat/completions, not streamed (works on any such server)."""
+    import httpx
+
     url = base(base_url) + "/v1/chat/completions"
     body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature, **extra}
     if model:
@@ -179,6 +191,8 @@ def stream_chat(base_url: str, messages: list[dict[str, str]], *, max_tokens: in
     """Yield text pieces of a streamed chat answer. Pass a StreamResult to collect the full
     text and the `timings` llama-server attaches to the final chunk; reasoning pieces (thinking
     models) go to `on_reasoning` and result.reasoning, not into the answer."""
+    import httpx
+
     url = base(base_url) + "/v1/chat/completions"
     body: dict[str, Any] = {"messages": messages, "stream": True, **extra}
     if max_tokens is not None:

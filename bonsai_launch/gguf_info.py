@@ -175,18 +175,70 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
     path = Path(path)
     if not path.is_file():
         raise BonsaiError(f"{path}: file not found", "check the path, or run `bonsai pull`")
-    size = path.stat().st_size
+    stat = path.stat()
+    size = stat.st_size
     if size < 24:
         raise BonsaiError(f"{path.name} is not a GGUF file ({size} bytes)", "point at a .gguf model file")
+    cached = _cache_get(path, stat)
+    if cached is not None:
+        return cached
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != GGUF_MAGIC:
             raise BonsaiError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')",
                               "point at a .gguf model file")
         try:
-            return _parse(path, size, buf)
+            info = _parse(path, size, buf)
+            _cache_put(path, stat, info)
+            return info
         except _Truncated:
             raise BonsaiError(f"{path.name} is truncated: the file ends inside its header ({size} bytes)",
                               "download it again (`bonsai pull` resumes and verifies)") from None
+
+
+# Header facts are cached by path, size and mtime: walking a 262k-token vocabulary costs
+# ~0.1 s, and `bonsai start` reads the target and the drafter on every launch. Only successful
+# reads are cached; any change to the file (a truncation, a new download) misses the cache.
+_CACHE_VERSION = 1
+
+
+def _cache_file(path: Path) -> Path:
+    from bonsai_launch.paths import bonsai_home
+
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
+    return bonsai_home() / "cache" / "gguf" / f"{key}.json"
+
+
+def _cache_get(path: Path, stat) -> GGUFInfo | None:
+    import json
+
+    try:
+        data = json.loads(_cache_file(path).read_text(encoding="utf-8"))
+        if data.pop("_stamp") != [_CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns]:
+            return None
+        drafter = data.pop("drafter")
+        if drafter is not None:
+            drafter = DrafterInfo(**{**drafter, "target_layers": tuple(drafter["target_layers"])})
+        return GGUFInfo(**{**data, "path": path, "drafter": drafter, "keys": tuple(data["keys"])})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _cache_put(path: Path, stat, info: GGUFInfo) -> None:
+    import dataclasses
+    import json
+    import os
+
+    try:
+        data = dataclasses.asdict(info)
+        data["path"] = str(info.path)
+        data["_stamp"] = [_CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+        target = _cache_file(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, target)
+    except (OSError, TypeError, ValueError):
+        pass  # a cache that cannot be written only costs time
 
 
 def _type_tables():

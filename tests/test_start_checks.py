@@ -203,3 +203,22 @@ def test_follow_reads_new_lines_until_the_process_ends(tmp_path):
     alive = iter([True, False])
     lines = list(follow(log, offset=4, alive=lambda: next(alive), poll=0.01))
     assert lines == ["two"]
+
+
+def test_header_cache_never_hides_a_changed_file(tmp_path):
+    # `bonsai start` reads headers from a cache keyed by path, size and mtime; a file cut
+    # short or replaced after a successful read must be read again.
+    import os
+
+    import tiny_gguf
+    from bonsai_launch.gguf_info import inspect_gguf
+
+    model = tiny_gguf.write_target(tmp_path / "t.gguf", layers=2)
+    first = inspect_gguf(model)
+    assert inspect_gguf(model) == first
+    tiny_gguf.write_target(model, layers=3)
+    os.utime(model, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    assert inspect_gguf(model).layers == 3
+    tiny_gguf.truncate(model, model.stat().st_size // 2)
+    with pytest.raises(BonsaiError, match="truncated"):
+        inspect_gguf(model)

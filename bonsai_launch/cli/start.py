@@ -133,12 +133,6 @@ def _refuse_remote_host(host: str) -> None:
                       "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
 
 
-def _err_console():
-    from bonsai_launch.cli._output import console
-
-    return console(stderr=True)
-
-
 def prepare_plan(flags, model, drafter, passthrough):
     """The plan `bonsai start` runs: gather_plan (as --dry-run) with the real binary, after
     building it and fetching missing model files if needed. A remote host without a key gets a
@@ -164,7 +158,7 @@ def prepare_plan(flags, model, drafter, passthrough):
         selection = select(flags, env)
         s = selection.settings
         fetch(selection.profile, layout=s["layout"], want_drafter=bool(s["speculative"]) and not drafter,
-              want_vision=bool(s["vision"]), console=_err_console())
+              want_vision=bool(s["vision"]), console=None)
     binary = find_server(settings["llama_server"])
     if binary is None:
         # Fail on a bad setting or file now, not after a long build.
@@ -192,6 +186,8 @@ def _status_reporter(json_output: bool):
         return update, status.stop
 
     def line(text: str) -> None:
+        if text == "loading model":
+            import rich.console  # noqa: F401  - warm the summary's import while the model loads
         if not json_output:
             sys.stderr.write(f"llama-server: {text}\n")
             sys.stderr.flush()
