@@ -19,6 +19,7 @@ from typing import Any
 
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.paths import run_dir
+from bonsai_launch.server_process import RESEND_AFTER
 
 CREATE_TIME_SLACK = 1.0  # seconds; psutil's create_time is rounded by the kernel's clock ticks
 
@@ -237,7 +238,11 @@ def stop(inst: Instance, timeout: float = 10.0) -> bool:
                 os.killpg(inst.pid, signal.SIGTERM)  # servers run in their own group (pgid == pid)
             except (ProcessLookupError, PermissionError):
                 proc.terminate()
-        if not _wait_gone(proc, timeout):
+        resend = min(timeout, RESEND_AFTER)
+        if not _wait_gone(proc, resend) and timeout > resend:
+            # A SIGTERM that lands just as llama-server finishes loading can be lost: resend.
+            proc.terminate()
+        if not _wait_gone(proc, max(0.0, timeout - resend)):
             if sys.platform != "win32":
                 try:
                     os.killpg(inst.pid, signal.SIGKILL)

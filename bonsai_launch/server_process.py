@@ -21,6 +21,7 @@ from bonsai_launch.errors import ActionFailed
 
 POLL_INTERVAL = 0.02  # /health is cheap (~1 ms); polling often keeps the launcher's added latency low
 _PR_SET_PDEATHSIG = 1
+RESEND_AFTER = 2.0  # seconds before a lost SIGTERM is sent again
 
 
 def _die_with_parent() -> None:
@@ -171,8 +172,14 @@ class ServerProcess:
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM to the group, wait up to `timeout`, then SIGKILL. Returns the exit code."""
         if self._popen.poll() is None:
-            self.send_signal(signal.SIGTERM if sys.platform != "win32" else signal.CTRL_BREAK_EVENT)  # type: ignore[attr-defined]
-            code = self.wait(timeout)
+            term = signal.SIGTERM if sys.platform != "win32" else signal.CTRL_BREAK_EVENT  # type: ignore[attr-defined]
+            self.send_signal(term)
+            code = self.wait(min(timeout, RESEND_AFTER))
+            if code is None and timeout > RESEND_AFTER:
+                # llama-server (b11434) loses a SIGTERM that arrives between /health turning 200
+                # and its task loop starting; a second one always ends it.
+                self.send_signal(term)
+                code = self.wait(timeout - RESEND_AFTER)
             if code is None:
                 if sys.platform == "win32":
                     self._popen.kill()
