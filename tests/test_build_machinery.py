@@ -51,6 +51,8 @@ def test_build_from_local_folder(tree):
     assert "draft-dspark" in m["capabilities"]["spec_types"] and "--spec-draft-n-max" in m["capabilities"]["flags"]
     assert m["version"].startswith("version: 0.6.0-dev (build 0")
     assert m["build_seconds"] >= 0 and Path(m["log"]).is_file()
+    steps = [cmake_build.parse_step(line) for line in Path(m["log"]).read_text().splitlines()]
+    assert [s[:2] for s in steps if s][-1][0] == [s[:2] for s in steps if s][-1][1]  # [N/N] reached
     assert "cold CPU build takes about 12 minutes" in out.getvalue()
 
 
@@ -78,6 +80,27 @@ def test_changed_source_rebuilds_incrementally(tree):
     assert "configure_seconds" not in second.timings  # build.ninja exists: ninja alone
     out = subprocess.run([second.manifest["binaries"]["llama-bench"]], capture_output=True, text=True).stdout
     assert out.strip() == "v2"
+
+
+def test_build_output_arrives_line_by_line(tmp_path):
+    """ninja's status lines go through stdio; they must reach the progress bar as written,
+    not when a pipe buffer fills. The child waits for us to have seen its first line."""
+    seen = tmp_path / "seen"
+    child = ("import os, sys, time\n"
+             "print('one')\n"
+             f"deadline = time.time() + 30\n"
+             f"while not os.path.exists({str(seen)!r}) and time.time() < deadline: time.sleep(0.02)\n"
+             f"print('two' if os.path.exists({str(seen)!r}) else 'buffered')\n")
+    lines = []
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        seen.touch()
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdio buffering as ninja has it
+    rc = cmake_build.run_logged([sys.executable, "-c", child], cwd=None, env=env, log=io.StringIO(),
+                                on_line=on_line, line_buffered=True)
+    assert rc == 0 and lines == ["one", "two"]
 
 
 def test_compile_error_prints_the_log_tail_and_installs_nothing(tree):
@@ -225,3 +248,33 @@ def test_default_cpu_flags_are_the_warm_cache_flags():
     assert "-DGGML_NATIVE=OFF" in cmake_build.base_flags(1, native=False)
     assert cmake_build.parse_step("[12/214] Building CXX object ggml/src/ggml.c.o") == (12, 214, "Building CXX object ggml/src/ggml.c.o")
     assert cmake_build.parse_step("-- Configuring done") is None
+
+
+def test_find_installed_prefers_the_current_pin_and_patches(tmp_path, monkeypatch):
+    from bonsai_launch.build.install import write_manifest
+
+    archive, sha = make_sdist(tmp_path / "dist")
+    pin = write_pin(tmp_path / "vendor", archive, sha)
+    use_pin(monkeypatch, pin, help_patch(tmp_path / "patches").parent)
+    from bonsai_launch.build.patches import load_series, series_hash
+
+    current = series_hash(load_series(tmp_path / "patches"))
+
+    def install(key: str, built_at: str, identity: str, patches: str, backend: str = "cpu") -> Path:
+        key_dir = builds_dir() / key
+        (key_dir / "bin").mkdir(parents=True)
+        server = key_dir / "bin" / "llama-server"
+        server.write_text("")
+        write_manifest(key_dir, {"schema": 1, "key": key, "backend": backend, "built_at": built_at,
+                                 "source": {"identity": identity}, "patches_hash": patches,
+                                 "binaries": {"llama-server": str(server)}})
+        return server
+
+    assert find_installed("cpu") is None
+    local = install("cpu-local", "2026-01-03", "local:/src", "")
+    assert find_installed("cpu") == local
+    old_patches = install("cpu-old", "2026-01-01", sha, "")
+    assert find_installed("cpu") == old_patches  # the pin beats a newer local build
+    current_build = install("cpu-now", "2026-01-02", sha, current)
+    install("cuda-now", "2026-01-04", sha, current, backend="cuda")
+    assert find_installed("cpu") == current_build

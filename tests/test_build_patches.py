@@ -22,10 +22,15 @@ def test_series_is_ordered_and_hashed(tmp_path):
     assert len(series_hash(series)) == 64
 
 
-def test_vendored_series_applies_to_the_tree_it_is_for():
-    # Empty today; every patch added later must at least parse as a series.
-    for patch in load_series():
-        assert patch.path.suffix in (".patch", ".diff")
+def test_vendored_series_is_well_formed():
+    # Each vendored patch says why, then diffs paths relative to the llama.cpp tree (-p1).
+    series = load_series()
+    assert [p.name for p in series] == sorted(p.name for p in series)
+    for patch in series:
+        text = patch.path.read_text()
+        why, _, diff = text.partition("\n--- a/")
+        assert why.strip(), f"{patch.name} has no description"
+        assert diff and "\n+++ b/" in "\n--- a/" + diff and "\n@@ " in diff, f"{patch.name} is not a -p1 unified diff"
 
 
 def test_patch_applies(tmp_path):

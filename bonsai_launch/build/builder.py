@@ -129,7 +129,8 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     if request.jobs is not None and request.jobs < 1:
         raise BonsaiError(f"--jobs {request.jobs} must be at least 1", "omit it to use one job per core")
 
-    series = load_series() if spec.kind != "local" else ()
+    # Our patches are made against the pinned tree; another ref or a folder is built as it is.
+    series = load_series() if spec.kind == "pin" else ()
     source = prepare(spec, pin, series, console=console, force=request.force)
     flags = cmake_build.base_flags(source.build_number, source.commit, native=not request.portable,
                                    ccache=tools.ccache.found) + list(choice.cmake_flags)
@@ -254,20 +255,24 @@ def detected_backend() -> str:
 def find_installed(backend: str = "auto") -> Path | None:
     """The installed llama-server for `backend` (auto: the detected one), or None.
 
-    Prefers a build of the current pin; then the newest build of that backend.
+    Prefers a build of the current pin with the current patch series, then any build of the
+    pin, then the newest build of that backend.
     """
     backend = detected_backend() if backend == "auto" else backend
-    candidates = [(d, m) for d, m in installed_builds(builds_dir()) if m.get("backend") == backend]
+    candidates = [m for _d, m in installed_builds(builds_dir()) if m.get("backend") == backend]
     if not candidates:
         return None
     try:
-        pinned = load_pin().default.sha256
+        pinned, patches_id = load_pin().default.sha256, series_hash(load_series())
     except BonsaiError:
-        pinned = None
-    for _key_dir, data in candidates:
-        if data.get("source", {}).get("identity") == pinned:
-            return Path(data["binaries"]["llama-server"])
-    return Path(candidates[0][1]["binaries"]["llama-server"])
+        pinned, patches_id = None, None
+
+    def rank(m: dict[str, Any]) -> int:
+        of_pin = m.get("source", {}).get("identity") == pinned
+        return 2 if of_pin and m.get("patches_hash") == patches_id else 1 if of_pin else 0
+
+    best = max(candidates, key=rank)  # max keeps the first (newest) of equal rank
+    return Path(best["binaries"]["llama-server"])
 
 
 def ensure_server(backend: str = "auto", *, console=None) -> Path:

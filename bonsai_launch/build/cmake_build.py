@@ -91,17 +91,63 @@ def _stop_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_logged(argv: list[str], *, cwd: Path | None, env: dict[str, str], log: TextIO,
-               on_line: Callable[[str], None] | None = None) -> int:
-    """Run argv in its own process group, copy every output line to `log`, return the exit code."""
-    log.write("$ " + " ".join(argv) + "\n")
-    log.flush()
+def _pty_lines(master: int):
+    """Lines written to a pseudo-terminal until every writer is gone (EIO on Linux)."""
+    buf = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                yield line.decode(errors="replace").rstrip("\r") + "\n"
+        if buf:
+            yield buf.decode(errors="replace").rstrip("\r") + "\n"
+    finally:
+        os.close(master)
+
+
+def _spawn(argv: list[str], cwd: Path | None, env: dict[str, str], line_buffered: bool):
+    """Start argv in its own process group; returns (process, iterator of output lines).
+
+    ninja writes its `[n/N]` lines through stdio, which a pipe fully buffers: the progress
+    bar would move in jumps of dozens of steps. A pseudo-terminal (with TERM=dumb, so ninja
+    still prints plain lines) makes it line-buffered. Compilers are unaffected: ninja always
+    captures their output through its own pipes.
+    """
+    if line_buffered and os.name == "posix":
+        import pty
+
+        master, slave = pty.openpty()
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env={**env, "TERM": "dumb"}, stdout=slave, stderr=slave,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        return proc, _pty_lines(master)
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
                             start_new_session=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout
+
+
+def run_logged(argv: list[str], *, cwd: Path | None, env: dict[str, str], log: TextIO,
+               on_line: Callable[[str], None] | None = None, line_buffered: bool = False) -> int:
+    """Run argv in its own process group, copy every output line to `log`, return the exit code."""
+    log.write("$ " + " ".join(argv) + "\n")
+    log.flush()
+    proc, lines = _spawn(argv, cwd, env, line_buffered)
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
+        for line in lines:
             log.write(line)
             if on_line is not None:
                 on_line(line.rstrip("\n"))
@@ -114,6 +160,9 @@ def run_logged(argv: list[str], *, cwd: Path | None, env: dict[str, str], log: T
     finally:
         if proc.stdout is not None:
             proc.stdout.close()
+        close = getattr(lines, "close", None)
+        if close is not None:
+            close()
 
 
 def tail(path: Path, n: int = TAIL_LINES) -> list[str]:
@@ -168,7 +217,7 @@ def build(ninja: Path, build_dir: Path, targets: tuple[str, ...], jobs: int, env
             short = state.current.rsplit(" ", 1)[-1]
             progress.update(task, completed=state.done, total=state.total, step=short[-60:])
 
-        rc = run_logged(argv, cwd=None, env=env, log=log, on_line=on_line)
+        rc = run_logged(argv, cwd=None, env=env, log=log, on_line=on_line, line_buffered=True)
     if rc != 0:
         log.flush()
         raise _fail("ninja build", rc, log_path, console)
