@@ -168,22 +168,25 @@ def prepare_plan(flags, model, drafter, passthrough):
 
 
 def _status_reporter(json_output: bool):
-    """Live loading status: a spinner on a terminal, plain lines otherwise."""
+    """Live loading status: a spinner on a terminal, plain lines otherwise. rich is imported
+    on the first update, which comes after llama-server is spawned, so it costs no start-up time."""
     import sys
     import time
 
-    from bonsai_launch.cli._output import console
-
-    err = console(stderr=True)
     started = time.monotonic()
-    if err.is_terminal and not json_output:
-        status = err.status("starting llama-server")
-        status.start()
+    if sys.stderr.isatty() and not json_output:
+        spinner: list = []
 
         def update(text: str) -> None:
-            status.update(f"{text} ({time.monotonic() - started:.1f} s)")
+            label = f"{text} ({time.monotonic() - started:.1f} s)"
+            if not spinner:
+                from bonsai_launch.cli._output import console
 
-        return update, status.stop
+                spinner.append(console(stderr=True).status(label))
+                spinner[0].start()
+            spinner[0].update(label)
+
+        return update, lambda: spinner and spinner[0].stop()
 
     def line(text: str) -> None:
         if text == "loading model":
