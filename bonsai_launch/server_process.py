@@ -24,6 +24,16 @@ _PR_SET_PDEATHSIG = 1
 RESEND_AFTER = 2.0  # seconds before a lost SIGTERM is sent again
 
 
+# What a fatal signal usually means for llama-server, to put next to the log tail.
+_SIGNAL_HINTS = {
+    4: "illegal instruction: the binary uses CPU instructions this machine cannot run, e.g. AMX or "
+       "AVX-512 in a VM that hides them; rebuild with `bonsai build --force`, or try LLAMA_ARG_REPACK=0",
+    6: "aborted: a GGML_ASSERT failed; the log lines below say which",
+    9: "SIGKILL: killed from outside, often by the out-of-memory killer",
+    11: "segmentation fault",
+}
+
+
 def _die_with_parent() -> None:
     """preexec_fn (Linux): ask the kernel to SIGTERM the child when bonsai dies."""
     try:
@@ -147,6 +157,10 @@ class ServerProcess:
     def _exit_message(self, code: int, when: str) -> str:
         tail = self.log_tail(30)
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        if code < 0 or code > 128:
+            hint = _SIGNAL_HINTS.get(-code if code < 0 else code - 128)
+            if hint:
+                how += f" ({hint})"
         body = "\n".join("  " + line for line in tail) if tail else "  (the log is empty)"
         return f"llama-server {how} {when}; last log lines:\n{body}"
 

@@ -154,7 +154,8 @@ def main() -> None:
     ap.add_argument("--profile", default="demo")
     opts = ap.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="bonsai-startup-"))
+    scratch = tempfile.TemporaryDirectory(prefix="bonsai-startup-")
+    home = Path(scratch.name)
     env = {**os.environ, "BONSAI_HOME": str(home), "BONSAI_PROFILE": opts.profile}
     env.pop("BONSAI_SPECULATIVE", None)
     if opts.profile == "demo":
@@ -202,6 +203,7 @@ def main() -> None:
     for label, xs in rows:
         print(f"| {label} | {med(xs):.3f} | {min(xs):.3f} | {max(xs):.3f} |")
     print()
+    scratch.cleanup()
     print(f"paired wall clock, median bonsai - median raw: {med([t.total for t in ours]) - med(raw):+.3f} s "
           "(noisy when the machine is busy; the launcher's added time above is the robust figure)")
 

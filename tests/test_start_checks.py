@@ -153,6 +153,17 @@ def test_server_that_exits_while_loading_shows_its_last_lines(tmp_path):
     assert str(tmp_path / "s.log") in err.value.fix
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_illegal_instruction_explains_itself(tmp_path):
+    # What a binary built for another CPU (AMX/AVX-512 hidden by a VM) looks like.
+    argv = [sys.executable, "-c", "import os, signal; print('init', flush=True); os.kill(os.getpid(), signal.SIGILL)"]
+    server = ServerProcess.spawn(argv, env=None, log_path=tmp_path / "s.log", base_url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ActionFailed) as err:
+        server.wait_ready(timeout=30)
+    assert "killed by signal 4 (illegal instruction" in err.value.message
+    assert "bonsai build --force" in err.value.message and "init" in err.value.message
+
+
 def test_missing_binary_is_an_action_failure(tmp_path):
     with pytest.raises(ActionFailed) as err:
         ServerProcess.spawn([str(tmp_path / "no-such-llama-server")], env=None, log_path=tmp_path / "s.log",

@@ -177,7 +177,8 @@ def test_server_killed_exits_nonzero_with_log_tail(llama_server, tiny, tmp_path)
         inst = fg.wait_serving()
         os.kill(inst.pid, signal.SIGKILL)
         assert fg.wait() == 1
-        assert "error: llama-server was killed by signal 9 while serving; last log lines:" in fg.err
+        assert "error: llama-server was killed by signal 9 (SIGKILL" in fg.err
+        assert "while serving; last log lines:" in fg.err
         assert "listening on http://127.0.0.1" in fg.err
         assert instances.running() == []
     finally:
