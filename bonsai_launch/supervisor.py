@@ -151,8 +151,9 @@ def prove_speculation(base_url: str, spec: SpecPlan, log_path: Path | None = Non
 
 # -- signals -------------------------------------------------------------------------------------
 
-class StopRequested(Exception):
-    """The user (or the system) asked bonsai to stop: Ctrl+C, SIGTERM or SIGHUP."""
+class StopRequested(BaseException):
+    """The user (or the system) asked bonsai to stop: Ctrl+C, SIGTERM or SIGHUP. A
+    BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)

@@ -17,7 +17,6 @@ import pytest
 from bonsai_launch import client, instances
 from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.paths import run_dir
-from bonsai_launch.plan import SpecPlan
 from bonsai_launch.server_process import ServerProcess, free_port
 from bonsai_launch.supervisor import SpecProof, check_port_free, follow, speculation_failure_reason
 from start_helpers import bonsai

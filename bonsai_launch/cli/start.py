@@ -103,7 +103,7 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
 
 # -- the real start ---------------------------------------------------------------------------
 
-def _build_server() -> "Path":
+def _build_server():
     """Build llama-server on demand (the pinned llama.cpp, for the detected backend)."""
     from bonsai_launch.errors import BonsaiError
 
@@ -209,7 +209,6 @@ def _web_ui(base_url: str, api_key: str | None) -> bool:
 
 
 def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None:
-    import shlex
     from pathlib import Path
 
     from bonsai_launch.cli._output import console
@@ -236,8 +235,9 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
     for label, value in rows:
         out.print(f"  {label:<16} {value}")
     if generated_key:
-        out.print(f"  {'API key':<16} {generated_key}   [yellow](generated; shown only this once)[/]")
-    auth = " -H " + shlex.quote(f"Authorization: Bearer {'$BONSAI_API_KEY' if key else ''}") if key else ""
+        out.print(f"  {'API key':<16} {generated_key}   [yellow](generated, shown only this once: "
+                  f"export BONSAI_API_KEY={generated_key})[/]")
+    auth = ' -H "Authorization: Bearer $BONSAI_API_KEY"' if key else ""
     body = '{"messages":[{"role":"user","content":"Hello!"}]}'
     out.print(f"  try: curl {plan.base_url}/v1/chat/completions -H 'Content-Type: application/json'"
               f"{auth} -d '{body}'", markup=False)
@@ -267,7 +267,8 @@ def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallb
             finally:
                 stop_status()
         except supervisor.StopRequested:
-            return 0
+            # 0 once a server was started (the user stopped it); 130 if stopped before that.
+            return 0 if forwarder.server is not None else 130
         if launched.proof is not None and not launched.proof.live:
             warn(launched.proof.summary() + "; serving without it (--spec-fallback)")
         if json_output:
