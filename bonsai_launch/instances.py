@@ -149,8 +149,10 @@ def running() -> list[Instance]:
 
 def unique_name(base: str, port: int) -> str:
     """The profile's name, or name-port when that name is already taken by a live server."""
-    taken = {i.name for i in running()}
     base = base.replace(os.sep, "_") or "server"
+    if not state_path(base).exists():
+        return base  # the usual case, decided without psutil (this runs before every spawn)
+    taken = {i.name for i in running()}
     return base if base not in taken else f"{base}-{port}"
 
 

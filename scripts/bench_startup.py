@@ -141,6 +141,28 @@ def bonsai_once(args: list[str], marker: str, env: dict[str, str], port: int) ->
         proc.wait(30)
 
 
+PRE_SPAWN_PROBE = """
+import os, sys
+import bonsai_launch.server_process as sp
+def stop_here(cls, argv, **kw):
+    t = os.times()
+    print(t.user + t.system, flush=True)
+    os._exit(0)
+sp.ServerProcess.spawn = classmethod(stop_here)
+sys.argv = ["bonsai", "start", *sys.argv[1:]]
+from bonsai_launch.cli.main import run
+run()
+"""
+
+
+def cpu_before_spawn(args: list[str], env: dict[str, str]) -> float:
+    """CPU seconds `bonsai start` uses up to the moment it would spawn llama-server: what its
+    wall time before spawning is on an otherwise idle core, whatever the machine's load."""
+    done = subprocess.run([sys.executable, "-c", PRE_SPAWN_PROBE, *args], env=env, capture_output=True,
+                          text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def cli_once(args: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "bonsai_launch", *args], stdout=subprocess.DEVNULL,
@@ -179,6 +201,9 @@ def main() -> None:
         raw.append(raw_once(plan["argv"], free_port(), raw_env))
         ours.append(bonsai_once(["--no-speculative"], "ready in", env, free_port()))
         proof.append(bonsai_once([], "speculative decoding: live", {**env, "BONSAI_SPECULATIVE": "1"}, free_port()))
+    cpu = [cpu_before_spawn(["--port", str(free_port())], env) for _ in range(opts.runs)]
+    cpu_spec = [cpu_before_spawn(["--port", str(free_port())], {**env, "BONSAI_SPECULATIVE": "1"})
+                for _ in range(opts.runs)]
     helps = [cli_once(["--help"], env) for _ in range(opts.runs)]
     dry = [cli_once(["start", "--dry-run"], env) for _ in range(opts.runs)]
 
@@ -195,6 +220,8 @@ def main() -> None:
         ("… of which bonsai before spawning llama-server", [t.before_spawn for t in ours]),
         ("… of which /health 200 to the `ready` line", [t.after_ready for t in ours]),
         ("**launcher's added time** (the two above)", added),
+        ("CPU seconds bonsai uses before spawning (load-independent)", cpu),
+        ("… the same with `BONSAI_SPECULATIVE=1`", cpu_spec),
         ("`BONSAI_SPECULATIVE=1 bonsai start` to `speculative decoding: live`", [t.total for t in proof]),
         ("… of which /health 200 to `live` (the proof completion)", [t.after_ready for t in proof]),
         ("`bonsai --help`", helps),
