@@ -310,3 +310,32 @@ def test_demo_profile_ngram_speculation_is_live(llama_server, demo_gguf, isolate
     assert inst.profile == "demo" and inst.speculative
     assert bonsai(["stop", "demo"], env=env).returncode == 0
     assert gone(inst.pid)
+
+
+def test_run_reuses_the_running_server_of_the_profile(llama_server, tiny):
+    data = json_out(bonsai(["start", *start_args(tiny["target"]), "--detach", "--json"], server=llama_server))
+    assert "stop processing" not in Path(data["log"]).read_text()  # no request yet (no speculation proof)
+    instances.update(data["name"], profile="demo")  # as if started with --profile demo
+    done = bonsai(["run", "--profile", "demo", "-n", "4", "hello"], server=llama_server)
+    assert done.returncode == 0, done.stderr
+    assert "temporary llama-server" not in done.stderr
+    assert "4 tokens" in done.stderr
+    assert "stop processing" in Path(data["log"]).read_text()  # the running server answered it
+
+
+# -- chat ------------------------------------------------------------------------------------------
+
+def test_chat_keeps_history_and_leaves_nothing_behind(llama_server, tiny):
+    import subprocess
+
+    from start_helpers import ROOT, bonsai_env
+
+    script = "hello\n/reset\nagain\n/exit\n"
+    done = subprocess.run([sys.executable, "-m", "bonsai_launch", "chat", "--model", str(tiny["target"]),
+                           "--ctx", "2048", "-n", "4"], input=script, env=bonsai_env(llama_server),
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "history cleared" in done.stderr
+    assert done.stderr.count("4 tokens") == 2  # one stats line per answer
+    assert no_server_left(tiny["target"])
+    assert instances.running() == []
