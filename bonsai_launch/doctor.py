@@ -72,16 +72,21 @@ def _builds(report: Report) -> None:
     from bonsai_launch.build.pin import load_pin
     from bonsai_launch.paths import builds_dir
 
+    from bonsai_launch.build.patches import load_series, series_hash
+
     try:
-        pinned = load_pin().default
+        pinned, patches_id = load_pin().default, series_hash(load_series())
     except Exception as exc:
         report.problems.append(Problem("error", f"the llama.cpp pin cannot be read: {exc}", "reinstall bonsai-launch"))
-        pinned = None
+        pinned, patches_id = None, None
     for key_dir, m in installed_builds(builds_dir()):
         caps = m.get("capabilities", {})
         report.builds.append({
             "key": m.get("key"), "backend": m.get("backend"), "version": m.get("version"),
-            "source": m.get("source", {}).get("spec"), "is_pin": bool(pinned) and m.get("source", {}).get("identity") == pinned.sha256,
+            "build_number": caps.get("build_number"),
+            "source": m.get("source", {}).get("spec"),
+            "is_pin": bool(pinned) and m.get("source", {}).get("identity") == pinned.sha256,
+            "current_patches": m.get("patches_hash") == patches_id,
             "built_at": m.get("built_at"), "build_seconds": m.get("build_seconds"),
             "llama_server": m.get("binaries", {}).get("llama-server"),
             "spec_types": caps.get("spec_types", []), "devices": caps.get("devices", []), "path": str(key_dir),
@@ -94,6 +99,9 @@ def _builds(report: Report) -> None:
     elif pinned and not any(b["is_pin"] for b in mine):
         report.problems.append(Problem("warning", f"no {wanted} build of the pinned llama.cpp ({pinned.package}=={pinned.version})",
                                        "run `bonsai build`"))
+    elif pinned and not any(b["is_pin"] and b["current_patches"] for b in mine):
+        report.problems.append(Problem("warning", f"the {wanted} build of the pin predates the current patch series "
+                                                  "(vendor/llama.cpp/patches)", "run `bonsai build`"))
     for b in mine:
         if b["is_pin"] and "draft-dspark" not in b["spec_types"]:
             report.problems.append(Problem("warning", f"build {b['key']} does not list draft-dspark",

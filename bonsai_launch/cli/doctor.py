@@ -43,12 +43,15 @@ def command(json_output: JsonOpt = False) -> None:
 
     if report.builds:
         builds = Table(title="builds", title_justify="left")
-        for col in ("key", "backend", "version", "source", "draft-dspark", "llama-server"):
+        for col in ("key", "build", "source", "draft-dspark", "current"):
             builds.add_column(col)
+        builds.add_column("llama-server", overflow="fold")
         for entry in report.builds:
-            builds.add_row(entry["key"], entry["backend"], entry["version"] or "?", entry["source"] or "?",
+            number = entry.get("build_number")
+            current = entry["is_pin"] and entry["current_patches"]
+            builds.add_row(entry["key"], f"b{number}" if number is not None else "?", entry["source"] or "?",
                            "[green]yes[/]" if "draft-dspark" in entry["spec_types"] else "[red]no[/]",
-                           entry["llama_server"])
+                           "[green]yes[/]" if current else "[yellow]no[/]", entry["llama_server"])
         out.print(builds)
     else:
         out.print("[bold]builds[/]  none")
