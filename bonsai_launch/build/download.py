@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
@@ -101,12 +100,3 @@ def download(url: str, dest: Path, sha256: str, *, console=None, label: str | No
         part.unlink(missing_ok=True)
     return dest
 
-
-def copy_verified(src: Path, dest: Path, sha256: str) -> Path:
-    """A local copy of an already-downloaded file, hash-checked (used for caches)."""
-    if sha256_of(src) != sha256.lower():
-        raise ActionFailed(f"{src} does not match the pinned sha256", "delete it and run again")
-    part = dest.with_name(f".{dest.name}.part-{os.getpid()}")
-    shutil.copyfile(src, part)
-    os.replace(part, dest)
-    return dest

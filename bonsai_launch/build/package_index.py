@@ -15,7 +15,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlparse
@@ -41,11 +41,6 @@ class IndexFile:
     url: str
     sha256: str | None
     found_on: str  # the index or find-links location that listed it
-
-
-@dataclass
-class _Lookup:
-    tried: list[str] = field(default_factory=list)
 
 
 def normalize(name: str) -> str:
@@ -147,18 +142,24 @@ def _read_local(url: str) -> tuple[str, str] | None:
     return None
 
 
-def _fetch(url: str, cert: str | None) -> tuple[str, str] | None:
-    """(body, content type) of a page, or None when the index does not have it."""
+def _fetch(url: str, cert: str | None, problems: list[str]) -> tuple[str, str] | None:
+    """(body, content type) of a page, or None when the index does not have it (the reason
+    goes to `problems`, so a network failure is not reported as a missing file)."""
     if url.startswith("file:"):
-        return _read_local(url)
+        page = _read_local(url)
+        if page is None:
+            problems.append(f"{url}: no such folder")
+        return page
     import httpx
 
     try:
         with httpx.Client(follow_redirects=True, timeout=30, verify=cert or True) as client:
             resp = client.get(url, headers={"Accept": _ACCEPT})
-    except httpx.HTTPError:
+    except httpx.HTTPError as exc:
+        problems.append(f"{url}: {type(exc).__name__} {exc}")
         return None
     if resp.status_code != 200:
+        problems.append(f"{url}: HTTP {resp.status_code}")
         return None
     return resp.text, resp.headers.get("content-type", "text/html")
 
@@ -167,10 +168,11 @@ def find_file(package: str, filename: str, settings: IndexSettings | None = None
     """Where to download `filename` of `package`; the first index that lists it wins."""
     settings = settings or index_settings()
     tried: list[str] = []
+    problems: list[str] = []
     for index in settings.indexes:
         page_url = index.rstrip("/") + "/" + normalize(package) + "/"
         tried.append(index)
-        page = _fetch(page_url, settings.cert)
+        page = _fetch(page_url, settings.cert, problems)
         if page is None:
             continue
         for f in parse_project_page(page[0], page[1], page_url):
@@ -183,12 +185,15 @@ def find_file(package: str, filename: str, settings: IndexSettings | None = None
             if candidate.is_file():
                 return IndexFile(filename, candidate.resolve().as_uri(), None, location)
             continue
-        page = _fetch(location, settings.cert)
+        page = _fetch(location, settings.cert, problems)
         if page is None:
             continue
         for f in parse_project_page(page[0], page[1], location):
             if f.filename == filename:
                 return f
+    network = [p for p in problems if "Error" in p or "HTTP 5" in p]
+    detail = f"; {'; '.join(network)}" if network else ""
     raise ActionFailed(
-        f"{filename} was not found on any configured package index (tried: {', '.join(tried) or 'none'})",
-        "check `pip config list` / PIP_INDEX_URL, or build from a folder with `bonsai build --source PATH`")
+        f"{filename} was not found on any configured package index (tried: {', '.join(tried) or 'none'}){detail}",
+        "check the network and `pip config list` / PIP_INDEX_URL, or build from a folder with "
+        "`bonsai build --source PATH`")
