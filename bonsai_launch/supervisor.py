@@ -32,8 +32,10 @@ from bonsai_launch.server_process import ServerProcess
 SPEC_FAILURE_MARKER = "failed to initialize speculative decoding context"
 # A prompt with a repeated pattern: n-gram speculation only drafts when the text repeats a
 # long enough run of tokens (ngram-mod looks up 24), so a plain question would prove nothing.
-PROOF_PROMPT = ("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 3) + "a b c"
-PROOF_TOKENS = 32
+# Two copies of the alphabet are ~58 tokens for Gemma; 16 generated tokens give ngram-mod 14
+# drafts and a block-4 drafter 3-4 verify steps, enough to prove either, in one short request.
+PROOF_PROMPT = ("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 2) + "a b c"
+PROOF_TOKENS = 16
 STOP_TIMEOUT = 10.0
 _LOG_PREFIX = re.compile(r"^\s*[\d.]+\s+[A-Z]\s+(?:\S+\s+)?(?:[\w:~<>]+:\s+)?")
 _HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))

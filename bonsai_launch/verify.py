@@ -13,7 +13,9 @@ from typing import Any
 
 from bonsai_launch import client
 from bonsai_launch.errors import ActionFailed
-from bonsai_launch.supervisor import PROOF_PROMPT, PROOF_TOKENS
+from bonsai_launch.supervisor import PROOF_PROMPT
+
+PROOF_TOKENS = 32  # a few more than start's proof: verify also reports decode speed
 
 SPEC_COUNTERS = ("llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:spec_decode_num_accepted_tokens_total")
 
