@@ -39,10 +39,13 @@ def command(json_output: JsonOpt = False) -> None:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "PROFILE", "URL", "PID", "UPTIME", "SPECULATIVE", "MODE"):
-        table.add_column(col)
+    for col in ("NAME", "PROFILE", "PORT", "PID", "UPTIME", "SPECULATIVE", "MODE"):
+        table.add_column(col, no_wrap=True)
     for i in live:
-        spec = f"yes ({i.spec_type})" if i.speculative else ("no" if not i.spec_type else f"no ({i.spec_type} not live)")
-        table.add_row(i.name, i.profile or "-", i.base_url, str(i.pid), format_uptime(i.uptime), spec,
+        if i.speculative:
+            spec = f"yes ({i.spec_type})"
+        else:
+            spec = "no (not live, fallback)" if i.spec_type else "no"
+        table.add_row(i.name, i.profile or "-", str(i.port), str(i.pid), format_uptime(i.uptime), spec,
                       "detached" if i.detached else "foreground")
     out.print(table)

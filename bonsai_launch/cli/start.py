@@ -241,9 +241,8 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
     body = '{"messages":[{"role":"user","content":"Hello!"}]}'
     out.print(f"  try: curl {plan.base_url}/v1/chat/completions -H 'Content-Type: application/json'"
               f"{auth} -d '{body}'", markup=False)
-    if launched.proof is not None:
-        style = "green" if launched.proof.live else "yellow"
-        out.print(f"[{style}]{launched.proof.summary()}[/]")
+    if launched.proof is not None and launched.proof.live:  # not live: already warned on stderr
+        out.print(f"[green]{launched.proof.summary()}[/]")
     if detach:
         out.print(f"running in the background: `bonsai logs {inst.name} -f`, `bonsai stop {inst.name}`")
     else:
