@@ -282,8 +282,13 @@ def serve(launched: Launched, *, poll: float = 0.25) -> int:
     except StopRequested:
         return 0
     finally:
-        _stop(server)
-        instances.unregister(launched.instance.name, server.pid)
+        shutdown(launched)
+
+
+def shutdown(launched: Launched) -> None:
+    """Stop a launched server and forget it."""
+    _stop(launched.server)
+    instances.unregister(launched.instance.name, launched.server.pid)
 
 
 def follow(path: Path, *, offset: int = 0, alive: Callable[[], bool] | None = None,

@@ -74,8 +74,7 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
             sys.stderr.write(launched.proof.summary() + "\n")
         yield Target(plan.base_url, plan.env.get("LLAMA_API_KEY") or key, True, launched.instance.name)
     finally:
-        supervisor._stop(launched.server)
-        instances.unregister(launched.instance.name, launched.server.pid)
+        supervisor.shutdown(launched)
 
 
 def stats_line(result) -> str:

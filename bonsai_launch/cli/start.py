@@ -268,18 +268,26 @@ def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallb
         except supervisor.StopRequested:
             # 0 once a server was started (the user stopped it); 130 if stopped before that.
             return 0 if forwarder.server is not None else 130
-        if launched.proof is not None and not launched.proof.live:
-            warn(launched.proof.summary() + "; serving without it (--spec-fallback)")
-        if json_output:
-            data = {"name": launched.instance.name, "pid": launched.server.pid, "url": plan.base_url,
-                    "openai_base_url": plan.base_url + "/v1", "log": str(launched.server.log_path),
-                    "ready_s": round(launched.ready_s, 3), "detached": detach,
-                    "speculative": launched.proof.to_json() if launched.proof else None, "plan": plan.to_json()}
-            if generated:
-                data["api_key"] = generated
-            emit_json(data)
-        else:
-            print_ready(plan, launched, generated, detach)
+        try:
+            if launched.proof is not None and not launched.proof.live:
+                warn(launched.proof.summary() + "; serving without it (--spec-fallback)")
+            if json_output:
+                data = {"name": launched.instance.name, "pid": launched.server.pid, "url": plan.base_url,
+                        "openai_base_url": plan.base_url + "/v1", "log": str(launched.server.log_path),
+                        "ready_s": round(launched.ready_s, 3), "detached": detach,
+                        "speculative": launched.proof.to_json() if launched.proof else None, "plan": plan.to_json()}
+                if generated:
+                    data["api_key"] = generated
+                emit_json(data)
+            else:
+                print_ready(plan, launched, generated, detach)
+        except BaseException as exc:
+            # Stopped (or failed, e.g. a closed stdout) before serving: never leave it unwatched.
+            if not detach or isinstance(exc, supervisor.StopRequested):
+                supervisor.shutdown(launched)
+            if isinstance(exc, supervisor.StopRequested):
+                return 0
+            raise
         if detach:
             return 0
         return supervisor.serve(launched)
