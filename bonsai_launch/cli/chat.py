@@ -16,10 +16,10 @@ import sys
 
 import typer
 
-from bonsai_launch.cli._options import FamilyOpt, ProfileOpt, SizeOpt
+from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, ModelOpt, NglOpt, ProfileOpt, SizeOpt,
+                                        SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli.start import start_flags
 from bonsai_launch.cli.run import ApiKeyOpt, MaxTokensOpt, SystemOpt, TempOpt, UrlOpt, server_for, stats_line
-from bonsai_launch.cli.start import (CtxOpt, DrafterOpt, ModelOpt, NglOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt,
-                                     SpecTypeOpt, start_flags)
 
 
 def command(

@@ -19,9 +19,9 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
-from bonsai_launch.cli.start import (CtxOpt, DrafterOpt, ModelOpt, NglOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt,
-                                     SpecTypeOpt, start_flags)
+from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt,
+                                        SizeOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli.start import start_flags
 
 PromptArg = Annotated[str, typer.Argument(help="The prompt to answer.")]
 UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Use this server instead of the profile's.")]

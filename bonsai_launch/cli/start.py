@@ -12,26 +12,11 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
 import typer
 
-from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
-
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Run this local GGUF instead of the profile's weights.")]
-DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="Use this local DSpark/DFlash drafter GGUF.")]
-SpecOpt = Annotated[Optional[bool], typer.Option("--speculative/--no-speculative", help="Speculative decoding on/off; env BONSAI_SPECULATIVE.")]
-SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", help="Speculative type; env BONSAI_SPEC_TYPE.")]
-SpecNmaxOpt = Annotated[Optional[int], typer.Option("--spec-nmax", help="Draft length (must equal the drafter's block size); env BONSAI_SPEC_NMAX.")]
-CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size, 0 = auto; env BONSAI_CTX.")]
-NglOpt = Annotated[Optional[int], typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
-HostOpt = Annotated[Optional[str], typer.Option("--host", help="Bind address; env BONSAI_HOST.")]
-PortOpt = Annotated[Optional[int], typer.Option("--port", help="Port; env BONSAI_PORT.")]
-Kv4Opt = Annotated[Optional[bool], typer.Option("--kv4/--no-kv4", help="4-bit KV cache; env BONSAI_KV4.")]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the llama-server command instead of running it.")]
-FormatOpt = Annotated[str, typer.Option("--format", help="Shell for --dry-run output: posix or powershell.")]
-DetachOpt = Annotated[bool, typer.Option("--detach", "-d", help="Return once the server is ready and keep it running (see `bonsai ps`, `bonsai stop`).")]
-SpecFallbackOpt = Annotated[bool, typer.Option("--spec-fallback", help="When speculation is not live, warn and keep serving without it instead of stopping.")]
+from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
+                                        Kv4Opt, ModelOpt, NglOpt, PortOpt, ProfileOpt, SizeOpt, SpecFallbackOpt,
+                                        SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 
 
 def start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4) -> dict:
