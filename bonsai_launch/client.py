@@ -184,6 +184,20 @@ class StreamResult:
     finish_reason: str | None = None
 
 
+def sse_chunks(response: "httpx.Response") -> Iterator[dict[str, Any]]:
+    """The JSON objects of an OpenAI-style server-sent event stream, up to `data: [DONE]`."""
+    for line in response.iter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        try:
+            yield json.loads(payload)
+        except ValueError:
+            continue
+
+
 def stream_chat(base_url: str, messages: list[dict[str, str]], *, max_tokens: int | None = None,
                 temperature: float | None = None, api_key: str | None = None, model: str | None = None,
                 result: StreamResult | None = None, timeout: float = GENERATE_TIMEOUT,
@@ -207,16 +221,7 @@ def stream_chat(base_url: str, messages: list[dict[str, str]], *, max_tokens: in
             if r.status_code >= 400:
                 r.read()
                 _check(r)
-            for line in r.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(payload)
-                except ValueError:
-                    continue
+            for chunk in sse_chunks(r):
                 if chunk.get("timings"):
                     result.timings = chunk["timings"]
                 if chunk.get("usage"):

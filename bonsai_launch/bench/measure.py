@@ -8,7 +8,6 @@ SGLang) are read alongside. Nothing here decides anything: the numbers go to sta
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -16,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from bonsai_launch.client import base, parse_metrics
+from bonsai_launch.client import base, parse_metrics, sse_chunks
 from bonsai_launch.errors import ActionFailed
 
 REQUEST_TIMEOUT = 600.0
@@ -109,16 +108,7 @@ def stream_request(http: httpx.Client, endpoint: Endpoint, result: RequestResult
                 r.read()
                 result.error = f"HTTP {r.status_code}: {r.text[:200]}"
                 return result
-            for line in r.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(payload)
-                except ValueError:
-                    continue
+            for chunk in sse_chunks(r):
                 if chunk.get("timings"):
                     timings = chunk["timings"]
                 if chunk.get("usage"):
