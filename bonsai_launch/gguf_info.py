@@ -120,12 +120,6 @@ class _HeaderReader:
     def string(self) -> str:
         return self.take(self.scalar("<Q")).decode("utf-8", errors="replace")
 
-    def skip_string(self) -> None:
-        n = self.scalar("<Q")
-        self.pos += n
-        if self.pos > len(self.buf):
-            raise _Truncated
-
     def value(self, vtype: int, keep_arrays: bool) -> Any:
         if vtype in _SCALARS:
             return self.scalar(_SCALARS[vtype])
