@@ -130,3 +130,36 @@ def test_counter_delta_only_within_one_family():
     assert counter_delta(before, after) == (30, 20, 10)
     assert counter_delta(SpecCounters(None), after) == (None, None, None)
     assert counter_delta(SpecCounters("sglang"), SpecCounters("sglang")) == (None, None, None)
+
+
+def test_memory_sampler_reads_rss_and_gpu_memory(monkeypatch):
+    import os
+    from types import SimpleNamespace
+
+    from bonsai_launch.bench import measure
+
+    pid = os.getpid()
+
+    class FakeNvml:
+        def nvmlDeviceGetComputeRunningProcesses(self, handle):
+            return [SimpleNamespace(pid=pid, usedGpuMemory=3 * 2**30), SimpleNamespace(pid=1, usedGpuMemory=2**30)]
+
+        def nvmlShutdown(self):
+            pass
+
+    monkeypatch.setattr(measure, "_nvml_handles", lambda: (FakeNvml(), ["gpu0", "gpu1"]))
+    with measure.MemorySampler(pid, interval=0.01) as sampler:
+        pass
+    assert sampler.peak_rss and sampler.peak_rss > 10 * 2**20
+    assert sampler.peak_gpu == 2 * 3 * 2**30  # this process on both GPUs, not the other one
+
+
+def test_memory_sampler_without_nvidia(monkeypatch):
+    import os
+
+    from bonsai_launch.bench import measure
+
+    monkeypatch.setattr(measure, "_nvml_handles", lambda: None)
+    with measure.MemorySampler(os.getpid(), interval=0.01) as sampler:
+        pass
+    assert sampler.peak_gpu is None and sampler.peak_rss

@@ -126,26 +126,12 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
                   f"{o['repeats']} repeats, temperatures {', '.join(_temp(t) for t in o['temps'])}, "
                   f"max {o['max_tokens']} tokens; {_machine(doc)}")
 
-    table = Table(title="Decode speed per category (median of repeats, min-max; ratios paired per repeat)")
-    table.add_column("category")
-    table.add_column("T", justify="right")
-    if base:
-        table.add_column(f"{labels.get(base, base)} tok/s", justify="right")
-    for c in cands:
-        table.add_column(f"{labels.get(c, c)}", justify="right")
-        table.add_column("acc. rate", justify="right")
-    for temp in o["temps"]:
-        for category in doc["categories"] + ["all"]:
-            row = [category, _temp(temp)]
-            if base:
-                row.append(_sp((_result(doc, base, category, temp) or {}).get("decode_tps")))
-            for c in cands:
-                comp = _comparison(doc, c, category, temp)
-                res = _result(doc, c, category, temp) or {}
-                row.append(_ratio(comp["verdict"]) if comp else _sp(res.get("decode_tps")))
-                row.append(_pct(res.get("acceptance_rate")))
-            table.add_row(*row)
-    console.print(table)
+    if len(cands) <= 2:
+        console.print(_category_rows_table(doc, labels, base, cands))
+    else:
+        # Many configurations: one row each, categories across, so the table stays readable.
+        for table in _config_rows_tables(doc, labels, base, cands):
+            console.print(table)
     console.print(f"[dim]{LEGEND}[/dim]")
 
     if doc["verdicts"]:
@@ -165,6 +151,63 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
             console.print(f"  {kind}: {path}")
     for note in doc.get("notes") or []:
         console.print(f"  [dim]note: {note}[/dim]")
+
+
+def _category_rows_table(doc: dict, labels: dict[str, str], base: str | None, cands: list[str]):
+    from rich.table import Table
+
+    table = Table(title="Decode speed per category (median of repeats, min-max; ratios paired per repeat)")
+    table.add_column("category")
+    table.add_column("T", justify="right")
+    if base:
+        table.add_column(f"{labels.get(base, base)} tok/s", justify="right")
+    for c in cands:
+        table.add_column(f"{labels.get(c, c)}", justify="right")
+        table.add_column("acc. rate", justify="right")
+    for temp in doc["options"]["temps"]:
+        for category in doc["categories"] + ["all"]:
+            row = [category, _temp(temp)]
+            if base:
+                row.append(_sp((_result(doc, base, category, temp) or {}).get("decode_tps")))
+            for c in cands:
+                comp = _comparison(doc, c, category, temp)
+                res = _result(doc, c, category, temp) or {}
+                row.append(_ratio(comp["verdict"]) if comp else _sp(res.get("decode_tps")))
+                row.append(_pct(res.get("acceptance_rate")))
+            table.add_row(*row)
+    return table
+
+
+def _config_rows_tables(doc: dict, labels: dict[str, str], base: str | None, cands: list[str]):
+    from rich.table import Table
+
+    cats = doc["categories"] + ["all"]
+    speed = Table(title=f"Decode speed: {labels.get(base, base)} tok/s, others as paired ratios (median of repeats; "
+                        "ranges in bench.md)")
+    accept = Table(title="Acceptance rate (accepted / drafted draft tokens)")
+    for table in (speed, accept):
+        table.add_column("configuration")
+        table.add_column("T", justify="right")
+        for cat in cats:
+            table.add_column(cat, justify="right")
+    for temp in doc["options"]["temps"]:
+        if base:
+            speed.add_row(labels.get(base, base), _temp(temp),
+                          *[_sp_median((_result(doc, base, cat, temp) or {}).get("decode_tps")) for cat in cats])
+        for c in cands:
+            cells = []
+            for cat in cats:
+                comp = _comparison(doc, c, cat, temp)
+                v = comp["verdict"] if comp else None
+                cells.append(f"{v['ratio']['median']:.2f}x {MARK.get(v['kind'], v['kind'])}" if v and v.get("ratio") else "-")
+            speed.add_row(labels.get(c, c), _temp(temp), *cells)
+            accept.add_row(labels.get(c, c), _temp(temp),
+                           *[_pct((_result(doc, c, cat, temp) or {}).get("acceptance_rate")) for cat in cats])
+    return speed, accept
+
+
+def _sp_median(s: dict | None) -> str:
+    return "-" if not s else f"{s['median']:.1f}"
 
 
 def _print_tradeoffs(doc: dict, console, labels: dict[str, str]) -> None:
@@ -256,6 +299,32 @@ def verdict_table_markdown(doc: dict) -> list[str]:
     return _md_table(header, rows, ["l", "r"] + ["r"] * (len(header) - 3) + ["l"])
 
 
+def config_rows_markdown(doc: dict) -> list[str]:
+    """Many configurations: one row per configuration and temperature, categories across;
+    then the acceptance rates in the same layout."""
+    labels = _labels(doc)
+    base = doc.get("baseline")
+    cats = doc["categories"] + ["all"]
+    speed, accept = [], []
+    for temp in doc["options"]["temps"]:
+        if base:
+            speed.append([f"{labels.get(base, base)} (tok/s)", _temp(temp)]
+                         + [_sp((_result(doc, base, cat, temp) or {}).get("decode_tps")) for cat in cats])
+        for c in _candidates(doc):
+            row = [labels.get(c, c), _temp(temp)]
+            for cat in cats:
+                comp = _comparison(doc, c, cat, temp)
+                row.append(_ratio(comp["verdict"]) if comp else "-")
+            speed.append(row)
+            accept.append([labels.get(c, c), _temp(temp)]
+                          + [_pct((_result(doc, c, cat, temp) or {}).get("acceptance_rate")) for cat in cats])
+    header = ["configuration", "T"] + cats
+    out = _md_table(header, speed)
+    out += ["", "Acceptance rate (accepted / drafted draft tokens):", ""]
+    out += _md_table(header, accept)
+    return out
+
+
 def to_markdown(doc: dict, chart: str | None = None) -> str:
     labels = _labels(doc)
     o = doc["options"]
@@ -274,9 +343,12 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
     lines += ["", "## Verdicts", ""]
     lines += [f"- {v['line']}" for v in doc["verdicts"]] or ["- no comparison (one configuration)"]
     lines += ["", "## Decode speed per category", "",
-              "Baseline tok/s is the median of the repeats (min-max); the other columns are paired ratios "
-              "(candidate / baseline of the same repeat) with the verdict of the noise rule.", ""]
-    lines += verdict_table_markdown(doc)
+              "The baseline's numbers are decode tok/s, median of the repeats (min-max); the others are paired "
+              "ratios (candidate / baseline of the same repeat) with the verdict of the noise rule.", ""]
+    if len(_candidates(doc)) <= 2:
+        lines += verdict_table_markdown(doc)
+    else:
+        lines += config_rows_markdown(doc)
     lines += ["", LEGEND]
     if chart:
         lines += ["", f"![decode tok/s per category]({chart})"]

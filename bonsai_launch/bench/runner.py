@@ -264,11 +264,11 @@ def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener
             if bind_failed and attempt + 1 < attempts:
                 continue
             if proc.returncode == -signal.SIGILL:
-                # Seen on VMs whose CPU flags list AMX while the kernel does not enable it: the
-                # repacked (AMX) weights crash on the first matrix multiply.
-                raise ActionFailed(exc.message, "this llama-server uses CPU instructions the machine refuses; "
-                                   "try `bonsai bench ... -- --no-repack` (or LLAMA_ARG_REPACK=0), or rebuild "
-                                   f"without native CPU tuning; full log: {log}") from None
+                # Seen with an unpatched b11434 built by GCC 12 on an AMX CPU: the AMX kernels of
+                # the repacked weights crash on the first matrix multiply (bonsai build patches it).
+                raise ActionFailed(exc.message, "llama-server hit an illegal CPU instruction; rebuild with "
+                                   "`bonsai build --force`, or skip weight repacking with "
+                                   f"`bonsai bench ... -- --no-repack`; full log: {log}") from None
             raise
         run.startup_s = time.perf_counter() - t0
         run.pid, run.log = proc.pid, str(log)

@@ -89,7 +89,16 @@ def command(
     no_chart: NoChartOpt = False,
     json_output: JsonOpt = False,
 ) -> None:
-    """Benchmark speculative decoding against plain decoding and say, per kind of work, whether it pays."""
+    """Benchmark speculative decoding against plain decoding and say, per kind of work, whether it pays.
+
+    Examples:
+
+        bonsai bench --profile demo --quick
+
+        bonsai bench --profile demo --configs plain,ngram-mod,ngram-map-k --temps 0,0.7
+
+        bonsai bench --url http://127.0.0.1:8000 --baseline-url http://127.0.0.1:8001
+    """
     import dataclasses
 
     from bonsai_launch.bench.pipeline import Target, quick_options, run_bench
