@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 MARK = {"faster": "faster", "slower": "SLOWER", "noise": "noise", "inconclusive": "?"}
 LEGEND = ("faster / SLOWER: beyond the noise band; noise: within it; ?: fewer than 3 repeats, no verdict. "
@@ -115,7 +114,6 @@ def _machine(doc: dict) -> str:
 
 def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = console or Console()
     labels = _labels(doc)
@@ -127,7 +125,7 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
                   f"max {o['max_tokens']} tokens; {_machine(doc)}")
 
     if len(cands) <= 2:
-        console.print(_category_rows_table(doc, labels, base, cands))
+        console.print(_category_rows_table(doc))
     else:
         # Many configurations: one row each, categories across, so the table stays readable.
         for table in _config_rows_tables(doc, labels, base, cands):
@@ -153,28 +151,17 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
         console.print(f"  [dim]note: {note}[/dim]")
 
 
-def _category_rows_table(doc: dict, labels: dict[str, str], base: str | None, cands: list[str]):
+def _category_rows_table(doc: dict):
+    """The per-category speed table for the terminal: the Markdown table's rows without the
+    verdict column (the verdict lines are printed right below it)."""
     from rich.table import Table
 
+    header, rows = category_speed_rows(doc)
     table = Table(title="Decode speed per category (median of repeats, min-max; ratios paired per repeat)")
-    table.add_column("category")
-    table.add_column("T", justify="right")
-    if base:
-        table.add_column(f"{labels.get(base, base)} tok/s", justify="right")
-    for c in cands:
-        table.add_column(f"{labels.get(c, c)}", justify="right")
-        table.add_column("acc. rate", justify="right")
-    for temp in doc["options"]["temps"]:
-        for category in doc["categories"] + ["all"]:
-            row = [category, _temp(temp)]
-            if base:
-                row.append(_sp((_result(doc, base, category, temp) or {}).get("decode_tps")))
-            for c in cands:
-                comp = _comparison(doc, c, category, temp)
-                res = _result(doc, c, category, temp) or {}
-                row.append(_ratio(comp["verdict"]) if comp else _sp(res.get("decode_tps")))
-                row.append(_pct(res.get("acceptance_rate")))
-            table.add_row(*row)
+    for i, name in enumerate(header[:-1]):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row[:-1])
     return table
 
 
@@ -275,7 +262,9 @@ def _md_table(header: list[str], rows: list[list[str]], align: list[str] | None 
     return out
 
 
-def verdict_table_markdown(doc: dict) -> list[str]:
+def category_speed_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-category table: baseline tok/s, each candidate's paired ratio
+    and acceptance rate, and the verdict; one source for the terminal and the Markdown report."""
     labels = _labels(doc)
     base = doc.get("baseline")
     cands = _candidates(doc)
@@ -296,6 +285,11 @@ def verdict_table_markdown(doc: dict) -> list[str]:
             v = next((x for x in doc["verdicts"] if x["category"] == category and x["temperature"] == temp), None)
             row.append(v["line"].split(": ", 1)[1] if v else "-")
             rows.append(row)
+    return header, rows
+
+
+def verdict_table_markdown(doc: dict) -> list[str]:
+    header, rows = category_speed_rows(doc)
     return _md_table(header, rows, ["l", "r"] + ["r"] * (len(header) - 3) + ["l"])
 
 
