@@ -1,31 +1,19 @@
 """Bad input through the real CLI: a non-zero exit and one line naming the problem.
 
 Each case runs `bonsai` in-process (the console-script entry point, error handler included)
-so the suite stays fast; test_cli_subprocess.py checks the installed command itself.
+so the suite stays fast; test_scripts.py and test_start_server.py run the installed command.
 """
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 import tiny_gguf
-from bonsai_launch.cli.main import run
+from cli_runner import run_cli
 
 
 def bonsai(argv, capsys):
-    old = sys.argv
-    sys.argv = ["bonsai", *argv]
-    try:
-        run()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(capsys, *argv)
 
 
 @pytest.fixture(scope="module")

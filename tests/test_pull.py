@@ -18,7 +18,7 @@ from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.profiles import get_profile
 from bonsai_launch.pull import ensure_profile_files, pull_profile, wanted_files
 from fake_hub import BONSAI_8B, GOOD_TOKEN, TERNARY_27B, hub, tiny_repo_files  # noqa: F401  (fixtures)
-from fake_hub import run_cli as bonsai
+from cli_runner import run_cli as bonsai
 
 FORK_FILES = ["Ternary-Bonsai-27B-Q2_0.gguf", "Ternary-Bonsai-27B-dspark-Q4_1.gguf", "Ternary-Bonsai-27B-mmproj-BF16.gguf"]
 MAINLINE_MODEL = "Ternary-Bonsai-27B-Q2_g64.gguf"

@@ -11,7 +11,7 @@ from bonsai_launch import model_store
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.profiles import get_profile
 from bonsai_launch.pull import ensure_profile_files, pull_profile
-from fake_hub import run_cli as bonsai
+from cli_runner import run_cli as bonsai
 
 DEMO_FILE = "gemma-3-270m-q4_k_m.gguf"
 
