@@ -38,6 +38,7 @@ _NTSTATUS_HINTS = {
     0xC0000409: "stack buffer overrun or abort(): a GGML_ASSERT may have failed; the log lines below say which",
     0xC000013A: "ended by a console Ctrl+C/Ctrl+Break",
     0xC0000017: "out of memory",
+    0xC0000135: "a DLL it needs was not found: for a CUDA build, put the CUDA toolkit's bin folder on PATH",
 }
 
 
