@@ -4,7 +4,7 @@
 # Same environment variables as start_llama_server.ps1; arguments go to `bonsai run`.
 #
 #   .\scripts\run_llama.ps1 "Write a haiku about bonsai trees"
-#   $env:BONSAI_PROFILE = "demo"; .\scripts\run_llama.ps1 "List 1 to 50" --max-tokens 200
+#   $env:BONSAI_PROFILE = "demo"; $env:BONSAI_SPECULATIVE = "1"; .\scripts\run_llama.ps1 "List 1 to 50" --max-tokens 200
 #
 # Windows PowerShell 5.1 and PowerShell 7 (pwsh) on any OS.
 
