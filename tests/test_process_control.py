@@ -27,6 +27,9 @@ from bonsai_launch.server_process import ServerProcess, exit_hint, free_port
 from start_helpers import gone
 
 ROOT = Path(__file__).resolve().parent.parent
+posix_only = pytest.mark.skipif(os.name != "posix", reason="uses POSIX signals and process groups of this machine")
+# The systems whose branch can really run on this machine (the others run with fakes above).
+RUNNABLE = ["darwin"] * (os.name == "posix") + ["linux"] * sys.platform.startswith("linux") + ["win32"] * (sys.platform == "win32")
 
 
 class Recorder:
@@ -77,6 +80,7 @@ def test_popen_options_per_system():
     assert pc.CTRL_BREAK_EVENT == getattr(signal, "CTRL_BREAK_EVENT", 1)
 
 
+@posix_only
 def test_stop_signals_name_only_signals_of_that_system():
     assert pc.for_platform("win32").stop_signal_names == ("SIGINT", "SIGBREAK")
     assert pc.for_platform("linux").stop_signal_names == ("SIGINT", "SIGTERM", "SIGHUP")
@@ -149,6 +153,7 @@ def test_windows_spawn_passes_creationflags_and_makes_a_job(monkeypatch, tmp_pat
     assert jobs == [777]  # a detached server gets no job: it must outlive bonsai
 
 
+@posix_only
 def test_windows_force_stop_without_popen_kills_the_process():
     proc = sleeper()
     pc.for_platform("win32").force_stop(proc.pid)  # psutil's kill: TerminateProcess there, SIGKILL here
@@ -181,6 +186,7 @@ def test_job_object_without_pywin32_is_none():
         assert pc.assign_kill_on_close_job(1) is None
 
 
+@posix_only
 def test_windows_build_interrupt_then_job_ends_the_rest(monkeypatch):
     """cmake_build's Ctrl+C path on Windows: a break to ninja's group, then Popen.kill; no
     killpg anywhere (what is left is ended by releasing the Job Object)."""
@@ -202,6 +208,7 @@ def _short_wait(wait):
 
 # -- POSIX (Linux and macOS) ---------------------------------------------------------------------------
 
+@posix_only
 @pytest.mark.parametrize("platform", ["linux", "darwin"])
 def test_posix_stop_signals_the_group(platform):
     rec = Recorder()
@@ -220,6 +227,7 @@ def test_posix_falls_back_to_the_process_when_the_group_is_not_ours():
     assert rec.calls == [("killpg", 10, signal.SIGTERM), ("kill", 10, signal.SIGTERM)]
 
 
+@posix_only
 def test_posix_stop_of_a_real_group():
     control = pc.for_platform("linux")
     proc = sleeper(**control.popen_options(die_with_parent=False))
@@ -251,14 +259,15 @@ def _watched_parent(tmp_path: Path, platform: str, mode: str) -> tuple[subproces
     return parent, int(parent.stdout.readline())
 
 
-@pytest.mark.parametrize("platform", ["darwin", "linux"])
+@pytest.mark.parametrize("platform", RUNNABLE)
 def test_killing_bonsai_takes_the_child_along(tmp_path, platform):
-    """darwin: the watchdog (runs here for real); linux: PR_SET_PDEATHSIG."""
+    """darwin: the watchdog (runs for real on any POSIX system); linux: PR_SET_PDEATHSIG;
+    win32 (on Windows only): the Job Object."""
     parent, child = _watched_parent(tmp_path, platform, "wait")
     try:
         watchers = [p for p in psutil.process_iter(["cmdline"]) if "bonsai_launch.watchdog" in (p.info["cmdline"] or ())]
         assert bool(watchers) == (platform == "darwin")
-        parent.kill()  # SIGKILL: no cleanup code of bonsai runs
+        parent.kill()  # SIGKILL (TerminateProcess on Windows): no cleanup code of bonsai runs
         parent.wait(10)
         assert gone(child, timeout=15)
         for w in watchers:
@@ -269,6 +278,18 @@ def test_killing_bonsai_takes_the_child_along(tmp_path, platform):
         _kill_quietly(child)
 
 
+@pytest.mark.skipif(sys.platform != "win32", reason="the real console events of Windows (runs in CI on windows-latest)")
+def test_windows_real_stop(tmp_path):
+    """Written for Windows CI, never run on our Linux machines: CTRL_BREAK_EVENT (or, without
+    a console, TerminateProcess) ends a real child started in its own process group."""
+    server = ServerProcess.spawn([sys.executable, "-c", "import time; time.sleep(60)"], env=None,
+                                 log_path=tmp_path / "child.log", base_url="http://127.0.0.1:1")
+    started = time.monotonic()
+    assert server.stop(timeout=10) is not None
+    assert time.monotonic() - started < 20
+
+
+@posix_only
 def test_a_normal_stop_sends_the_watchdog_home(tmp_path):
     parent, child = _watched_parent(tmp_path, "darwin", "stop")
     try:
@@ -281,6 +302,7 @@ def test_a_normal_stop_sends_the_watchdog_home(tmp_path):
         parent.wait()
 
 
+@posix_only
 def test_watchdog_ignores_a_reused_pid():
     from bonsai_launch import watchdog
 
@@ -297,8 +319,8 @@ def test_watchdog_ignores_a_reused_pid():
 
 def _kill_quietly(pid: int) -> None:
     try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
+        psutil.Process(pid).kill()
+    except psutil.NoSuchProcess:
         pass
 
 
@@ -313,6 +335,7 @@ def test_exit_hints_for_signals_and_ntstatus():
     assert exit_hint(1) is None
 
 
+@posix_only
 @pytest.mark.server
 def test_real_server_dies_with_bonsai_through_the_macos_watchdog(llama_server, tmp_path):
     """The macOS path end to end with the real llama-server: `bonsai start` runs with the
