@@ -324,6 +324,20 @@ def _kill_quietly(pid: int) -> None:
         pass
 
 
+def test_argv_reaches_the_child_unchanged(tmp_path):
+    """No shell and no quoting between the plan's argv and the server (on Windows, Python's
+    list2cmdline and the C runtime's parser must agree; CI's windows lane checks that)."""
+    import json
+
+    weird = ["a b", "it's", '{"enable_thinking": false}', "$HOME", "%PATH%", "a,b", "", "back\\slash\\", "\u00fcn\u00efcode", "--"]
+    log = tmp_path / "argv.log"
+    server = ServerProcess.spawn([sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", *weird],
+                                 env={"PYTHONIOENCODING": "utf-8"}, log_path=log, base_url="http://127.0.0.1:1")
+    assert server.wait(30) == 0
+    server.stop()
+    assert json.loads(log.read_text(encoding="utf-8")) == weird
+
+
 # -- exit codes ------------------------------------------------------------------------------------------
 
 def test_exit_hints_for_signals_and_ntstatus():
