@@ -69,8 +69,6 @@ class ProcessControl:
     system = "posix"
     #: signals bonsai turns into an orderly stop of its server (names; present ones only)
     stop_signal_names: tuple[str, ...] = ("SIGINT", "SIGTERM", "SIGHUP")
-    #: what a stop means on this system, for messages and `bonsai doctor`
-    description = ""
 
     def __init__(self, calls: SysCalls | None = None) -> None:
         self.calls = calls or SysCalls()
@@ -112,7 +110,6 @@ class PosixControl(ProcessControl):
     """Sessions and signals; the base of Linux and macOS."""
 
     system = "posix"
-    description = "SIGTERM to the server's process group, SIGKILL after the timeout"
 
     def popen_options(self, *, die_with_parent: bool, detached: bool = False) -> dict[str, Any]:
         return {"start_new_session": True}  # pgid == pid: one signal reaches the whole group
@@ -277,8 +274,6 @@ class WindowsControl(ProcessControl):
     system = "win32"
     # SIGBREAK is Ctrl+Break in the console; SIGTERM exists in Python on Windows but the OS never sends it.
     stop_signal_names = ("SIGINT", "SIGBREAK")
-    description = ("CTRL_BREAK_EVENT to the server's process group (same console only), "
-                   "TerminateProcess after the timeout")
 
     def __init__(self, calls: SysCalls | None = None, job_factory: Callable[[int], Guard | None] | None = None) -> None:
         super().__init__(calls)
