@@ -93,6 +93,17 @@ def test_probe_reads_a_windows_llama_server_exe(tmp_path):
     assert not any("\r" in flag for flag in caps.flags)
 
 
+def test_metal_devices_make_a_metal_backend():
+    """A macOS build lists `MTL0: Apple M2 Pro (...)`: no "metal" in it (ggml-metal names its
+    devices MTL<n>). Taking it for CPU would plan -ngl 0 on a Mac."""
+    from bonsai_launch.capabilities import backend_from_devices, parse_devices
+
+    devices = parse_devices("Available devices:\n  MTL0: Apple M2 Pro (21845 MiB, 21844 MiB free)\n")
+    assert backend_from_devices(devices) == "metal"
+    assert backend_from_devices(("ROCm0: AMD Radeon RX 7900 XTX (24560 MiB, 24000 MiB free)",)) == "hip"
+    assert backend_from_devices(()) == "cpu"
+
+
 def test_a_binary_that_cannot_start_says_why(monkeypatch, tmp_path):
     """Windows reports a missing DLL (cudart64_12.dll) as exit 0xC0000135 with no output."""
     server = executable(tmp_path / "llama-server.exe", "")
