@@ -141,3 +141,10 @@ def test_dry_run_format_powershell_is_valid_powershell(tmp_path, capsys):
     assert args[args.index("-m") + 1] == str(model)
     assert args[args.index("--port") + 1] == "8099"
     assert args[-2:] == ["--alias", "a,b"]
+
+
+def test_readme_powershell_commands_parse():
+    blocks = re.findall(r"```powershell\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    assert blocks
+    for block in blocks:
+        assert syntax_errors(block) == []
