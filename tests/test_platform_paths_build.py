@@ -21,6 +21,8 @@ from bonsai_launch.errors import BonsaiError
 from bonsai_launch.hardware import GPU, Hardware
 
 DATA = Path(__file__).parent / "data"
+# The stand-ins for cl.exe and llama-server.exe are #! scripts: they run on Linux and macOS.
+needs_sh = pytest.mark.skipif(os.name == "nt", reason="the stand-in programs are #! scripts")
 
 
 def executable(path: Path, text: str) -> Path:
@@ -71,6 +73,7 @@ def test_bonsai_llama_server_accepts_a_folder_or_a_name_without_exe(tmp_path):
     assert binaries.find_server(str(tmp_path / "bin"), platform="linux") == linux
 
 
+@needs_sh
 def test_probe_reads_a_windows_llama_server_exe(tmp_path):
     """What a Windows build prints: CRLF line ends, UTF-8 device names whatever the locale."""
     help_text = (DATA / "llama-server-b11434-help.txt").read_text()
@@ -131,6 +134,7 @@ def bare_path(monkeypatch, tmp_path):
     getattr(toolchain.find_vcvars, "cache_clear", lambda: None)()  # may still be a test's stand-in
 
 
+@needs_sh
 def test_windows_developer_prompt_cl_is_the_compiler(bare_path):
     executable(bare_path / "cl", CL_BANNER)
     tools = toolchain.detect(versions=True, system="Windows")
@@ -242,6 +246,7 @@ def test_windows_backends():
     assert toolchain.choose_backend("cpu", _hw("Windows"), msvc).cmake_flags == ()
 
 
+@needs_sh
 def test_windows_cl_banner_is_the_compiler_id(tmp_path):
     cl = executable(tmp_path / "cl.exe", CL_BANNER)
     toolchain.compiler_id.cache_clear()
@@ -250,6 +255,7 @@ def test_windows_cl_banner_is_the_compiler_id(tmp_path):
 
 # -- macOS toolchain: Xcode command line tools + Metal ------------------------------------------------------
 
+@needs_sh
 def test_macos_without_command_line_tools_has_no_compiler(bare_path, monkeypatch):
     executable(bare_path / "cc", "#!/bin/sh\nexit 1\n")  # /usr/bin/cc is a stub until the tools are installed
     executable(bare_path / "c++", "#!/bin/sh\nexit 1\n")
