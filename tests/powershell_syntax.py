@@ -69,6 +69,27 @@ def commands(source: str) -> list[Command]:
     return found
 
 
+def calls_inside_array_expression(source: str, name: str) -> list[bool]:
+    """For each call of command `name`: is it inside @(...)? (A function's returned array is
+    unrolled into the pipeline; only @(...) at the call site gives it back as an array.)"""
+    found: list[bool] = []
+
+    def walk(node: tree_sitter.Node) -> None:
+        if node.type == "command":
+            called = node.child_by_field_name("command_name")
+            if called is not None and called.text.decode().lower() == name.lower():
+                parent, wrapped = node.parent, False
+                while parent is not None and not wrapped:
+                    wrapped = parent.type == "array_expression"
+                    parent = parent.parent
+                found.append(wrapped)
+        for child in node.children:
+            walk(child)
+
+    walk(parse(source).root_node)
+    return found
+
+
 def env_variables(source: str) -> set[str]:
     """Names X of every $env:X the code (not the comments) reads or sets."""
     names: set[str] = set()

@@ -18,7 +18,8 @@ import pytest
 from bonsai_launch import settings
 from bonsai_launch.plan import render_command
 from cli_runner import run_cli
-from powershell_syntax import argument_value, commands, comments, env_variables, syntax_errors
+from powershell_syntax import (argument_value, calls_inside_array_expression, commands, comments, env_variables,
+                               syntax_errors)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -90,6 +91,16 @@ def test_ps1_documents_the_variables_bonsai_reads_as_the_sh_does(stem, subcomman
     assert documented == _documented((SCRIPTS / f"{stem}.sh").read_text())
     # The wrapper leaves them to bonsai (which checks every value): it sets or reads none itself.
     assert not {v for v in env_variables(source) if v.upper().startswith(("BONSAI_", "LLAMA_"))}
+
+
+@pytest.mark.parametrize("stem", WRAPPERS)
+def test_ps1_keeps_the_found_command_an_array(stem):
+    """`return @($path)` reaches the caller as a plain string (PowerShell unrolls returned
+    arrays), and `$bonsai[0]` of a string is its first letter: the wrappers were broken
+    whenever bonsai was on PATH. Only @(...) around the call keeps an array."""
+    source = (SCRIPTS / f"{stem}.ps1").read_text(encoding="utf-8")
+    assert calls_inside_array_expression(source, "Find-Bonsai") == [True]
+    assert calls_inside_array_expression("$bonsai = Find-Bonsai\n", "Find-Bonsai") == [False]  # the check can fail
 
 
 @pytest.mark.parametrize("stem", WRAPPERS)
