@@ -219,9 +219,8 @@ def _supervisor(inst: Instance):
 def stop(inst: Instance, timeout: float = 10.0, control: process_control.ProcessControl | None = None) -> bool:
     """Ask the server to exit, wait (bounded), then end it. True when it is gone.
 
-    POSIX: SIGTERM to its group, SIGKILL at the end. Windows: a console event only reaches
-    processes of our own console, which a server started from another window (or detached)
-    is not, so the polite request may not be possible; TerminateProcess ends it then.
+    POSIX: SIGTERM to its group, SIGKILL at the end. Windows: TerminateProcess, since a
+    console event may only be sent to a group started in our own console (process_control).
     """
     import psutil
 
@@ -241,11 +240,11 @@ def stop(inst: Instance, timeout: float = 10.0, control: process_control.Process
                 unregister(inst.name)
                 return True
             # else fall through and stop the server ourselves
-        sent = control.request_stop(inst.pid)
+        sent = control.request_stop(inst.pid, shares_console=False)
         resend = min(timeout, RESEND_AFTER)
         if sent and not _wait_gone(proc, resend) and timeout > resend:
             # A SIGTERM that lands just as llama-server finishes loading can be lost: resend.
-            control.request_stop(inst.pid)
+            control.request_stop(inst.pid, shares_console=False)
         if not sent or not _wait_gone(proc, max(0.0, timeout - resend)):
             control.force_stop(inst.pid)
             if not _wait_gone(proc, 5):

@@ -14,9 +14,10 @@ One small interface, three implementations, chosen by `for_platform(sys.platform
   bonsai; stop = CTRL_BREAK_EVENT to that group (llama-server handles only CTRL_C_EVENT, so
   the default handler ends it at once), then TerminateProcess. A Job Object with
   KILL_ON_JOB_CLOSE (through pywin32's win32job) ends the server when bonsai dies.
-  A console event reaches only processes of the sender's console: `bonsai stop` from
-  another window, and detached servers (which have no console), are ended with
-  TerminateProcess.
+  A console event is sent only to a group we started in our own console: Windows delivers
+  it to the processes of the sender's console, and for a group id it does not know there it
+  can reach every process of that console, bonsai included. So `bonsai stop` (another
+  process's server) and detached servers (no console) are ended with TerminateProcess.
 
 Signals that do not exist on a system are never named there: every signal number comes
 from `signal` through getattr, and the Windows branch only uses console events.
@@ -86,9 +87,10 @@ class ProcessControl:
 
     # -- stopping ----------------------------------------------------------------------------
 
-    def request_stop(self, pid: int) -> bool:
+    def request_stop(self, pid: int, *, shares_console: bool = True) -> bool:
         """Ask the child (and its group) to exit. False when the request could not be sent,
-        so the caller goes straight to `force_stop`."""
+        so the caller goes straight to `force_stop`. `shares_console=False`: `pid` was not
+        started by this process in its console (a detached server, another bonsai's)."""
         raise NotImplementedError
 
     def force_stop(self, pid: int, popen: subprocess.Popen | None = None) -> None:
@@ -131,7 +133,7 @@ class PosixControl(ProcessControl):
             except (ProcessLookupError, PermissionError):
                 return False
 
-    def request_stop(self, pid: int) -> bool:
+    def request_stop(self, pid: int, *, shares_console: bool = True) -> bool:
         return self._signal_group(pid, signal.SIGTERM)
 
     def interrupt(self, pid: int) -> bool:
@@ -294,9 +296,11 @@ class WindowsControl(ProcessControl):
             return _NoGuard()
         return self._job_factory(popen.pid) or _NoGuard()
 
-    def request_stop(self, pid: int) -> bool:
+    def request_stop(self, pid: int, *, shares_console: bool = True) -> bool:
         # os.kill with a console event calls GenerateConsoleCtrlEvent for the group `pid`
         # leads (it was started with CREATE_NEW_PROCESS_GROUP, so pid is the group id).
+        if not shares_console:
+            return False  # see the module docstring: never broadcast to our own console
         try:
             self.calls.kill(pid, getattr(signal, "CTRL_BREAK_EVENT", CTRL_BREAK_EVENT))
             return True

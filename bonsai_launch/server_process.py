@@ -62,6 +62,7 @@ class ServerProcess:
         self._popen = popen
         self.control = control or process_control.current()
         self._guard = guard
+        self.detached = False  # started without a console (Windows) to outlive bonsai
         self.pid: int = popen.pid
         self.base_url = base_url
         self.log_path = log_path
@@ -94,7 +95,9 @@ class ServerProcess:
                 raise ActionFailed(f"cannot run {argv[0]}: {exc}",
                                    "run `bonsai build`, or point BONSAI_LLAMA_SERVER at a working llama-server") from None
         guard = control.guard(popen, die_with_parent=die_with_parent)
-        return cls(popen, base_url, log_path, argv, control, guard)
+        server = cls(popen, base_url, log_path, argv, control, guard)
+        server.detached = not die_with_parent
+        return server
 
     # -- state -----------------------------------------------------------------------------
 
@@ -190,7 +193,7 @@ class ServerProcess:
         """Ask the server (and its group) to exit: SIGTERM, or CTRL_BREAK_EVENT on Windows."""
         if self._popen.poll() is not None:
             return True
-        return self.control.request_stop(self.pid)
+        return self.control.request_stop(self.pid, shares_console=not self.detached)
 
     def kill(self) -> None:
         """End the server now: SIGKILL to its group, or TerminateProcess on Windows."""

@@ -104,6 +104,38 @@ def test_windows_without_a_shared_console_says_so():
     assert pc.for_platform("win32", rec.syscalls()).request_stop(4242) is False
 
 
+def test_windows_sends_no_console_event_to_a_group_outside_its_console():
+    """GenerateConsoleCtrlEvent with a group id our console does not know can reach every
+    process of our console, bonsai included: detached servers and `bonsai stop` of another
+    process's server go straight to TerminateProcess."""
+    rec = Recorder()
+    win = pc.for_platform("win32", rec.syscalls(with_killpg=False))
+    assert win.request_stop(4242, shares_console=False) is False
+    assert rec.calls == []
+    proc = sleeper()
+    server = ServerProcess(proc, "http://127.0.0.1:1", Path("/nonexistent.log"), ["llama-server.exe"], win)
+    server.detached = True
+    started = time.monotonic()
+    assert server.stop(timeout=10) is not None
+    assert rec.calls == [] and time.monotonic() - started < 5  # no waiting on a request never sent
+
+
+def test_bonsai_stop_on_windows_terminates_at_once(monkeypatch, isolated_home):
+    from bonsai_launch import instances
+
+    rec = Recorder()
+    win = pc.for_platform("win32", rec.syscalls(with_killpg=False))
+    proc = sleeper()
+    inst = instances.Instance(name="x", pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(),
+                              host="127.0.0.1", port=1, base_url="http://127.0.0.1:1", profile=None, model="m",
+                              log_path="", started_at=time.time(), detached=True, speculative=False,
+                              argv=(sys.executable,))
+    monkeypatch.setattr(instances, "_matches", lambda i: True)
+    started = time.monotonic()
+    assert instances.stop(inst, timeout=10, control=win) is True
+    assert rec.calls == [] and proc.wait(5) is not None and time.monotonic() - started < 5
+
+
 def test_windows_server_stop_breaks_resends_then_terminates(monkeypatch):
     """ServerProcess.stop through the Windows branch with a real child: the console event
     is recorded (it cannot reach anything here), so the stop ends in TerminateProcess
