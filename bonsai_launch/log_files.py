@@ -39,7 +39,8 @@ def _win32_open(path: Path, access: int, disposition: int, flags: int, mode: str
         handle = win32file.CreateFile(str(path), access, FILE_SHARE_ALL, None, disposition,
                                       FILE_ATTRIBUTE_NORMAL, None)
     except Exception as exc:  # pywintypes.error: turn it into what open() would raise
-        raise OSError(f"cannot open {path}: {exc}") from None
+        # On Windows, OSError's 4th argument (winerror) picks the subclass: FileNotFoundError...
+        raise OSError(None, getattr(exc, "strerror", None) or str(exc), str(path), getattr(exc, "winerror", None)) from None
     fd = msvcrt.open_osfhandle(handle.Detach(), flags)
     return os.fdopen(fd, mode)
 

@@ -77,3 +77,15 @@ def test_replace_is_retried_while_windows_says_in_use(tmp_path):
 
     with pytest.raises(PermissionError):
         log_files.replace_retrying(tmp_path / "x", tmp_path / "y", attempts=3, delay=0, replace=always_busy)
+
+
+def test_windows_open_errors_are_oserrors(tmp_path):
+    class WinError(Exception):
+        winerror, strerror = 2, "The system cannot find the file specified."
+
+    def missing(*args):
+        raise WinError()
+
+    modules = {"win32file": types.SimpleNamespace(CreateFile=missing), "msvcrt": types.SimpleNamespace()}
+    with pytest.raises(OSError, match="cannot find the file"):  # FileNotFoundError on Windows itself
+        log_files.open_read_shared(tmp_path / "gone.json", platform="win32", **modules)
