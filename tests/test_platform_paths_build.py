@@ -300,3 +300,26 @@ def test_linux_flags_are_unchanged():
     gcc = _tools(cc="/usr/bin/cc", cxx="/usr/bin/c++")
     assert toolchain.choose_backend("auto", _hw("Linux"), gcc).cmake_flags == ()
     assert toolchain.hint("cuda", "Linux") == toolchain.INSTALL_HINTS["cuda"]
+
+
+def test_installing_over_a_running_windows_binary_says_what_to_do(monkeypatch, tmp_path):
+    """Windows will not rename a bin/ folder whose llama-server.exe is running."""
+    from bonsai_launch.build import install
+    from bonsai_launch.errors import ActionFailed
+
+    work = tmp_path / "work" / "bin"
+    executable(work / "llama-server.exe", "")
+    key_dir = tmp_path / "key"
+    (key_dir / "bin").mkdir(parents=True)
+    real_replace = os.replace
+
+    def in_use(src, dst):
+        if Path(src).name == "bin":
+            raise PermissionError(13, "Access is denied")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(install.os, "replace", in_use)
+    with pytest.raises(ActionFailed, match="probably running") as err:
+        install.install_binaries(work, key_dir, ("llama-server.exe",))
+    assert "bonsai stop" in err.value.fix
+    assert [p.name for p in key_dir.iterdir()] == ["bin"]  # no half-made .bin.new left behind
