@@ -22,7 +22,7 @@ from bonsai_launch.hardware import GPU, Hardware
 
 DATA = Path(__file__).parent / "data"
 # The stand-ins for cl.exe and llama-server.exe are #! scripts: they run on Linux and macOS.
-needs_sh = pytest.mark.skipif(os.name == "nt", reason="the stand-in programs are #! scripts")
+needs_sh = pytest.mark.skipif(os.name == "nt", reason="the stand-in programs are extensionless #! scripts")
 
 
 def executable(path: Path, text: str) -> Path:
@@ -170,6 +170,19 @@ def test_windows_without_a_developer_prompt_finds_visual_studio(bare_path, monke
     assert "14.40.33807" in tools.cxx.path and tools.cxx.path.endswith("cl.exe")  # the newest MSVC
 
 
+@needs_sh
+def test_installed_msvc_wins_over_a_gcc_on_path(bare_path, monkeypatch, tmp_path):
+    executable(bare_path / "gcc", "")
+    executable(bare_path / "g++", "")
+    vcvars = _visual_studio(tmp_path / "VS")
+    monkeypatch.setattr(toolchain, "find_vcvars", lambda: str(vcvars))
+    tools = toolchain.detect(versions=False, system="Windows")
+    assert toolchain.is_msvc(tools.cxx.path) and tools.vcvars.found
+    monkeypatch.setattr(toolchain, "find_vcvars", lambda: None)  # no Visual Studio: MinGW then
+    tools = toolchain.detect(versions=False, system="Windows")
+    assert Path(tools.cxx.path).name == "g++" and not tools.vcvars.found
+
+
 def test_no_visual_studio_at_all_gives_the_build_tools_hint(bare_path, monkeypatch):
     monkeypatch.setattr(toolchain, "find_vcvars", lambda: None)
     tools = toolchain.detect(versions=False, system="Windows")
@@ -188,6 +201,7 @@ def test_msvc_environment_is_read_back_from_cmd():
 
     env = toolchain.msvc_environment(r"C:\Program Files\VS\vcvars64.bat", run=cmd)
     assert env["INCLUDE"] == "C:\\VS\\include" and env["Path"].startswith("C:\\VS\\bin")
+    assert env["CC"] == env["CXX"] == "cl"  # not a gcc that happens to be on PATH
     assert seen == [r'cmd.exe /d /s /c ""C:\Program Files\VS\vcvars64.bat" >nul 2>&1 && set"']
     with pytest.raises(BonsaiError, match="no INCLUDE"):
         toolchain.msvc_environment("x.bat", run=lambda line, **k: subprocess.CompletedProcess(line, 0, "A=1\n", ""))

@@ -282,6 +282,8 @@ def msvc_environment(vcvars: str, run=subprocess.run) -> dict[str, str]:
             env[name] = value
     if "INCLUDE" not in {k.upper() for k in env}:
         raise BonsaiError(f"{vcvars} did not set up a compiler environment (no INCLUDE)", hint("compiler", "Windows"))
+    # Say which compiler to use: CMake would otherwise take the first it finds on PATH.
+    env["CC"] = env["CXX"] = "cl"
     return env
 
 
@@ -307,11 +309,16 @@ def detect(versions: bool = True, system: str | None = None) -> Toolchain:
     system = system or platform.system()
     vcvars = xcode = None
     if system == "Windows":
-        cc = _which_env("CC", "cl", "clang-cl", "gcc", "clang")
-        cxx = _which_env("CXX", "cl", "clang-cl", "g++", "clang++")
-        if cxx is None:  # no developer prompt: Visual Studio's own environment, found by vswhere
+        # MSVC first: $CC/$CXX, a developer prompt's cl, then Visual Studio found by vswhere
+        # (a gcc that another program put on PATH must not win over an installed MSVC);
+        # MinGW's gcc or clang only when there is no Visual Studio at all.
+        cc = _which_env("CC", "cl", "clang-cl")
+        cxx = _which_env("CXX", "cl", "clang-cl")
+        if cxx is None:
             vcvars = find_vcvars()
             cc = cxx = msvc_cl_from_vcvars(vcvars) if vcvars else None
+        if cxx is None:
+            cc, cxx = shutil.which("gcc") or shutil.which("clang"), shutil.which("g++") or shutil.which("clang++")
     else:
         cc = _which_env("CC", "cc", "gcc", "clang")
         cxx = _which_env("CXX", "c++", "g++", "clang++")
