@@ -118,7 +118,9 @@ def test_a_binary_that_cannot_start_says_why(monkeypatch, tmp_path):
 
 # -- Windows toolchain: MSVC + Ninja --------------------------------------------------------------------
 
-CL_BANNER = "#!/bin/sh\necho 'Microsoft (R) C/C++ Optimizing Compiler Version 19.40.33811 for x64' >&2\nexit 0\n"
+# What cl.exe prints when run bare: the banner on stderr, its usage on stdout.
+CL_BANNER = ("#!/bin/sh\necho 'Microsoft (R) C/C++ Optimizing Compiler Version 19.40.33811 for x64' >&2\n"
+             "echo 'usage: cl [ option... ] filename... [ /link linkoption... ]'\nexit 0\n")
 
 
 @pytest.fixture

@@ -357,7 +357,12 @@ def compiler_id(cxx: str) -> str | None:
     MSVC's cl.exe has no --version: run bare, its banner ("Microsoft (R) C/C++ Optimizing
     Compiler Version 19.x for x64") is the first line it prints."""
     if Path(cxx).name.lower() in ("cl", "cl.exe"):
-        return _first_line([cxx])
+        try:  # the banner is on stderr; stdout has only "usage: cl [ option... ] filename..."
+            done = subprocess.run([cxx], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        lines = (done.stderr or "").strip().splitlines()
+        return lines[0].strip() if lines else None
     return _first_line([cxx, "--version"])
 
 
