@@ -58,11 +58,11 @@ class ServerProcess:
 
     def __init__(self, popen: subprocess.Popen, base_url: str, log_path: Path, argv: Sequence[str],
                  control: process_control.ProcessControl | None = None,
-                 guard: process_control.Guard | None = None) -> None:
+                 guard: process_control.Guard | None = None, detached: bool = False) -> None:
         self._popen = popen
         self.control = control or process_control.current()
         self._guard = guard
-        self.detached = False  # started without a console (Windows) to outlive bonsai
+        self.detached = detached  # started to outlive bonsai (on Windows: without a console)
         self.pid: int = popen.pid
         self.base_url = base_url
         self.log_path = log_path
@@ -95,9 +95,7 @@ class ServerProcess:
                 raise ActionFailed(f"cannot run {argv[0]}: {exc}",
                                    "run `bonsai build`, or point BONSAI_LLAMA_SERVER at a working llama-server") from None
         guard = control.guard(popen, die_with_parent=die_with_parent)
-        server = cls(popen, base_url, log_path, argv, control, guard)
-        server.detached = not die_with_parent
-        return server
+        return cls(popen, base_url, log_path, argv, control, guard, detached=not die_with_parent)
 
     # -- state -----------------------------------------------------------------------------
 

@@ -113,8 +113,7 @@ def test_windows_sends_no_console_event_to_a_group_outside_its_console():
     assert win.request_stop(4242, shares_console=False) is False
     assert rec.calls == []
     proc = sleeper()
-    server = ServerProcess(proc, "http://127.0.0.1:1", Path("/nonexistent.log"), ["llama-server.exe"], win)
-    server.detached = True
+    server = ServerProcess(proc, "http://127.0.0.1:1", Path("/nonexistent.log"), ["llama-server.exe"], win, detached=True)
     started = time.monotonic()
     assert server.stop(timeout=10) is not None
     assert rec.calls == [] and time.monotonic() - started < 5  # no waiting on a request never sent
