@@ -79,10 +79,21 @@ def _builds(report: Report) -> None:
     except Exception as exc:
         report.problems.append(Problem("error", f"the llama.cpp pin cannot be read: {exc}", "reinstall bonsai-launch"))
         pinned, patches_id = None, None
+    from bonsai_launch.build_choice import kind_of_manifest, runnable_profiles
+
+    try:
+        from bonsai_launch.profiles import load_all
+
+        profiles = list(load_all().values())
+    except Exception:  # reported by _models
+        profiles = []
     for key_dir, m in installed_builds(builds_dir()):
         caps = m.get("capabilities", {})
+        kind = kind_of_manifest(m)
         report.builds.append({
             "key": m.get("key"), "backend": m.get("backend"), "version": m.get("version"),
+            "flavour": kind.flavour, "fork_release": kind.release, "kind": kind.label(),
+            "profiles": runnable_profiles(kind, profiles),
             "build_number": caps.get("build_number"),
             "source": m.get("source", {}).get("spec"),
             "is_pin": bool(pinned) and m.get("source", {}).get("identity") == pinned.sha256,
@@ -92,7 +103,7 @@ def _builds(report: Report) -> None:
             "spec_types": caps.get("spec_types", []), "devices": caps.get("devices", []), "path": str(key_dir),
         })
     wanted = report.backend.get("backend", "cpu")
-    mine = [b for b in report.builds if b["backend"] == wanted]
+    mine = [b for b in report.builds if b["backend"] == wanted and b["flavour"] == "mainline"]
     if not mine:
         report.problems.append(Problem("warning", f"no llama-server is built for {wanted}",
                                        "run `bonsai build` (or let `bonsai start` build it; a cold CPU build takes about 12 minutes on 2 cores)"))
