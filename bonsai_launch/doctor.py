@@ -124,21 +124,26 @@ def _explicit_server(report: Report) -> None:
 
     from bonsai_launch.binaries import probe
 
-    explicit = os.environ.get("BONSAI_LLAMA_SERVER", "").strip()
-    if not explicit:
+    # BONSAI_LLAMA_SERVER names the binary, BONSAI_LLAMA_BIN (the reference's setting) its folder.
+    name = next((n for n in ("BONSAI_LLAMA_SERVER", "BONSAI_LLAMA_BIN") if os.environ.get(n, "").strip()), None)
+    if name is None:
         return
+    explicit = os.environ[name].strip()
     try:
-        from bonsai_launch.binaries import find_server
+        from bonsai_launch.server_choice import explicit_binary
+        from bonsai_launch.settings import resolve
 
-        caps = probe(find_server(explicit))
-        report.llama_server = {"path": explicit, **caps.to_json(), "flags": len(caps.flags)}
+        found = explicit_binary(resolve())
+        assert found is not None
+        caps = probe(found[0])
+        report.llama_server = {"path": str(found[0]), "setting": name, **caps.to_json(), "flags": len(caps.flags)}
         if "draft-dspark" not in caps.spec_types:
-            report.problems.append(Problem("warning", f"BONSAI_LLAMA_SERVER={explicit} does not know draft-dspark "
+            report.problems.append(Problem("warning", f"{name}={explicit} does not know draft-dspark "
                                                       "(DSpark drafters need it)",
-                                           "unset BONSAI_LLAMA_SERVER to use `bonsai build`'s binary"))
+                                           f"unset {name} to use `bonsai build`'s binary"))
     except Exception as exc:
-        report.llama_server = {"path": explicit, "error": str(exc)}
-        report.problems.append(Problem("error", f"BONSAI_LLAMA_SERVER={explicit} cannot be used: {exc}",
+        report.llama_server = {"path": explicit, "setting": name, "error": str(exc)}
+        report.problems.append(Problem("error", f"{name}={explicit} cannot be used: {exc}",
                                        "point it at a working llama-server or unset it"))
 
 

@@ -62,7 +62,7 @@ def command(json_output: JsonOpt = False) -> None:
         out.print("[bold]builds[/]  none")
     if report.llama_server:
         ls = report.llama_server
-        out.print(f"[bold]BONSAI_LLAMA_SERVER[/]  {ls['path']}: " + (ls.get("error") or ls.get("version") or "?"))
+        out.print(f"[bold]{ls.get('setting', 'BONSAI_LLAMA_SERVER')}[/]  {ls['path']}: " + (ls.get("error") or ls.get("version") or "?"))
     if report.models:
         for m in report.models:
             out.print(f"[bold]model[/]  {m['profile']}: {', '.join(m['files'])} ({_gb(m['bytes'])})"
