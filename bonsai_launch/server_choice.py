@@ -81,9 +81,9 @@ def choose_server(settings: Settings, flavour: str, backend: str = "auto") -> Se
 
 
 def _pinned_fork_release() -> int | None:
-    from bonsai_launch.build.pin import load_pin
+    from bonsai_launch.build.builder import fork_sources
 
-    forks = [a for a in load_pin().alternatives.values() if a.flavour == FORK]
+    forks = fork_sources()
     return forks[0].release if forks else None
 
 
@@ -91,10 +91,10 @@ def require_fork_source(profile_name: str) -> None:
     """Before any download: a profile that needs a fork build, when none is built, goes on only
     if the pinned fork can be fetched now (it is then built by `bonsai start`). Otherwise one
     line naming the command that makes the build."""
-    from bonsai_launch.build.pin import load_pin
+    from bonsai_launch.build.builder import fork_sources
     from bonsai_launch.build.source import RemoteUnreachable, check_remote
 
-    forks = [a for a in load_pin().alternatives.values() if a.flavour == FORK]
+    forks = fork_sources()
     if not forks:
         raise BonsaiError(f"profile {profile_name} needs a PrismML fork build, and vendor/llama.cpp/pin.toml names no fork",
                           "reinstall bonsai-launch, or set BONSAI_LLAMA_BIN to a fork build's folder")

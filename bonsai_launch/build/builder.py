@@ -252,6 +252,11 @@ def detected_backend() -> str:
         return "cpu"
 
 
+def fork_sources() -> list:
+    """The pin's named sources that are PrismML's fork (GitPin), pinned by tag and commit."""
+    return [a for a in load_pin().alternatives.values() if a.flavour == "fork"]
+
+
 def _builds_of(backend: str, flavour: str) -> list[dict[str, Any]]:
     """Installed builds for a backend whose llama.cpp is of `flavour` (mainline or fork), newest first."""
     from bonsai_launch.build_choice import kind_of_manifest
@@ -305,8 +310,12 @@ def ensure_server(backend: str = "auto", *, console=None, flavour: str = "mainli
         found = find_installed(wanted, "fork")
         if found is not None:
             return found
-        console.print(f"no PrismML fork llama-server is built for {wanted} yet: building it now (--source prismml)")
-        return build(BuildRequest(backend=wanted, source="prismml"), console=console).server
+        forks = fork_sources()
+        if not forks:
+            raise BonsaiError("vendor/llama.cpp/pin.toml names no PrismML fork source", "reinstall bonsai-launch")
+        console.print(f"no PrismML fork llama-server is built for {wanted} yet: building {forks[0].ref} now "
+                      f"(--source {forks[0].name})")
+        return build(BuildRequest(backend=wanted, source=forks[0].name), console=console).server
     mine = _builds_of(wanted, "mainline")
     pinned = [data for data in mine if data.get("source", {}).get("kind") == "pin"]
     if not pinned and mine:
