@@ -111,7 +111,8 @@ def model_files(selection: Selection, model: str | None, drafter: str | None,
         entry = choose_file(profile, "model", kind)
         if entry is None:
             raise BonsaiError(why_no_file(profile, "model", kind),
-                              "set BONSAI_LAYOUT to the other build, or pass --model PATH")
+                              "run it on a build that loads one (`bonsai models` shows which; BONSAI_LAYOUT "
+                              "picks mainline or fork, BONSAI_LLAMA_SERVER/BONSAI_LLAMA_BIN a binary), or pass --model PATH")
         model_path = local_path(profile, entry.name)
 
     # The profile's own drafter and projector go with its weights, or with the user's weights

@@ -52,7 +52,8 @@ def command(json_output: JsonOpt = False) -> None:
     from rich.table import Table
 
     table = Table(title="bonsai profiles",
-                  caption="✓ present, sha256 verified   ? present, not verified   · not downloaded")
+                  caption="✓ present, sha256 verified   ? present, not verified   · not downloaded\n"
+                          "(in brackets: the llama.cpp builds that load the file; fork = `bonsai build --source prismml`)")
     for col in ("profile", "family", "size", "files", "speculation", "on disk"):
         table.add_column(col)
     for entry in entries:
