@@ -195,18 +195,32 @@ def gather_plan(
         drafter_unavailable=files.drafter_unavailable,
     )
     plan = build_plan(inputs)
-    if kind.flavour != selection.flavour and inputs.profile is not None:
+    notes = _selection_warnings(selection, model, kind, binary)
+    if notes:
         import dataclasses
 
-        # Only the user's own weights get here (the profile's files were chosen for this build).
-        plan = dataclasses.replace(plan, warnings=plan.warnings + (
-            f"profile {selection.profile.name} is made for a {selection.flavour} build, but {binary} is a "
-            f"{kind.label()}: the weights may not load",))
-    if binary is not None and kind_of_binary(binary) is None and kind.flavour == "fork" \
-            and not selection.settings.is_explicit("layout"):
-        import dataclasses
-
-        plan = dataclasses.replace(plan, warnings=plan.warnings + (
-            f"{binary} was not built by bonsai: taken to be a PrismML fork build, which profile "
-            f"{selection.profile.name} needs (set BONSAI_LAYOUT=fork to say so and silence this)",))
+        plan = dataclasses.replace(plan, warnings=plan.warnings + tuple(notes))
     return plan
+
+
+def _selection_warnings(selection: Selection, model: str | None, kind: BuildKind, binary: Path | None) -> list[str]:
+    """Explicit settings that lost to another, and doubts about the build: said, never silent."""
+    from bonsai_launch.server_choice import kind_of_binary
+
+    s, profile, notes = selection.settings, selection.profile, []
+    if s.is_explicit("profile"):
+        for key, env in (("family", "BONSAI_FAMILY"), ("size", "BONSAI_MODEL")):
+            wanted = profile.family if key == "family" else profile.size
+            if s.is_explicit(key) and str(s[key]).lower() != wanted.lower():
+                notes.append(f"{env}={s[key]} is ignored: profile {profile.name} ({profile.family} {profile.size}) "
+                             "was chosen by --profile/BONSAI_PROFILE")
+    if model and s.get("gguf") and Path(model).expanduser() != Path(s["gguf"]).expanduser():
+        notes.append(f"BONSAI_GGUF={s['gguf']} is ignored: --model {model} wins")
+    if explicit_model(selection, model) and selection.names_model and choose_file(profile, "model", kind) is None:
+        # The user's own weights, for a model none of whose files this build loads (Bonsai 2 on mainline).
+        notes.append(f"none of profile {profile.name}'s weights load on a {kind.label()} ({binary or 'not built yet'}); "
+                     "your file may not load either")
+    if binary is not None and kind_of_binary(binary) is None and kind.flavour == "fork" and not s.is_explicit("layout"):
+        notes.append(f"{binary} was not built by bonsai: taken to be a PrismML fork build, which profile "
+                     f"{profile.name} needs (set BONSAI_LAYOUT=fork to say so and silence this)")
+    return notes

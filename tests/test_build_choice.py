@@ -136,3 +136,14 @@ def test_bad_builds_fields_are_refused(entry, expected):
 def test_layout_is_still_read_as_the_older_name_of_builds():
     p = parse_profile({**BASE, "files": [{"role": "model", "name": "a.gguf", "layout": "fork"}]}, Path("x.yaml"))
     assert p.files[0].layout == "fork"
+
+
+def test_own_weights_on_a_build_that_loads_none_of_the_profiles_files_are_warned_about():
+    from bonsai_launch.launch_inputs import _selection_warnings, select
+
+    bonsai2 = select({"family": "bonsai2"}, env={})
+    assert any("none of profile bonsai2-27b's weights load on a mainline" in w
+               for w in _selection_warnings(bonsai2, "own.gguf", MAIN, None))
+    assert _selection_warnings(bonsai2, "own.gguf", FORK_PIN, None) == []
+    ternary = select({"family": "ternary"}, env={})
+    assert _selection_warnings(ternary, "own.gguf", FORK_PIN, None) == []  # ternary files load on the fork too

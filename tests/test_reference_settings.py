@@ -175,3 +175,18 @@ def test_models_lists_bonsai2_with_the_build_each_file_needs(capsys, monkeypatch
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _err = run_cli(capsys, "models")
     assert code == 0 and "bonsai2-27b" in out and "legacy: refused" in out
+
+
+def test_explicit_settings_that_lose_are_said(files, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("BONSAI_FAMILY", "bonsai2")
+    monkeypatch.setenv("BONSAI_MODEL", "27B")
+    data = plan(capsys, "--profile", "ternary-8b", "--model", files["target"])
+    assert data["profile"] == "ternary-8b"
+    assert any("BONSAI_FAMILY=bonsai2 is ignored: profile ternary-8b" in w for w in data["warnings"])
+    assert any("BONSAI_MODEL=27B is ignored" in w for w in data["warnings"])
+    monkeypatch.delenv("BONSAI_FAMILY")
+    monkeypatch.delenv("BONSAI_MODEL")
+    other = tiny_gguf.write_target(tmp_path / "other.gguf")
+    monkeypatch.setenv("BONSAI_GGUF", str(other))
+    data = plan(capsys, "--model", files["target"])
+    assert data["model"] == files["target"] and any("BONSAI_GGUF=" in w and "is ignored" in w for w in data["warnings"])
