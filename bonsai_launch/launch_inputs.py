@@ -162,7 +162,6 @@ def gather_plan(
     from bonsai_launch.binaries import probe
     from bonsai_launch.gguf_info import inspect_gguf
     from bonsai_launch.plan import PlanInputs, build_plan
-
     from bonsai_launch.server_choice import kind_of_binary
 
     selection = select(flags, env)

@@ -275,7 +275,8 @@ def _refuse_commit(spec: SourceSpec, got: str) -> ActionFailed:
 def prepare_git(spec: SourceSpec, series: tuple[Patch, ...], *, force: bool = False) -> SourceTree:
     """A clone per (url, ref), made once; `--force` clones again to follow a moving branch."""
     patches_id = series_hash(series)
-    ident = hashlib.sha256(f"{spec.url}@{spec.ref}#{spec.commit}#{patches_id}".encode()).hexdigest()[:12]
+    pinned = f"#{spec.commit}" if spec.commit else ""  # unpinned sources keep the folder they had
+    ident = hashlib.sha256(f"{spec.url}@{spec.ref}#{patches_id}{pinned}".encode()).hexdigest()[:12]
     slug = spec.url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "repo"
     final = sources_dir() / f"git-{slug}-{ident}"
 
