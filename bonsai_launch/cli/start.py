@@ -80,7 +80,7 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
     plan = gather_plan(flags, model, drafter, passthrough, binary)
     warnings = list(plan.warnings)
     if binary is None and choice.kind.flavour == FORK:
-        warnings.append(f"no PrismML fork build yet (profile {selection.profile.name} needs one): `bonsai start` "
+        warnings.append(f"no PrismML fork build yet ({selection.profile.name} runs on one here): `bonsai start` "
                         f"builds it when GitHub is reachable, or run `{FORK_BUILD_COMMAND}`; capabilities not checked")
     elif binary is None:
         warnings.append("no llama-server is built yet: `bonsai start` builds one; capabilities not checked")
