@@ -13,6 +13,7 @@ import pytest
 
 import tiny_gguf
 from cli_runner import run_cli
+from fake_hub import hub, tiny_repo_files  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +191,25 @@ def test_explicit_settings_that_lose_are_said(files, monkeypatch, capsys, tmp_pa
     monkeypatch.setenv("BONSAI_GGUF", str(other))
     data = plan(capsys, "--model", files["target"])
     assert data["model"] == files["target"] and any("BONSAI_GGUF=" in w and "is ignored" in w for w in data["warnings"])
+
+
+def test_pull_bonsai2_fetches_pq2_and_the_q8_projector_only(hub, tmp_path, capsys):
+    """Through the real huggingface_hub client against the fake hub: the fork files by manifest,
+    never the PTQ1_0 alternative, the BF16 projector or the F16 weights."""
+    from bonsai_launch import model_store
+
+    target = tiny_gguf.write_target(tmp_path / "b2.gguf").read_bytes()
+    repo = hub.add_repo("prism-ml/Ternary-Bonsai-2-27B-gguf")
+    from fake_hub import _write_mmproj
+
+    mmproj = _write_mmproj(tmp_path / "mm.gguf").read_bytes()
+    for name, data in (("Ternary-Bonsai-2-27B-PQ2_0.gguf", target), ("Ternary-Bonsai-2-27B-PTQ1_0.gguf", target + b"\0" * 16),
+                       ("Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf", mmproj), ("Ternary-Bonsai-2-27B-mmproj-BF16.gguf", mmproj + b"\0" * 8),
+                       ("Ternary-Bonsai-2-27B-F16.gguf", target + b"\0" * 64)):
+        repo.add(name, data)
+    code, out, err = run_cli(capsys, "pull", "--family", "bonsai2", "--json")
+    assert code == 0, err
+    assert [f["name"] for f in json.loads(out)["files"]] == ["Ternary-Bonsai-2-27B-PQ2_0.gguf",
+                                                             "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf"]
+    assert sorted(p.name for p in model_store.folder("bonsai2-27b").glob("*.gguf")) == [
+        "Ternary-Bonsai-2-27B-PQ2_0.gguf", "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf"]
