@@ -107,6 +107,7 @@ def test_bonsai2_family_with_model_shows_the_bonsai2_sampling(files, monkeypatch
     assert sampling(data["argv"]) == ["--temp", "1.0", "--top-p", "0.95", "--top-k", "20", "--min-p", "0.05"]
     assert "--jinja" in data["argv"] and "-fa" in data["argv"]
     assert any("bonsai build --source prismml" in w for w in data["warnings"])  # no fork build here
+    assert data["build"] == {"flavour": "fork", "fork_release": 10743, "from": "bonsai build", "built": False}
 
 
 def test_bonsai2_speculation_is_draft_free_and_warns_about_community_drafters(files, monkeypatch, capsys):

@@ -87,6 +87,8 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
     if json_output:
         data = plan.to_json()
         data["warnings"] = warnings
+        data["build"] = {"flavour": choice.kind.flavour, "fork_release": choice.kind.release,
+                         "from": choice.origin, "built": binary is not None}
         emit_json(data)
         return
     for w in warnings:
