@@ -23,11 +23,10 @@ PROBE_SCHEMA = 1
 
 
 def resolve_explicit(explicit: str, platform: str | None = None) -> Path | None:
-    """BONSAI_LLAMA_SERVER as users write it: the binary, the binary without `.exe` on
-    Windows, or the folder that holds it (a release zip's folder, a build's bin/)."""
+    """BONSAI_LLAMA_SERVER as users write it: the binary, or on Windows the binary without
+    `.exe` (as PowerShell lets them type it). None when no such file exists. A folder is
+    BONSAI_LLAMA_BIN's job (server_choice.explicit_binary)."""
     path = Path(explicit).expanduser()
-    if path.is_dir():
-        path = path / exe_name("llama-server", platform)
     if path.is_file():
         return path
     with_exe = path.with_name(exe_name(path.name, platform))
@@ -41,7 +40,8 @@ def find_server(explicit: str | None, platform: str | None = None) -> Path | Non
         path = resolve_explicit(explicit, platform)
         if path is None:
             raise BonsaiError(f"BONSAI_LLAMA_SERVER={explicit!r} is not a file",
-                              f"point it at a {exe_name('llama-server', platform)} binary (or its folder), or unset it")
+                              f"point it at a {exe_name('llama-server', platform)} binary (BONSAI_LLAMA_BIN at its "
+                              "folder), or unset it")
         return path
     from bonsai_launch.build.builder import find_installed
 

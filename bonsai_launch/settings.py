@@ -123,7 +123,7 @@ SETTINGS: tuple[Setting, ...] = (
             _PULL + ("rm",), default_text="$BONSAI_HOME/models"),
     Setting("BONSAI_PROFILES_DIR", "profiles_dir", "path", "An extra folder of profile YAML files; its profiles override built-in ones of the same name.",
             _START + ("pull", "models"), default_text="none"),
-    Setting("BONSAI_LLAMA_SERVER", "llama_server", "path", "Use this existing llama-server binary (or the folder holding it; .exe may be left out) instead of one built by `bonsai build`.",
+    Setting("BONSAI_LLAMA_SERVER", "llama_server", "path", "Use this existing llama-server binary (on Windows .exe may be left out) instead of one built by `bonsai build`.",
             ("start", "run", "bench", "doctor", "config"), default_text="the build for the detected backend"),
 )
 

@@ -62,15 +62,34 @@ def test_exe_names():
     assert paths.exe_name("", "win32") == ".exe" and paths.exe_name("", "linux") == ""
 
 
-def test_bonsai_llama_server_accepts_a_folder_or_a_name_without_exe(tmp_path):
+def test_bonsai_llama_server_may_leave_out_exe_on_windows(tmp_path):
     folder = tmp_path / "llama-b11434-bin-win-cuda-12.4-x64"
     exe = executable(folder / "llama-server.exe", "")
-    assert binaries.find_server(str(folder), platform="win32") == exe
+    assert binaries.find_server(str(exe), platform="win32") == exe
     assert binaries.find_server(str(folder / "llama-server"), platform="win32") == exe
-    with pytest.raises(BonsaiError, match="llama-server.exe binary"):
+    with pytest.raises(BonsaiError, match="llama-server.exe binary .BONSAI_LLAMA_BIN at its folder"):
         binaries.find_server(str(tmp_path / "nothing"), platform="win32")
-    linux = executable(tmp_path / "bin" / "llama-server", "")
-    assert binaries.find_server(str(tmp_path / "bin"), platform="linux") == linux
+    with pytest.raises(BonsaiError):  # elsewhere a name is the name
+        binaries.find_server(str(folder / "llama-server"), platform="linux")
+
+
+def test_start_reads_both_windows_spellings(tmp_path, monkeypatch):
+    """What `bonsai start` uses (server_choice): BONSAI_LLAMA_SERVER without .exe on Windows,
+    BONSAI_LLAMA_BIN holding llama-server.exe."""
+    from bonsai_launch import server_choice
+    from bonsai_launch.settings import resolve
+
+    exe = executable(tmp_path / "bin" / "llama-server.exe", "")
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(tmp_path / "bin" / "llama-server"))
+    try:
+        found = server_choice.explicit_binary(resolve())
+    finally:
+        monkeypatch.setattr(sys, "platform", "linux")
+    assert found == (exe, "BONSAI_LLAMA_SERVER")
+    monkeypatch.delenv("BONSAI_LLAMA_SERVER")
+    monkeypatch.setenv("BONSAI_LLAMA_BIN", str(tmp_path / "bin"))
+    assert server_choice.explicit_binary(resolve()) == (exe, "BONSAI_LLAMA_BIN")
 
 
 @needs_sh
