@@ -412,3 +412,33 @@ def test_real_server_dies_with_bonsai_through_the_macos_watchdog(llama_server, t
             proc.wait()
         for inst in instances.running():
             instances.stop(inst, timeout=5)
+
+
+# -- what may be named where ------------------------------------------------------------------------------
+
+# Signals Python defines on Windows too; anything else must go through getattr/hasattr.
+WINDOWS_SIGNALS = {"SIGABRT", "SIGFPE", "SIGILL", "SIGINT", "SIGSEGV", "SIGTERM", "SIGBREAK",
+                   "CTRL_C_EVENT", "CTRL_BREAK_EVENT"}
+POSIX_ONLY_MODULES = {"watchdog.py"}  # started only by the macOS/POSIX control
+
+
+def test_no_posix_only_signal_or_call_outside_the_posix_parts():
+    """`signal.SIGKILL` or `os.killpg` in code that runs on Windows is an AttributeError
+    there: every such use lives in process_control's POSIX classes (through getattr) or
+    in the POSIX-only watchdog."""
+    import ast
+
+    package = ROOT / "bonsai_launch"
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name in POSIX_ONLY_MODULES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                name = f"{node.value.id}.{node.attr}"
+                if node.value.id == "signal" and node.attr.startswith(("SIG", "CTRL_")) \
+                        and node.attr not in WINDOWS_SIGNALS and node.attr not in ("SIG_IGN", "SIG_DFL"):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+                if node.value.id == "os" and node.attr in ("killpg", "getpgid", "setsid", "setpgid"):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert offenders == []
