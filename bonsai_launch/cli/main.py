@@ -16,6 +16,7 @@ import typer
 from bonsai_launch.cli import bench as bench_cmd
 from bonsai_launch.cli import build as build_cmd
 from bonsai_launch.cli import config as config_cmd
+from bonsai_launch.cli import convert_drafter as convert_drafter_cmd
 from bonsai_launch.cli import doctor as doctor_cmd
 from bonsai_launch.cli import inspect as inspect_cmd
 from bonsai_launch.cli import models as models_cmd
@@ -47,6 +48,7 @@ app.command("pull")(pull_cmd.command)
 app.command("models")(models_cmd.command)
 app.command("rm")(rm_cmd.command)
 app.command("inspect")(inspect_cmd.command)
+app.command("convert-drafter")(convert_drafter_cmd.command)
 app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(start_cmd.command)
 app.command("ps")(ps_cmd.command)
 app.command("logs")(logs_cmd.command)
