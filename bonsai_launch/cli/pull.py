@@ -6,6 +6,7 @@ Examples:
     BONSAI_LAYOUT=fork bonsai pull -p ternary-27b   # fork weights + the DSpark drafter for them
     BONSAI_FAMILY=bonsai BONSAI_MODEL=8B bonsai pull --no-vision
     bonsai pull -p bonsai-27b --revision v1.1 --json
+    bonsai pull -p ternary-27b --speculative        # + the DSpark drafter, converted once
     HF_HUB_OFFLINE=1 bonsai pull -p ternary-27b     # only check what is already here
 
 Only the files the profile names are fetched (never a folder by pattern). Each is checked
@@ -26,6 +27,8 @@ NoDrafterOpt = Annotated[bool, typer.Option("--no-drafter", help="Skip the specu
 NoVisionOpt = Annotated[bool, typer.Option("--no-vision", help="Skip the vision projector (mmproj); env BONSAI_VISION=0.")]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit of the repo (default: main).")]
 LayoutOpt = Annotated[Optional[str], typer.Option("--layout", help="mainline or fork weights; env BONSAI_LAYOUT.")]
+SpeculativeOpt = Annotated[bool, typer.Option("--speculative", help="Also fetch a drafter that is only fetched for speculation "
+                                              "(the 27B bf16 sidecars, converted once); env BONSAI_SPECULATIVE=1.")]
 
 
 def command(
@@ -35,6 +38,7 @@ def command(
     layout: LayoutOpt = None,
     no_drafter: NoDrafterOpt = False,
     no_vision: NoVisionOpt = False,
+    speculative: SpeculativeOpt = False,
     revision: RevisionOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
@@ -47,19 +51,41 @@ def command(
     selection = select({"profile": profile, "family": family, "size": size, "layout": layout})
     settings = selection.settings
     err_console = console(stderr=True)
+    want_drafter, skipped = drafter_wanted(selection.profile, settings["layout"], no_drafter,
+                                           speculative or bool(settings["speculative"]))
     try:
         with RichReporter(err_console) as reporter:
-            result = pull_profile(selection.profile, layout=settings["layout"], want_drafter=not no_drafter,
+            result = pull_profile(selection.profile, layout=settings["layout"], want_drafter=want_drafter,
                                   want_vision=not no_vision and settings["vision"], revision=revision,
                                   reporter=reporter)
     except KeyboardInterrupt:
         err_console.print(f"interrupted: partial downloads are kept; `bonsai pull --profile {selection.profile.name}` "
                           "resumes them", markup=False)
         raise typer.Exit(130) from None
+    if skipped:
+        result.notes.append(skipped)
     if json_output:
         emit_json(result.to_json())
         return
     show(result, console())
+
+
+def drafter_wanted(profile, layout: str, no_drafter: bool, speculative: bool) -> tuple[bool, str | None]:
+    """Whether to fetch the drafter, and a note when it is left out only because speculation is off.
+
+    A drafter that must be converted (a 7 GB legacy sidecar) is fetched only for speculation;
+    the others are small and come by default, as before.
+    """
+    from bonsai_launch.drafter_cache import needs_conversion
+
+    if no_drafter:
+        return False, None
+    entry = profile.file("drafter", layout)
+    if needs_conversion(entry) and not speculative:
+        size = f" ({entry.size / 1e9:.1f} GB, about 0.6 GB once converted)" if entry.size else ""
+        return False, (f"the drafter {entry.name}{size} is fetched only for speculative decoding: "
+                       f"`bonsai pull --profile {profile.name} --speculative` (or BONSAI_SPECULATIVE=1)")
+    return True, None
 
 
 def show(result, out) -> None:

@@ -144,6 +144,10 @@ def prepare_plan(flags, model, drafter, passthrough):
         s = selection.settings
         fetch(selection.profile, layout=s["layout"], want_drafter=bool(s["speculative"]) and not drafter,
               want_vision=bool(s["vision"]), console=None)
+    if drafter:  # a legacy `dspark` drafter runs as its cached dflash conversion, made now if needed
+        from bonsai_launch.drafter_cache import usable_for_start
+
+        drafter = usable_for_start(flags, env, model, drafter)
     binary = find_server(settings["llama_server"])
     if binary is None:
         # Fail on a bad setting or file now, not after a long build.
