@@ -64,17 +64,24 @@ class PullResult:
         }
 
 
-def wanted_files(profile: Profile, layout: str, want_drafter: bool, want_vision: bool) -> tuple[list[ModelFile], list[str]]:
-    """The profile's files to fetch, by manifest (never by pattern), and notes on what is left out."""
+def wanted_files(profile: Profile, layout: str, want_drafter: bool | None, want_vision: bool) -> tuple[list[ModelFile], list[str]]:
+    """The profile's files to fetch, by manifest (never by pattern), and notes on what is left out.
+
+    want_drafter None: the drafter unless it is a legacy sidecar to convert (7 GB, fetched only
+    when speculation is asked for: True)."""
     model = profile.file("model", layout)
     if model is None:
         others = sorted({f.layout for f in profile.files if f.role == "model"})
         raise BonsaiError(f"profile {profile.name} has no {layout} weights file (it has: {', '.join(others)})",
                           "set BONSAI_LAYOUT (or --layout) to one of those")
     files, notes = [model], []
-    if want_drafter and profile.has_role("drafter"):
+    if want_drafter is not False and profile.has_role("drafter"):
         drafter = profile.file("drafter", layout)
-        if drafter is not None:
+        if drafter is not None and drafter.convert and want_drafter is None:
+            size = f" ({human(drafter.size)}, about 0.6 GB once converted)" if drafter.size else ""
+            notes.append(f"the drafter {drafter.name}{size} is fetched only for speculative decoding: "
+                         f"`bonsai pull --profile {profile.name} --speculative` (or BONSAI_SPECULATIVE=1)")
+        elif drafter is not None:
             files.append(drafter)
         else:
             other = [f"{f.name} ({f.layout} layout)" for f in profile.files if f.role == "drafter"]
@@ -91,7 +98,7 @@ def pull_profile(
     profile: Profile,
     *,
     layout: str = "mainline",
-    want_drafter: bool = True,
+    want_drafter: bool | None = None,
     want_vision: bool = True,
     revision: str | None = None,
     reporter: Reporter | None = None,

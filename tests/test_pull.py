@@ -49,10 +49,10 @@ def test_pull_fetches_exactly_the_profile_files_and_records_them(hub):
     assert len(hub.body_gets()) == 3  # nothing downloaded the second time
 
 
-def test_mainline_pull_skips_the_fork_only_drafter_and_says_so(hub):
+def test_mainline_pull_skips_the_sidecar_drafter_without_speculation_and_says_so(hub):
     result, _ = ternary("mainline")
     assert [f.name for f in result.files] == [MAINLINE_MODEL, MMPROJ]
-    assert any("no drafter for the mainline layout" in n for n in result.notes)
+    assert any("fetched only for speculative decoding" in n and "--speculative" in n for n in result.notes)
     files, _ = wanted_files(get_profile("ternary-27b"), "fork", want_drafter=False, want_vision=False)
     assert [f.name for f in files] == ["Ternary-Bonsai-27B-Q2_0.gguf"]
 

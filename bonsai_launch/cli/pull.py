@@ -51,8 +51,8 @@ def command(
     selection = select({"profile": profile, "family": family, "size": size, "layout": layout})
     settings = selection.settings
     err_console = console(stderr=True)
-    want_drafter, skipped = drafter_wanted(selection.profile, settings["layout"], no_drafter,
-                                           speculative or bool(settings["speculative"]))
+    # None: the drafter unless it is a 7 GB legacy sidecar, which only speculation fetches
+    want_drafter = False if no_drafter else True if speculative or settings["speculative"] else None
     try:
         with RichReporter(err_console) as reporter:
             result = pull_profile(selection.profile, layout=settings["layout"], want_drafter=want_drafter,
@@ -62,30 +62,10 @@ def command(
         err_console.print(f"interrupted: partial downloads are kept; `bonsai pull --profile {selection.profile.name}` "
                           "resumes them", markup=False)
         raise typer.Exit(130) from None
-    if skipped:
-        result.notes.append(skipped)
     if json_output:
         emit_json(result.to_json())
         return
     show(result, console())
-
-
-def drafter_wanted(profile, layout: str, no_drafter: bool, speculative: bool) -> tuple[bool, str | None]:
-    """Whether to fetch the drafter, and a note when it is left out only because speculation is off.
-
-    A drafter that must be converted (a 7 GB legacy sidecar) is fetched only for speculation;
-    the others are small and come by default, as before.
-    """
-    from bonsai_launch.drafter_cache import needs_conversion
-
-    if no_drafter:
-        return False, None
-    entry = profile.file("drafter", layout)
-    if needs_conversion(entry) and not speculative:
-        size = f" ({entry.size / 1e9:.1f} GB, about 0.6 GB once converted)" if entry.size else ""
-        return False, (f"the drafter {entry.name}{size} is fetched only for speculative decoding: "
-                       f"`bonsai pull --profile {profile.name} --speculative` (or BONSAI_SPECULATIVE=1)")
-    return True, None
 
 
 def show(result, out) -> None:
