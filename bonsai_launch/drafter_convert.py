@@ -510,12 +510,13 @@ def find_quantize() -> Path:
                       "run `bonsai build` (it builds llama-quantize with llama-server), or pass --quantize none")
 
 
-_QUANT_STEP = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
+_QUANT_STEP = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
 
 
-def quantize(source: Path, dest: Path, qtype: str, *, on_step: Callable[[int, int], None] | None = None,
+def quantize(source: Path, dest: Path, qtype: str, *, on_tensor: Callable[[str], None] | None = None,
              binary: Path | None = None) -> None:
-    """llama-quantize source dest qtype; the log goes next to dest and is shown on failure."""
+    """llama-quantize source dest qtype; `on_tensor` hears each tensor's name as it is done
+    (`[ i/ n] name - ...` lines; not in file order). The log is shown on failure, then removed."""
     from bonsai_launch.build.cmake_build import run_logged, tail
 
     binary = binary or find_quantize()
@@ -523,8 +524,8 @@ def quantize(source: Path, dest: Path, qtype: str, *, on_step: Callable[[int, in
 
     def on_line(line: str) -> None:
         m = _QUANT_STEP.match(line)
-        if m and on_step is not None:
-            on_step(int(m.group(1)), int(m.group(2)))
+        if m and on_tensor is not None:
+            on_tensor(m.group(3))
 
     try:
         with log_path.open("w") as log:
@@ -582,16 +583,11 @@ def convert_drafter(source: str | Path, target: str | Path, output: str | Path, 
             bar.close()
         final = converted
         if quantize_bin is not None:
-            # llama-quantize reports `[i/n]` per tensor, in file order: the bar counts their bytes
-            qbar = reporter.bar(f"quantizing to {quantization}", sum(t.nbytes for t in plan.tensors))
-            done = [0]
-
-            def step(i: int, _n: int) -> None:
-                qbar.update(sum(t.nbytes for t in plan.tensors[done[0]:i]))
-                done[0] = max(done[0], i)
-
+            sizes = {t.name: t.nbytes for t in plan.tensors}  # the bar counts source bytes done
+            qbar = reporter.bar(f"quantizing to {quantization}", sum(sizes.values()))
             try:
-                quantize(converted, quantized, quantization, on_step=step, binary=quantize_bin)
+                quantize(converted, quantized, quantization, on_tensor=lambda name: qbar.update(sizes.pop(name, 0)),
+                         binary=quantize_bin)
             finally:
                 qbar.close()
             converted.unlink()
