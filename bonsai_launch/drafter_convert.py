@@ -497,16 +497,21 @@ def _stream_tensors(plan: ConversionPlan, out, on_bytes: Callable[[int], None] |
 # --- quantizing ---------------------------------------------------------------------------------
 
 def find_quantize() -> Path:
-    """llama-quantize from the same build as the llama-server bonsai runs."""
+    """llama-quantize: next to the llama-server bonsai runs, else from any installed build
+    (newest first; quantizing does not depend on our patches or the backend)."""
     from bonsai_launch.binaries import find_server
+    from bonsai_launch.build.install import installed_builds
+    from bonsai_launch.paths import builds_dir
 
     exe = ".exe" if os.name == "nt" else ""
     server = find_server(os.environ.get("BONSAI_LLAMA_SERVER") or None)
-    if server is not None:
-        candidate = server.parent / f"llama-quantize{exe}"
+    candidates = [server.parent / f"llama-quantize{exe}"] if server is not None else []
+    candidates += [Path(m["binaries"]["llama-quantize"]) for _d, m in installed_builds(builds_dir())
+                   if m.get("binaries", {}).get("llama-quantize")]
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise BonsaiError("llama-quantize is not built" + (f" next to {server}" if server else ""),
+    raise BonsaiError("llama-quantize is not built" + (f" (not next to {server})" if server else ""),
                       "run `bonsai build` (it builds llama-quantize with llama-server), or pass --quantize none")
 
 

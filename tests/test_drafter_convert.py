@@ -271,3 +271,21 @@ def test_quantized_with_llama_quantize_keeps_provenance(files, tmp_path, capsys,
     prov = read_provenance(tmp_path / "D.gguf")
     assert prov.quantization == "Q4_0" and prov.source_sha256 == data["provenance"]["source_sha256"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["D.gguf"]  # no temporary files or logs left
+
+
+def test_llama_quantize_is_found_in_another_installed_build(tmp_path, monkeypatch):
+    """The newest build may lack llama-quantize (built before it was a target); any installed
+    build's copy will do, since quantizing depends on neither our patches nor the backend."""
+    from bonsai_launch.build.install import write_manifest
+    from bonsai_launch.paths import builds_dir
+
+    for key, tools in (("cpu-old", ("llama-server", "llama-quantize")), ("cpu-new", ("llama-server",))):
+        bin_dir = builds_dir() / key / "bin"
+        bin_dir.mkdir(parents=True)
+        for tool in tools:
+            (bin_dir / tool).write_text("#!/bin/sh\n")
+        built_at = "2026-01-02" if key == "cpu-new" else "2026-01-01"
+        write_manifest(builds_dir() / key, {"schema": 1, "backend": "cpu", "built_at": built_at,
+                                            "binaries": {t: str(bin_dir / t) for t in tools}})
+    monkeypatch.setattr("bonsai_launch.binaries.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server")
+    assert drafter_convert.find_quantize() == builds_dir() / "cpu-old" / "bin" / "llama-quantize"
