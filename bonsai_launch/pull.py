@@ -382,8 +382,9 @@ def _convert_legacy_drafter(profile: Profile, result: PullResult, reporter: Repo
     result.files.append(FileResult("drafter", path.name, path, path.stat().st_size, None,
                                    "converted" if made else "already converted"))
     drafter.role = "drafter source"
-    result.notes.append(f"{drafter.name} (legacy dspark layout) is converted for {model.name} into {path.name}; "
-                        f"the {human(drafter.size)} source may be deleted, a later pull fetches it again when needed")
+    if made:
+        result.notes.append(f"{drafter.name} (legacy dspark layout) is converted for {model.name} into {path.name}; "
+                            f"the {human(drafter.size)} source may be deleted, a later pull fetches it again when needed")
 
 
 def _check_headers(profile: Profile, layout: str, result: PullResult) -> None:

@@ -83,7 +83,7 @@ def show(result, out) -> None:
         status = f.status
         if f.status == "resumed":
             status = f"resumed from {human(f.resumed_from)}"
-        if f.verified and f.status not in ("already verified",):
+        if f.verified and f.status not in ("already verified", "converted", "already converted"):
             status += ", sha256 verified"
         table.add_row(mark, f.role, f.name, human(f.size), status)
     out.print(table)
