@@ -168,7 +168,7 @@ def refusal_for_legacy(drafter: Path, target: Path) -> BonsaiError:
     out = cache_output(drafter, target) if target.is_file() else Path(drafter_convert.default_output_name(drafter))
     return BonsaiError(f"{drafter.name} is a legacy 'dspark' drafter, which llama-server cannot load as it is",
                        f"convert it once: bonsai convert-drafter {drafter} --target {target} -o {out} "
-                       "(plain `bonsai start` does this for you)")
+                       "(`bonsai start` without --dry-run does this for you)")
 
 
 def usable_for_start(flags, env, model: str | None, drafter: str) -> str:
