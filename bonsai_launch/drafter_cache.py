@@ -141,10 +141,11 @@ def find_quantize_or_build(reporter=None) -> Path:
         if os.environ.get("BONSAI_LLAMA_SERVER"):
             raise  # the user chose a binary: do not build another one behind their back
     from bonsai_launch.build.builder import BuildRequest, build, detected_backend
+    from bonsai_launch.cli._output import console
 
     if reporter is not None:
         reporter.note("llama-quantize (needed to shrink the converted drafter) is not built yet: running `bonsai build`")
-    build(BuildRequest(backend=detected_backend()))
+    build(BuildRequest(backend=detected_backend()), console=console(stderr=True))
     return drafter_convert.find_quantize()
 
 
