@@ -57,6 +57,7 @@ def command(
                 ("mask token id", d.mask_token_id),
                 ("draft layers", d.draft_layers),
                 ("confidence head", "yes" if d.has_confidence_head else "no"),
+                ("log-SNR conditioning", _log_snr_row(d)),
             ]
         for key, value in rows:
             table.add_row(key, str(value))
@@ -68,3 +69,12 @@ def command(
                 out.print(f"  - {p}")
     if problems:
         raise BonsaiError(f"{info.path.name} does not fit {target}: {problems[0]}", "use the drafter made for this target")
+
+
+def _log_snr_row(d) -> str:
+    from bonsai_launch.gguf_info import LOG_SNR_TENSORS
+
+    tensors = f"{len(d.log_snr_tensors)}/{len(LOG_SNR_TENSORS)} tensors"
+    if d.log_snr:
+        return f"yes (min {d.log_snr_min}, max {d.log_snr_max}; {tensors}; needs our patched build)"
+    return f"no (but {tensors} present)" if d.log_snr_tensors else "no"
