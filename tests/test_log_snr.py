@@ -12,6 +12,7 @@ in numpy, that the fixture can fail.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,19 @@ def test_conditioning_as_specified_accepts_every_draft(llama_server, tmp_path, f
     answer = client.completion(data["url"], "tok1 tok2 tok3", n_predict=32, temperature=0)
     timings = answer["timings"]
     assert timings["draft_n"] >= 16 and timings["draft_n_accepted"] == timings["draft_n"]
+
+
+@pytest.mark.server
+def test_conditioning_holds_with_several_slots_drafting_at_once(llama_server, tmp_path):
+    # several sequences' blocks may share one ubatch: each block's first row is its anchor
+    pair = R.write_conditioning_pair(tmp_path, convention="spec", focus="anchor", token=T)
+    args = ["-m", pair.target, "-md", pair.drafter, "--spec-draft-n-max", "4", "-np", "3", "-c", "4096"]
+    with tiny_gguf.serve(llama_server, args, tmp_path / "server.log") as srv:
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda i: srv.completion(f"tok{i} tok2", n_predict=32), range(3)))
+    for answer in answers:
+        timings = answer["timings"]
+        assert timings["draft_n"] > 0 and timings["draft_n_accepted"] == timings["draft_n"], timings
 
 
 def acceptance(server: Path, pair: R.ConditioningPair, log: Path) -> float:
