@@ -26,6 +26,7 @@ class Capabilities:
     flags: frozenset[str] = frozenset()
     devices: tuple[str, ...] = ()
     removed_flags: frozenset[str] = frozenset()  # listed by --help but rejected ("has been removed")
+    dspark_log_snr: bool = False  # loads log-SNR DSpark drafters (our patch 0002, or PrismML's fork)
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags
@@ -40,6 +41,7 @@ class Capabilities:
             "flags": sorted(self.flags),
             "devices": list(self.devices),
             "removed_flags": sorted(self.removed_flags),
+            "dspark_log_snr": self.dspark_log_snr,
         }
 
     @classmethod
@@ -53,6 +55,7 @@ class Capabilities:
             flags=frozenset(data.get("flags", ())),
             devices=tuple(data.get("devices", ())),
             removed_flags=frozenset(data.get("removed_flags", ())),
+            dspark_log_snr=bool(data.get("dspark_log_snr", False)),
         )
 
 

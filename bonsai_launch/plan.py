@@ -303,6 +303,14 @@ def _require_spec_type(caps: Capabilities | None, spec_type: str) -> None:
             "run `bonsai build` to build the pinned llama.cpp, or point BONSAI_LLAMA_SERVER at a newer binary")
 
 
+def _require_log_snr(caps: Capabilities | None, drafter: GGUFInfo) -> None:
+    if caps is not None and drafter.drafter is not None and drafter.drafter.log_snr and not caps.dspark_log_snr:
+        raise BonsaiError(
+            f"{drafter.path.name} uses log-SNR conditioning, which {caps.binary} does not implement "
+            "(it would refuse the file: wrong number of tensors)",
+            "run `bonsai build` (it applies bonsai's log-SNR patch to the pinned llama.cpp), or unset BONSAI_LLAMA_SERVER")
+
+
 def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
     s = inputs.settings
     if not s["speculative"]:
@@ -333,6 +341,7 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
             raise BonsaiError(f"BONSAI_SPEC_TYPE={wanted_type!r} does not match the drafter {drafter.path.name}, which needs {needed}",
                               f"unset BONSAI_SPEC_TYPE or set it to {needed}")
         _require_spec_type(inputs.capabilities, needed)
+        _require_log_snr(inputs.capabilities, drafter)
         block = drafter.drafter.block_size
         if s.get("spec_nmax") is not None and s["spec_nmax"] != block:
             raise BonsaiError(f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} "

@@ -11,6 +11,7 @@ in numpy, that the fixture can fail.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,8 +20,11 @@ import numpy as np
 import pytest
 
 import log_snr_ref as R
+import test_plan
 import tiny_gguf
 from bonsai_launch import client
+from bonsai_launch.binaries import implements_log_snr, probe
+from bonsai_launch.errors import BonsaiError
 from bonsai_launch.gguf_info import LOG_SNR_TENSORS, check_pair, inspect_gguf
 from bonsai_launch.paths import logs_dir
 from bonsai_launch.server_process import free_port
@@ -117,6 +121,43 @@ def test_pair_check_names_what_the_patched_loader_would_refuse(tmp_path, log_snr
     problems = check_pair(target, inspect_gguf(tiny_gguf.write_dspark_drafter(tmp_path / "d.gguf", log_snr=log_snr)))
     assert len(problems) == 1 and words in problems[0], problems
     assert "bonsai convert-drafter" in problems[0]
+
+
+# -- does the llama-server implement it? ---------------------------------------------------------------
+
+def _log_snr_drafter_info():
+    d = test_plan.drafter()
+    return dataclasses.replace(d, drafter=dataclasses.replace(
+        d.drafter, log_snr=True, log_snr_min=-9.0, log_snr_max=9.0, log_snr_tensors=LOG_SNR_TENSORS))
+
+
+def test_plan_refuses_a_log_snr_drafter_on_a_binary_without_the_patch():
+    caps = dataclasses.replace(test_plan.CAPS["cpu-8g"], binary="/usr/bin/llama-server", dspark_log_snr=False)
+    with pytest.raises(BonsaiError) as refused:
+        test_plan.plan_for(env={"BONSAI_SPECULATIVE": "1"}, caps=caps, draft=_log_snr_drafter_info())
+    assert "drafter.gguf uses log-SNR conditioning, which /usr/bin/llama-server does not implement" in refused.value.message
+    assert "bonsai build" in refused.value.fix
+    plan = test_plan.plan_for(env={"BONSAI_SPECULATIVE": "1"}, caps=dataclasses.replace(caps, dspark_log_snr=True),
+                              draft=_log_snr_drafter_info())
+    assert "-md" in plan.argv
+    # a drafter without the conditioning runs on any build
+    assert "-md" in test_plan.plan_for(env={"BONSAI_SPECULATIVE": "1"}, caps=caps).argv
+
+
+def test_log_snr_support_is_read_from_the_binary_or_its_libllama(tmp_path):
+    plain = tmp_path / "bin" / "llama-server"
+    plain.parent.mkdir()
+    plain.write_bytes(b"\x7fELF" + b"\0" * 4096 + b"%s.target_layers\0")
+    assert not implements_log_snr(plain)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libllama.so").write_bytes(b"\0" * 64 + b"%s.log_snr_conditioning\0")
+    assert implements_log_snr(plain)
+
+
+@pytest.mark.server
+def test_the_built_server_implements_log_snr(llama_server):
+    assert implements_log_snr(llama_server)
+    assert probe(llama_server).dspark_log_snr
 
 
 # -- the patched llama-server ---------------------------------------------------------------------------
