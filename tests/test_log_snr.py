@@ -103,6 +103,11 @@ def test_inspect_reads_the_log_snr_keys_and_tensors(tmp_path):
     table = bonsai(["inspect", drafter])
     assert "log-SNR conditioning" in table.stdout and "yes (min -9.0, max 9.0; 4/4 tensors" in table.stdout
 
+    # the legacy layout keeps the keys under dspark.dspark.*; it is refused as a whole anyway
+    legacy = inspect_gguf(tiny_gguf.write_dspark_drafter(tmp_path / "legacy.gguf", legacy=True, log_snr=True)).drafter
+    assert legacy.kind == "legacy-dspark" and legacy.log_snr and legacy.log_snr_max == 9.0
+    assert legacy.log_snr_problems("legacy.gguf") == []
+
     plain = inspect_gguf(tiny_gguf.write_dspark_drafter(tmp_path / "plain.gguf")).drafter
     assert not plain.log_snr and plain.log_snr_tensors == () and plain.log_snr_problems("plain.gguf") == []
 
