@@ -123,12 +123,16 @@ def ensure_converted(source: Path, target: Path, output: Path, *, source_sha: st
     Converts (and quantizes to Q4_0) when the output is absent or stale; the source's sha256
     is remembered so the next check needs no hashing.
     """
-    sha = source_sha or known_sha256(source)
-    if state_of(source, output, target, sha).state == "current":
-        return output, False
+    from filelock import FileLock
+
     output.parent.mkdir(parents=True, exist_ok=True)
-    find_quantize_or_build(reporter)
-    result = drafter_convert.convert_drafter(source, target, output, force=True, reporter=reporter)
+    # two starts with the same legacy drafter: the second waits, then finds the conversion current
+    with FileLock(str(output.with_name(f".{output.name}.lock"))):
+        sha = source_sha or known_sha256(source)
+        if state_of(source, output, target, sha).state == "current":
+            return output, False
+        find_quantize_or_build(reporter)
+        result = drafter_convert.convert_drafter(source, target, output, force=True, reporter=reporter)
     remember_sha256(source, result.provenance.source_sha256)
     return output, True
 

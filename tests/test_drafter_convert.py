@@ -148,6 +148,15 @@ def test_provenance_says_where_it_came_from(files, tmp_path):
     assert read_provenance(files["target"]) is None
 
 
+def test_inspect_shows_the_conversion_record(files, tmp_path, capsys):
+    result = _convert(files, tmp_path)
+    code, out, err = run_cli(capsys, "inspect", str(result.output), "--json")
+    assert code == 0, err
+    assert json.loads(out)["conversion"] == result.provenance.to_json()
+    code, out, err = run_cli(capsys, "inspect", str(files["target"]), "--json")
+    assert json.loads(out)["conversion"] is None
+
+
 def test_memory_stays_flat_the_copy_is_streamed(files, tmp_path, monkeypatch):
     """The copy goes through one fixed block, never the whole file: with a 4 KiB block the
     tiny file needs many reads, and the bytes still come out identical."""

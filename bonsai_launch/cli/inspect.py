@@ -27,8 +27,12 @@ def command(
 
     info = inspect_gguf(file)
     problems = check_pair(inspect_gguf(target), info) if target else []
+    from bonsai_launch.drafter_convert import read_provenance
+
+    conversion = read_provenance(file) if info.architecture == "dflash" else None  # bonsai convert-drafter's record
     if json_output:
         data = info.to_json()
+        data["conversion"] = conversion.to_json() if conversion else None
         if target:
             data["pair_problems"] = problems
         emit_json(data)
@@ -59,6 +63,10 @@ def command(
                 ("confidence head", "yes" if d.has_confidence_head else "no"),
                 ("log-SNR conditioning", _log_snr_row(d)),
             ]
+        if conversion:
+            rows.append(("converted from", f"{conversion.source_name} (sha256 {conversion.source_sha256[:12]}…), "
+                         f"converter {conversion.converter_version}, {conversion.quantization}, "
+                         f"shared tensors {conversion.shared_tensors}"))
         for key, value in rows:
             table.add_row(key, str(value))
         out = console()
