@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -229,6 +230,22 @@ def test_swapped_conditioning_fixtures_are_rejected(llama_server, tmp_path, focu
         # mask focus: the anchor's draft is still right, the three mask drafts are not (about 1/4);
         # anchor focus: the first draft is wrong, so nothing after it counts (0)
         assert rates[swapped] <= (0.5 if focus == "mask" else 0.0), rates
+
+
+@pytest.mark.server
+def test_conditioning_survives_q4_0_quantization(llama_server, tmp_path):
+    # the real drafter ships Q4_0 (llama-quantize of the converted file): fc1/fc2 are quantized too
+    quantize = llama_server.parent / "llama-quantize"
+    assert quantize.is_file(), f"no llama-quantize beside {llama_server}: run `bonsai build`"
+    rates = {}
+    for convention in ("spec", "sin_cos_swapped"):
+        pair = R.write_conditioning_pair(tmp_path / convention, convention=convention, focus="anchor", token=T)
+        q4 = pair.drafter.with_name("drafter-Q4_0.gguf")
+        done = subprocess.run([quantize, pair.drafter, q4, "Q4_0"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert inspect_gguf(q4).tensor_types.get("Q4_0", 0) >= 2
+        rates[convention] = acceptance(llama_server, dataclasses.replace(pair, drafter=q4), tmp_path / f"{convention}.log")
+    assert rates == {"spec": 1.0, "sin_cos_swapped": 0.0}, rates
 
 
 @pytest.mark.server
