@@ -140,6 +140,12 @@ def command(
         target = Target(url=url, baseline_url=baseline_url, api_key=api_key or settings.get("api_key"))
     else:
         binary = prepare_launch(flags, model, drafter, options.configs)
+        if drafter:  # a legacy `dspark` drafter is measured as its cached conversion, like `bonsai start` runs it
+            import os
+
+            from bonsai_launch.drafter_cache import usable_for_start
+
+            drafter = usable_for_start(flags, os.environ, model, drafter)
         target = Target(flags=flags, model=model, drafter=drafter, passthrough=tuple(ctx.args), binary=binary)
     out_dir = out or (bonsai_home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
 
