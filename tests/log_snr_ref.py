@@ -15,7 +15,9 @@ receives sits in row T; every other candidate (the other conventions, and common
 no fc2 bias, ReLU or no activation instead of SiLU, divisor 63, the raw log-SNR as the angle,
 no x1000 scale) sits in a decoy row. A server that computes the focus row's vector as specified
 drafts T only for the fixture built with convention "spec"; for any other convention its draft
-lands on a decoy and is rejected.
+lands on a decoy and is rejected. With `near_decoys`, hundreds of extra rows surround the
+specified vector at a small angle, so the drafts also pin the server's vector to within about
+2% of the numpy value (the server's output is observable only through its drafts).
 """
 
 from __future__ import annotations
@@ -138,8 +140,14 @@ class ConditioningPair:
 
 def write_conditioning_pair(folder: Path, *, convention: str = "spec", focus: str = "mask", token: int = 7,
                             vocab: int = 512, embedding: int = 64, seed: int = 3,
-                            min_margin: float = 0.02) -> ConditioningPair:
-    """Write the target and the drafter described in the module docstring into `folder`."""
+                            min_margin: float = 0.02, near_decoys: int = 0,
+                            near_angle: float = 0.01) -> ConditioningPair:
+    """Write the target and the drafter described in the module docstring into `folder`.
+
+    near_decoys > 0 (convention "spec" only) adds that many decoy rows at `near_angle` radians
+    from the specified vector, in random directions: the server's vector then has to lie within
+    about that angle of the numpy value, or a near decoy outscores row T and the draft fails.
+    """
     if focus not in FOCUSES:
         raise ValueError(f"unknown focus {focus!r} (one of {', '.join(FOCUSES)})")
     mlp = Mlp.random(embedding, seed)
@@ -165,6 +173,17 @@ def write_conditioning_pair(folder: Path, *, convention: str = "spec", focus: st
     for k, name in enumerate(n for n in names if n != "believed"):
         rows[name] = 100 + k
         out[100 + k] = units[name]
+    if near_decoys:
+        if convention != "spec":
+            raise ValueError("near_decoys surround the specified vector: use them with convention 'spec'")
+        first = 100 + len(names)
+        if first + near_decoys >= mask:
+            raise ValueError(f"{near_decoys} near decoys do not fit a vocabulary of {vocab}")
+        rng = np.random.default_rng(seed + 1000)
+        for k in range(near_decoys):
+            r = rng.standard_normal(embedding)
+            r -= (r @ spec) * spec  # orthogonal to the specified direction
+            out[first + k] = np.cos(near_angle) * spec + np.sin(near_angle) * _unit(r)
 
     # the other row kind: a huge embedding along row T's direction, so it always drafts T
     scale = 1000.0 * max(float(np.linalg.norm(v)) for v in (believed, *candidates.values()))
@@ -188,16 +207,20 @@ def write_conditioning_pair(folder: Path, *, convention: str = "spec", focus: st
     return ConditioningPair(target, drafter, token, rows)
 
 
-def simulate_drafts(drafter: Path, block: list[int], server_convention: str = "spec") -> list[int]:
+def simulate_drafts(drafter: Path, block: list[int], server_convention: str = "spec",
+                    error: float = 0.0, seed: int = 0) -> list[int]:
     """What the fixture's drafter drafts for `block` (anchor first, then masks) if the server
-    computed the conditioning by `server_convention`: argmax(output @ RMSNorm(x)) per row.
-    Valid for write_conditioning_pair's drafters only (their trunk adds nothing)."""
+    computed the conditioning by `server_convention`, each vector off by a random relative
+    `error`: argmax(output @ RMSNorm(x)) per row. Valid for write_conditioning_pair's drafters
+    only (their trunk adds nothing)."""
     from gguf import GGUFReader
 
     tensors = {t.name: np.asarray(t.data, dtype=np.float64) for t in GGUFReader(drafter).tensors}
     mlp = Mlp(*(tensors[n].astype(np.float32) for n in tiny_gguf.LOG_SNR_TENSORS))
     x = tensors["token_embd.weight"][block].copy()
-    x[0] += row_vector(mlp, "anchor", server_convention)
-    x[1:] += row_vector(mlp, "mask", server_convention)
+    rng = np.random.default_rng(seed)
+    for rows, kind in ((slice(0, 1), "anchor"), (slice(1, None), "mask")):
+        e = row_vector(mlp, kind, server_convention)
+        x[rows] += e + error * np.linalg.norm(e) * _unit(rng.standard_normal(e.shape))
     x /= np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6)
     return [int(i) for i in np.argmax(x @ tensors["output.weight"].T, axis=1)]

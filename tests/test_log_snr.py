@@ -87,6 +87,17 @@ def test_fixture_fails_unless_the_server_follows_its_convention(tmp_path, focus,
             assert all(d != T for d in rejected), (server, drafts)
 
 
+@pytest.mark.parametrize("focus", R.FOCUSES)
+def test_near_decoys_catch_a_vector_off_by_a_few_percent(tmp_path, focus):
+    pair = R.write_conditioning_pair(tmp_path, focus=focus, token=T, near_decoys=300)
+    judged = slice(1, None) if focus == "mask" else slice(0, 1)
+    assert R.simulate_drafts(pair.drafter, [T, MASK, MASK, MASK]) == [T] * 4
+    for seed in range(5):
+        assert R.simulate_drafts(pair.drafter, [T, MASK, MASK, MASK], error=1e-3, seed=seed) == [T] * 4
+        off = R.simulate_drafts(pair.drafter, [T, MASK, MASK, MASK], error=0.02, seed=seed)
+        assert all(d != T for d in off[judged]), off
+
+
 # -- what bonsai reads from the header --------------------------------------------------------------
 
 def test_inspect_reads_the_log_snr_keys_and_tensors(tmp_path):
@@ -187,7 +198,9 @@ def test_log_snr_drafter_loads_and_speculation_is_live(llama_server, tmp_path):
 @pytest.mark.server
 @pytest.mark.parametrize("focus", R.FOCUSES)
 def test_conditioning_as_specified_accepts_every_draft(llama_server, tmp_path, focus):
-    pair = R.write_conditioning_pair(tmp_path, convention="spec", focus=focus, token=T)
+    # 300 near decoys: a server vector 2% (relative) off numpy's value would draft a decoy (see
+    # test_near_decoys_catch_a_vector_off_by_a_few_percent), so these drafts pin the MLP output
+    pair = R.write_conditioning_pair(tmp_path, convention="spec", focus=focus, token=T, near_decoys=300)
     done = bonsai(["start", *start_args(pair.target, "--drafter", pair.drafter, "--speculative"),
                    "--detach", "--json"], server=llama_server)
     assert done.returncode == 0, done.stdout + done.stderr
