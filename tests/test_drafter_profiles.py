@@ -168,3 +168,18 @@ def test_done_when_log_snr_drafter_converted_and_live(pair, with_build, tmp_path
         stop_all()
     data, _ = _start_live(["--model", pair["target"], "--drafter", pair["legacy_snr"]], with_build)
     assert data["speculative"]["live"] and data["speculative"]["n_max"] == 4
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"role": "drafter", "name": "D.gguf", "convert": "magic"}, "convert='magic' is not known"),
+    ({"role": "mmproj", "name": "M.gguf", "convert": "dspark"}, "only a drafter"),
+])
+def test_profile_convert_field_is_checked(entry, words):
+    from bonsai_launch.errors import BonsaiError
+    from bonsai_launch.profiles import parse_profile
+
+    data = {"name": "p", "family": "x", "size": "1B", "description": "d", "repo": "a/b",
+            "files": [{"role": "model", "name": "M0.gguf"}, entry]}
+    with pytest.raises(BonsaiError) as err:
+        parse_profile(data, Path("p.yaml"))
+    assert words in str(err.value)
