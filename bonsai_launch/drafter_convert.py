@@ -32,7 +32,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.gguf_info import GGUFInfo, inspect_gguf
@@ -650,7 +650,3 @@ def default_output_name(source: Path, quantization: str = DEFAULT_QUANT) -> str:
     base = re.sub(r"-dspark(-[A-Za-z0-9_]+)?$", "", stem)
     suffix = "" if quantization == "none" else f"-{quantization}"
     return f"{base}-dspark-dflash{suffix}.gguf"
-
-
-def describe(names: Sequence[str]) -> str:
-    return ", ".join(names) if names else "-"
