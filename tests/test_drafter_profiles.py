@@ -183,3 +183,10 @@ def test_profile_convert_field_is_checked(entry, words):
     with pytest.raises(BonsaiError) as err:
         parse_profile(data, Path("p.yaml"))
     assert words in str(err.value)
+
+
+def test_models_says_downloaded_when_only_the_sidecar_is_there(tiny_repo_files, capsys):
+    folder = model_store.folder("ternary-27b")
+    folder.mkdir(parents=True)
+    (folder / SIDECAR).write_bytes(tiny_repo_files[SIDECAR])
+    assert _models(capsys)["ternary-27b"]["drafter_state"]["state"] == "downloaded"
