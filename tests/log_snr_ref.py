@@ -8,7 +8,8 @@ in float32. e = fc2 @ SiLU(fc1 @ feat + b1) + b2 is added to the row's token emb
 The fixture (`write_conditioning_pair`): a target that always predicts token T, and a DSpark
 drafter whose trunk adds nothing (zero attention-output and FFN-down projections), so a row's
 draft is argmax(output @ RMSNorm(token_embd[token] + e_row)). One row kind, the `focus`, has a
-zero token embedding: its draft is decided by its conditioning vector alone. The other row
+fixed token embedding as long as its conditioning vector: its draft is decided by that vector
+(direction and length). The other row
 kind gets a huge embedding pointing at T, so it always drafts T. The output head has one row
 per candidate vector (unit length): the vector the fixture's `convention` says the focus row
 receives sits in row T; every other candidate (the other conventions, and common mistakes:
@@ -17,7 +18,8 @@ no x1000 scale) sits in a decoy row. A server that computes the focus row's vect
 drafts T only for the fixture built with convention "spec"; for any other convention its draft
 lands on a decoy and is rejected. With `near_decoys`, hundreds of extra rows surround the
 specified vector at a small angle, so the drafts also pin the server's vector to within about
-2% of the numpy value (the server's output is observable only through its drafts).
+1-2% of the numpy value, in direction and length (the server's vector is observable only
+through its drafts).
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ class ConditioningPair:
 def write_conditioning_pair(folder: Path, *, convention: str = "spec", focus: str = "mask", token: int = 7,
                             vocab: int = 512, embedding: int = 64, seed: int = 3,
                             min_margin: float = 0.02, near_decoys: int = 0,
-                            near_angle: float = 0.01) -> ConditioningPair:
+                            near_angle: float = 0.004) -> ConditioningPair:
     """Write the target and the drafter described in the module docstring into `folder`.
 
     near_decoys > 0 (convention "spec" only) adds that many decoy rows at `near_angle` radians
@@ -151,15 +153,19 @@ def write_conditioning_pair(folder: Path, *, convention: str = "spec", focus: st
     if focus not in FOCUSES:
         raise ValueError(f"unknown focus {focus!r} (one of {', '.join(FOCUSES)})")
     mlp = Mlp.random(embedding, seed)
-    believed = row_vector(mlp, focus, convention)
-    candidates = {f"convention:{c}": row_vector(mlp, focus, c) for c in CONVENTIONS if c != convention}
-    candidates.update(mistakes(mlp, focus))
+    # the focus row's own token embedding: as long as the vector, so that the direction of the
+    # sum (all RMSNorm leaves) also depends on the vector's length
+    rng = np.random.default_rng(seed + 2000)
+    own = _unit(rng.standard_normal(embedding)) * np.linalg.norm(row_vector(mlp, focus, "spec"))
+    believed = own + row_vector(mlp, focus, convention)
+    candidates = {f"convention:{c}": own + row_vector(mlp, focus, c) for c in CONVENTIONS if c != convention}
+    candidates.update({k: own + v for k, v in mistakes(mlp, focus).items()})
 
     units = {"believed": _unit(believed), **{k: _unit(v) for k, v in candidates.items()}}
     names = list(units)
     # what a correct server computes must be told apart from every other row by a clear margin
     # in cosine (decoys may resemble each other, or the believed vector: harmless)
-    spec = _unit(row_vector(mlp, focus, "spec"))
+    spec = _unit(own + row_vector(mlp, focus, "spec"))
     spec_row = "believed" if convention == "spec" else "convention:spec"
     for name in names:
         cos = float(spec @ units[name])
@@ -191,8 +197,9 @@ def write_conditioning_pair(folder: Path, *, convention: str = "spec", focus: st
     embd = np.zeros((vocab, embedding), dtype=np.float32)
     if focus == "mask":
         embd[:] = pinned
-        embd[mask] = 0.0
+        embd[mask] = own
     else:
+        embd[:] = own
         embd[mask] = pinned
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -208,10 +215,10 @@ def write_conditioning_pair(folder: Path, *, convention: str = "spec", focus: st
 
 
 def simulate_drafts(drafter: Path, block: list[int], server_convention: str = "spec",
-                    error: float = 0.0, seed: int = 0) -> list[int]:
+                    error: float = 0.0, seed: int = 0, scale: float = 1.0) -> list[int]:
     """What the fixture's drafter drafts for `block` (anchor first, then masks) if the server
     computed the conditioning by `server_convention`, each vector off by a random relative
-    `error`: argmax(output @ RMSNorm(x)) per row. Valid for write_conditioning_pair's drafters
+    `error` and multiplied by `scale`: argmax(output @ RMSNorm(x)) per row. Valid for write_conditioning_pair's drafters
     only (their trunk adds nothing)."""
     from gguf import GGUFReader
 
@@ -221,6 +228,6 @@ def simulate_drafts(drafter: Path, block: list[int], server_convention: str = "s
     rng = np.random.default_rng(seed)
     for rows, kind in ((slice(0, 1), "anchor"), (slice(1, None), "mask")):
         e = row_vector(mlp, kind, server_convention)
-        x[rows] += e + error * np.linalg.norm(e) * _unit(rng.standard_normal(e.shape))
+        x[rows] += scale * e + error * np.linalg.norm(e) * _unit(rng.standard_normal(e.shape))
     x /= np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6)
     return [int(i) for i in np.argmax(x @ tensors["output.weight"].T, axis=1)]
