@@ -537,9 +537,10 @@ def quantize(source: Path, dest: Path, qtype: str, *, on_tensor: Callable[[str],
             rc = run_logged([str(binary), str(source), str(dest), qtype], cwd=None, env=dict(os.environ), log=log,
                             on_line=on_line)
         if rc != 0:
-            last = " | ".join(line for line in tail(log_path, 6) if line.strip())
+            last = " | ".join(line for line in tail(log_path, 6) if line.strip() and not line.startswith("$ "))
             raise ActionFailed(f"llama-quantize failed (exit {rc}): {last}",
-                               "run it by hand to see the whole log: " + " ".join([str(binary), str(source), "OUT.gguf", qtype]))
+                               "convert with --quantize none to keep BF16, then run "
+                               f"`{binary} THAT.gguf OUT.gguf {qtype}` to see its whole log")
     finally:
         log_path.unlink(missing_ok=True)
 

@@ -191,10 +191,15 @@ def test_interrupt_leaves_nothing_behind(files, tmp_path, monkeypatch):
 
 # --- refusals through the real CLI ----------------------------------------------------------------
 
-def _refused(capsys, tmp_path, *argv):
+def _refused(capsys, tmp_path, *argv, progress=False):
+    """One `error:` line; with progress=True (a failure after work began) the progress bars'
+    final lines may precede it, and the error line must be the last."""
     before = sorted(tmp_path.rglob("*"))
     code, out, err = run_cli(capsys, "convert-drafter", *map(str, argv))
     lines = [line for line in err.splitlines() if line.strip()]
+    if progress:
+        assert [line for line in lines if line.startswith("error")] == lines[-1:], err
+        lines = lines[-1:]
     assert code != 0, (out, err)
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert "Traceback" not in err + out
@@ -298,3 +303,19 @@ def test_llama_quantize_is_found_in_another_installed_build(tmp_path, monkeypatc
                                             "binaries": {t: str(bin_dir / t) for t in tools}})
     monkeypatch.setattr("bonsai_launch.binaries.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server")
     assert drafter_convert.find_quantize() == builds_dir() / "cpu-old" / "bin" / "llama-quantize"
+
+
+def test_failed_quantize_leaves_nothing_behind(files, tmp_path, capsys, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "llama-server").write_text("#!/bin/sh\n")
+    quantize = bin_dir / "llama-quantize"
+    quantize.write_text("#!/bin/sh\necho 'llama_model_quantize: failed to quantize: out of luck'\nexit 1\n")
+    quantize.chmod(0o755)
+    monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(bin_dir / "llama-server"))
+    work = tmp_path / "out"
+    work.mkdir()
+    line = _refused(capsys, work, files["legacy_snr"], "--target", files["target"], "-o", work / "D.gguf",
+                    progress=True)
+    assert "llama-quantize failed (exit 1): llama_model_quantize: failed to quantize: out of luck" in line
+    assert "--quantize none" in line
