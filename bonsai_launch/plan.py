@@ -308,7 +308,7 @@ def _require_log_snr(caps: Capabilities | None, drafter: GGUFInfo) -> None:
         raise BonsaiError(
             f"{drafter.path.name} uses log-SNR conditioning, which {caps.binary} does not implement "
             "(it would refuse the file: wrong number of tensors)",
-            "run `bonsai build` (it applies bonsai's log-SNR patch to the pinned llama.cpp), or unset BONSAI_LLAMA_SERVER")
+            "run `bonsai build` to build the pinned llama.cpp with bonsai's log-SNR patch, or unset BONSAI_LLAMA_SERVER")
 
 
 def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:

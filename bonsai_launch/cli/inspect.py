@@ -84,5 +84,5 @@ def _log_snr_row(d) -> str:
 
     tensors = f"{len(d.log_snr_tensors)}/{len(LOG_SNR_TENSORS)} tensors"
     if d.log_snr:
-        return f"yes (min {d.log_snr_min}, max {d.log_snr_max}; {tensors}; needs our patched build)"
+        return f"yes (min {d.log_snr_min}, max {d.log_snr_max}; {tensors}; needs bonsai's patched llama.cpp)"
     return f"no (but {tensors} present)" if d.log_snr_tensors else "no"
