@@ -101,6 +101,26 @@ def test_near_decoys_catch_a_vector_off_by_one_or_two_percent(tmp_path, focus):
         assert all(d != T for d in off[judged]), (scale, off)
 
 
+def test_tiny_gguf_log_snr_writer_refuses_what_it_cannot_write(tmp_path):
+    with pytest.raises(ValueError, match="not log-SNR tensors"):
+        tiny_gguf.write_dspark_drafter(tmp_path / "a.gguf", log_snr=tiny_gguf.LogSnr(weights={"fc.weight": np.zeros(1)}))
+    with pytest.raises(ValueError, match=r"log_snr_fc1.weight: numpy shape \(128, 64\), expected \(64, 128\)"):
+        tiny_gguf.write_dspark_drafter(tmp_path / "b.gguf", log_snr=tiny_gguf.LogSnr(
+            weights={"log_snr_fc1.weight": np.zeros((128, 64), dtype=np.float32)}))
+    with pytest.raises(ValueError, match="does not have"):
+        tiny_gguf.write_dspark_drafter(tmp_path / "c.gguf", tensor_overrides={"output.weight": np.zeros((512, 64))})
+    assert not list(tmp_path.iterdir())  # nothing half-written
+    # given weights are written as given; a dropped tensor leaves the others' random values unchanged
+    w = np.arange(64, dtype=np.float32)
+    full = tiny_gguf.write_dspark_drafter(tmp_path / "full.gguf", log_snr=tiny_gguf.LogSnr(weights={"log_snr_fc2.bias": w}))
+    part = tiny_gguf.write_dspark_drafter(tmp_path / "part.gguf", log_snr=drop("log_snr_fc1.bias"))
+    from gguf import GGUFReader
+    full_t = {t.name: np.array(t.data) for t in GGUFReader(full).tensors}
+    part_t = {t.name: np.array(t.data) for t in GGUFReader(part).tensors}
+    assert np.array_equal(full_t["log_snr_fc2.bias"], w)
+    assert "log_snr_fc1.bias" not in part_t and np.array_equal(full_t["log_snr_fc2.weight"], part_t["log_snr_fc2.weight"])
+
+
 # -- what bonsai reads from the header --------------------------------------------------------------
 
 def test_inspect_reads_the_log_snr_keys_and_tensors(tmp_path):
