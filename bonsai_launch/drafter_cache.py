@@ -185,6 +185,9 @@ def usable_for_start(flags, env, model: str | None, drafter: str) -> str:
     path = Path(drafter).expanduser()
     if not path.is_file() or not drafter_convert.is_legacy_drafter(path):
         return drafter
-    target = model_files(select(flags, env), model, None).model
+    selection = select(flags, env)
+    if selection.settings["layout"] == "fork":
+        return drafter  # PrismML's fork loads the legacy layout itself
+    target = model_files(selection, model, None).model
     with RichReporter() as reporter:
         return str(usable_drafter(path, target, reporter=reporter))

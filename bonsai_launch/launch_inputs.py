@@ -120,7 +120,8 @@ def gather_plan(
             raise BonsaiError(f"drafter file {files.drafter} is not present",
                               f"run `bonsai pull --profile {selection.profile.name} --speculative` or pass --drafter PATH")
         drafter_info = inspect_gguf(files.drafter)
-        if drafter_info.drafter is not None and drafter_info.drafter.kind == "legacy-dspark":
+        legacy = drafter_info.drafter is not None and drafter_info.drafter.kind == "legacy-dspark"
+        if legacy and selection.settings["layout"] != "fork":  # PrismML's fork loads the legacy layout
             from bonsai_launch.drafter_cache import refusal_for_legacy
 
             raise refusal_for_legacy(files.drafter, files.model)  # never handed to llama-server as it is
