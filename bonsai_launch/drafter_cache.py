@@ -131,8 +131,8 @@ def ensure_converted(source: Path, target: Path, output: Path, *, source_sha: st
         sha = source_sha or known_sha256(source)
         if state_of(source, output, target, sha).state == "current":
             return output, False
-        find_quantize_or_build(reporter)
-        result = drafter_convert.convert_drafter(source, target, output, force=True, reporter=reporter)
+        result = drafter_convert.convert_drafter(source, target, output, force=True, reporter=reporter,
+                                                 quantize_finder=lambda: find_quantize_or_build(reporter))
     remember_sha256(source, result.provenance.source_sha256)
     return output, True
 
@@ -185,9 +185,6 @@ def usable_for_start(flags, env, model: str | None, drafter: str) -> str:
     path = Path(drafter).expanduser()
     if not path.is_file() or not drafter_convert.is_legacy_drafter(path):
         return drafter
-    selection = select(flags, env)
-    if selection.settings["layout"] == "fork":
-        return drafter  # PrismML's fork loads the legacy layout itself
-    target = model_files(selection, model, None).model
+    target = model_files(select(flags, env), model, None).model
     with RichReporter() as reporter:
         return str(usable_drafter(path, target, reporter=reporter))

@@ -76,6 +76,10 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
+class DrafterDoesNotFit(BonsaiError):
+    """The legacy drafter was not made for this target (vocabulary, embedding size, layers, mask)."""
+
+
 @dataclass(frozen=True)
 class KeyValue:
     """One metadata entry with its GGUF type kept (strings as raw bytes, never re-encoded)."""
@@ -354,33 +358,33 @@ def plan_conversion(source: str | Path, target: str | Path, *, keep_shared_tenso
     tokens = next((k for k in donor_tok if k.key == "tokenizer.ggml.tokens"), None)
     fix = "pass the target model this drafter was trained for (the matching `--target`)"
     if tokens is None or not tgt_info.vocab_fingerprint:
-        raise BonsaiError(f"--target {target.name} has no tokenizer.ggml.tokens, so it cannot give the drafter "
+        raise DrafterDoesNotFit(f"--target {target.name} has no tokenizer.ggml.tokens, so it cannot give the drafter "
                           "a vocabulary", fix)
     n_vocab = len(tokens.value)
     for name in ("markov_w1.weight", "markov_w2.weight") + (SHARED_TENSORS if keep_shared_tensors else ()):
         if name in by_name and by_name[name][-1] != n_vocab:
-            raise BonsaiError(f"{source.name} has a {by_name[name][-1]}-token vocabulary ({name}) but --target "
+            raise DrafterDoesNotFit(f"{source.name} has a {by_name[name][-1]}-token vocabulary ({name}) but --target "
                               f"{target.name} has {n_vocab} tokens", fix)
     if embedding is not None and tgt_info.embedding is not None and int(embedding) != tgt_info.embedding:
-        raise BonsaiError(f"{source.name} has embedding size {embedding} but --target {target.name} has "
+        raise DrafterDoesNotFit(f"{source.name} has embedding size {embedding} but --target {target.name} has "
                           f"{tgt_info.embedding}", fix)
     if tgt_info.layers is not None and max(shifted) > tgt_info.layers - 1:
-        raise BonsaiError(f"{source.name} reads target layers {list(layers_item.value)} (inputs of {list(shifted)}) "
+        raise DrafterDoesNotFit(f"{source.name} reads target layers {list(layers_item.value)} (inputs of {list(shifted)}) "
                           f"but --target {target.name} has only {tgt_info.layers} layers", fix)
     legacy_mask = value("dspark.dspark.mask_token_id")
     donor_mask = next((k.value for k in donor_tok if k.key == "tokenizer.ggml.mask_token_id"), None)
     mask = legacy_mask if legacy_mask is not None else donor_mask
     if mask is None:
-        raise BonsaiError(f"{source.name} has no mask token id (dspark.dspark.mask_token_id), nor does {target.name}",
+        raise DrafterDoesNotFit(f"{source.name} has no mask token id (dspark.dspark.mask_token_id), nor does {target.name}",
                           "the drafter file is incomplete")
     if not 0 <= int(mask) < n_vocab:
-        raise BonsaiError(f"{source.name} has mask token id {mask}, outside the {n_vocab}-token vocabulary of "
+        raise DrafterDoesNotFit(f"{source.name} has mask token id {mask}, outside the {n_vocab}-token vocabulary of "
                           f"{target.name}", fix)
     if "conf_proj.weight" in by_name and "markov_w1.weight" in by_name:
         rank = by_name["markov_w1.weight"][0]
         width = by_name["conf_proj.weight"][0]
         if embedding is not None and width != int(embedding) + rank:
-            raise BonsaiError(f"{source.name} has a confidence head {width} wide, but upstream llama.cpp needs "
+            raise DrafterDoesNotFit(f"{source.name} has a confidence head {width} wide, but upstream llama.cpp needs "
                               f"{int(embedding) + rank} (embedding + Markov rank: confidence_head_with_markov)",
                               "this drafter's confidence head is not supported upstream; it cannot be converted")
 
@@ -553,12 +557,13 @@ def _temp(path: Path, tag: str) -> Path:
 
 def convert_drafter(source: str | Path, target: str | Path, output: str | Path, *,
                     keep_shared_tensors: bool = False, quantization: str = DEFAULT_QUANT, force: bool = False,
-                    reporter=None) -> ConversionResult:
+                    reporter=None, quantize_finder: Callable[[], Path] | None = None) -> ConversionResult:
     """Convert (and quantize) a legacy drafter for `target` into `output`.
 
     Refuses before writing anything when a file is wrong or `output` exists without `force`.
     `reporter` (see download_progress) draws the progress; nothing half-written is left
     behind after a failure or Ctrl+C: the output appears only by the final rename.
+    `quantize_finder` returns llama-quantize once the files are known to be fine.
     """
     from bonsai_launch.download_progress import RecordingReporter
 
@@ -581,7 +586,7 @@ def convert_drafter(source: str | Path, target: str | Path, output: str | Path, 
     converted = _temp(output, "dflash")
     quantized = _temp(output, quantization)
     try:
-        quantize_bin = find_quantize() if quantization != "none" else None
+        quantize_bin = (quantize_finder or find_quantize)() if quantization != "none" else None
         bar = reporter.bar(f"converting {source.name}", source.stat().st_size)
         try:
             provenance = write_converted(plan, converted, on_bytes=bar.update)

@@ -160,7 +160,9 @@ def ensure_profile_files(profile: Profile, *, layout: str, want_drafter: bool, w
                               reporter=reporter, check_remote=False)
         for note in result.notes:
             reporter.note(f"note: {note}")
-    return result.paths()
+    paths = result.paths()
+    paths.pop("drafter source", None)  # a converted drafter's source is not launched
+    return paths
 
 
 # --- the hub ----------------------------------------------------------------------------------
@@ -376,9 +378,16 @@ def _convert_legacy_drafter(profile: Profile, result: PullResult, reporter: Repo
     if drafter is None or model is None or not drafter_cache.needs_conversion(entry):
         return
     assert entry is not None
+    from bonsai_launch.drafter_convert import DrafterDoesNotFit
+
     output = drafter_cache.profile_output(profile, entry)
-    path, made = drafter_cache.ensure_converted(drafter.path, model.path, output, source_sha=drafter.sha256,
-                                                reporter=reporter)
+    try:
+        path, made = drafter_cache.ensure_converted(drafter.path, model.path, output, source_sha=drafter.sha256,
+                                                    reporter=reporter)
+    except DrafterDoesNotFit as err:
+        raise ActionFailed(f"the drafter {drafter.name} does not fit the target {model.name}: {err.message}",
+                           f"replace {drafter.path} with the drafter made for {model.name} (the pair comes from "
+                           f"{profile.source_file}), or pull without --speculative") from None
     result.files.append(FileResult("drafter", path.name, path, path.stat().st_size, None,
                                    "converted" if made else "already converted"))
     drafter.role = "drafter source"

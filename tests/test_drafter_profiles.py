@@ -43,12 +43,14 @@ def _models(capsys) -> dict:
     return {e["profile"]: e for e in json.loads(out)}
 
 
-def test_profiles_name_the_sidecar_for_mainline_and_keep_the_fork_file():
+def test_profiles_name_the_sidecar_and_mark_the_q4_1_file_legacy():
     for name, prefix in (("ternary-27b", "Ternary-Bonsai-27B"), ("bonsai-27b", "Bonsai-27B")):
         profile = get_profile(name)
         mainline = profile.file("drafter", "mainline")
         assert mainline.name == f"{prefix}-dspark-bf16.gguf" and mainline.convert == "dspark"
-        assert profile.file("drafter", "fork").name == f"{prefix}-dspark-Q4_1.gguf"
+        assert profile.file("drafter", "fork") == mainline  # prism-v7 forks need the conversion too
+        q41 = next(f for f in profile.files if f.name == f"{prefix}-dspark-Q4_1.gguf")
+        assert q41.layout == "legacy" and "type 42" in q41.note
         assert drafter_cache.profile_output(profile, mainline).name == f"{prefix}-dspark-dflash-Q4_0.gguf"
 
 

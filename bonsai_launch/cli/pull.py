@@ -55,7 +55,7 @@ def command(
     want_drafter = False if no_drafter else True if speculative or settings["speculative"] else None
     try:
         with RichReporter(err_console) as reporter:
-            result = pull_profile(selection.profile, layout=settings["layout"], want_drafter=want_drafter,
+            result = pull_profile(selection.profile, layout=selection.flavour, want_drafter=want_drafter,
                                   want_vision=not no_vision and settings["vision"], revision=revision,
                                   reporter=reporter)
     except KeyboardInterrupt:
