@@ -507,9 +507,10 @@ def find_quantize() -> Path:
     from bonsai_launch.build.install import installed_builds
     from bonsai_launch.paths import builds_dir
 
-    exe = ".exe" if os.name == "nt" else ""
+    from bonsai_launch.paths import exe_name
+
     server = find_server(os.environ.get("BONSAI_LLAMA_SERVER") or None)
-    candidates = [server.parent / f"llama-quantize{exe}"] if server is not None else []
+    candidates = [server.parent / exe_name("llama-quantize")] if server is not None else []
     candidates += [Path(m["binaries"]["llama-quantize"]) for _d, m in installed_builds(builds_dir())
                    if m.get("binaries", {}).get("llama-quantize")]
     for candidate in candidates:
