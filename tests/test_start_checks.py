@@ -39,9 +39,9 @@ def test_reason_is_the_servers_own_words():
 
 def test_proof_summaries():
     live = SpecProof(True, "draft-dspark", 4, drafted=40, accepted=30, slots_speculative=True)
-    assert live.summary() == "speculative decoding: live (draft-dspark, n-max 4, acceptance 75.0%)"
-    ngram = SpecProof(True, "ngram-mod", None, drafted=0, accepted=0, slots_speculative=True)
-    assert ngram.summary().startswith("speculative decoding: live (ngram-mod, n-max default, acceptance n/a")
+    assert live.summary() == "speculative decoding: live (draft-dspark, n-max 4, acceptance 75.0% of 40 drafted on the probe)"
+    ngram = SpecProof(True, "ngram-mod", None, drafted=14, accepted=14, slots_speculative=True)
+    assert ngram.summary().startswith("speculative decoding: live (ngram-mod, n-max 64 (llama.cpp default), acceptance 100.0%")
     dead = SpecProof(False, "draft-dspark", 4, 0, 0, False, reason="failed to initialize speculative decoding context: x")
     assert dead.summary() == "speculative decoding: NOT live (draft-dspark): failed to initialize speculative decoding context: x"
     assert dead.to_json()["acceptance"] is None

@@ -212,7 +212,7 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
         rows.append(("speculation", "off"))
     else:
         sp = plan.speculative
-        rows.append(("speculation", f"{sp.spec_type}, n-max {sp.n_max if sp.n_max is not None else 'default'}"
+        rows.append(("speculation", f"{sp.spec_type}, n-max {sp.n_max if sp.n_max is not None else _default_n_max(sp.spec_type)}"
                      + (f", drafter {Path(sp.drafter).name}" if sp.drafter else "")))
     rows.append(("OpenAI base URL", plan.base_url + "/v1"))
     if _web_ui(plan.base_url, key):
@@ -232,6 +232,12 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
         out.print(f"running in the background: `bonsai logs {inst.name} -f`, `bonsai stop {inst.name}`")
     else:
         out.print("press Ctrl+C to stop")
+
+
+def _default_n_max(spec_type: str) -> str:
+    from bonsai_launch.speculation_probe import default_n_max
+
+    return f"{default_n_max(spec_type)} (llama.cpp default)"
 
 
 def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallback: bool, json_output: bool) -> int:
