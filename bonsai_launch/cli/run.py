@@ -44,22 +44,36 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
                url: str | None, api_key: str | None, spec_fallback: bool,
                forwarder=None) -> Iterator[Target]:
     """A server to talk to: --url, else the running server of the profile, else a temporary
-    one (started like `bonsai start`, with its checks and speculation proof; always stopped)."""
+    one (started like `bonsai start`, with its checks and speculation proof; always stopped).
+
+    With speculation asked for, the answer never comes from a server that does not speculate:
+    a --url server must pass the liveness probe (else the command stops with the fix), and a
+    running plain server of the profile is passed over for a temporary speculative one."""
     from bonsai_launch import instances, supervisor
     from bonsai_launch.cli.start import prepare_plan
     from bonsai_launch.launch_inputs import select
     from bonsai_launch.server_process import free_port
     from bonsai_launch.settings import resolve
 
-    key = api_key or resolve(flags).get("api_key")
+    settings = resolve(flags)
+    key = api_key or settings.get("api_key")
+    wants_spec = bool(settings.get("speculative"))
     if url:
+        from bonsai_launch import client
+
+        client.health(url, key)  # a dead URL fails here, before chat opens its prompt
+        if wants_spec:
+            _require_speculating(url, key)
         yield Target(url, key, False, url)
         return
     if not model and not drafter:
         running = instances.for_profile(select(flags).profile.name)
-        if running is not None:
+        if running is not None and (running.speculative or not wants_spec):
             yield Target(running.base_url, key, False, running.name)
             return
+        if running is not None:
+            sys.stderr.write(f"the running server {running.name} ({running.base_url}) does not speculate: "
+                             "starting a temporary speculative server for this answer\n")
     if flags.get("port") is None and not resolve(flags).is_explicit("port"):
         flags = {**flags, "port": free_port()}  # a temporary server must not fight over 8080
     plan, generated = prepare_plan(flags, model, drafter, passthrough)
@@ -70,11 +84,27 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
 
     launched = supervisor.launch(plan, spec_fallback=spec_fallback, on_status=status, forwarder=forwarder)
     try:
-        if launched.proof is not None:
+        if launched.proof is not None and launched.proof.live:
             sys.stderr.write(launched.proof.summary() + "\n")
+        elif launched.proof is not None:  # only with --spec-fallback: say so, loudly
+            sys.stderr.write(f"warning: {launched.proof.summary()}; answering without speculation (--spec-fallback)\n")
         yield Target(plan.base_url, plan.env.get("LLAMA_API_KEY") or key, True, launched.instance.name)
     finally:
         supervisor.shutdown(launched)
+
+
+def _require_speculating(url: str, api_key: str | None) -> None:
+    """Speculation was asked for and the user named a server: it must pass the same probe
+    `bonsai start` and `bonsai verify` use (live only when it drafted tokens)."""
+    from bonsai_launch import speculation_probe
+    from bonsai_launch.errors import ActionFailed
+
+    result = speculation_probe.probe(url, api_key)
+    if not speculation_probe.is_live(result):
+        raise ActionFailed(f"speculation was asked for, but the server at {url} does not speculate: "
+                           f"{speculation_probe.not_live_reason(result)}",
+                           "start it with speculation (`bonsai start --speculative ...`), drop --url to let bonsai "
+                           "start a temporary speculative server, or unset BONSAI_SPECULATIVE/--speculative")
 
 
 def stats_line(result) -> str:
