@@ -3,7 +3,7 @@
 Every writer returns the Path it wrote, writes to a temporary name first and renames it into
 place, and produces a file of a few hundred KB that llama-server (upstream b11434) loads in
 milliseconds. Keys and tensor names follow src/llama-model.cpp, src/models/{qwen3,llama,dflash}.cpp
-and src/llama-vocab.cpp of that build (see /work/shared/reference/drafter-gguf.md).
+and src/llama-vocab.cpp of that build (the project's reference notes on the drafter GGUF layout).
 
 Vocabulary: the `"test"` tokenizer (hash tokenizer, no BOS/EOS, so generation runs to
 n_predict; a token detokenizes to its id in hex). Token texts are f"{token_prefix}{i}", so a
