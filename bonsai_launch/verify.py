@@ -142,8 +142,12 @@ def _check_openai(base: str, api_key: str | None, report: VerifyReport) -> None:
     # Without server timings this includes prompt processing: a lower bound on decode speed.
     report.decode_tps = report.tokens / elapsed if report.tokens and elapsed > 0 else None
     timings = result.get("timings") or {}
-    if timings:
+    if timings:  # an OpenAI-compatible front of llama-server: judged by the same rule
         report.drafted, report.accepted, _ = client.acceptance(timings)
-        report.speculative = report.drafted > 0
+        report.speculative = speculation_probe.is_live(speculation_probe.ProbeResult(
+            report.drafted, report.accepted, report.tokens, report.decode_tps, None, 1))
+        if not report.speculative:
+            report.not_live_reason = speculation_probe.not_live_reason(speculation_probe.ProbeResult(
+                0, 0, report.tokens, report.decode_tps, None, 1))
     if report.tokens == 0 and not (result.get("choices") or []):
         report.problems.append("generation: the server returned no answer")

@@ -186,3 +186,30 @@ def test_start_and_verify_agree_when_nothing_is_drafted(llama_server, tiny, clea
     checked = bonsai(["verify", "--expect-speculative"], server=llama_server)
     assert checked.returncode == 1
     assert f"NOT live: {spec['reason']}" in checked.stdout
+
+
+@pytest.mark.server
+def test_block_7_drafter_sets_n_max_7_and_drafts(llama_server, tiny, cleanup, tmp_path):
+    drafter = tiny_gguf.write_dspark_drafter(tmp_path / "block7.gguf", block_size=7)
+    started = json_out(bonsai(["start", "--model", tiny["target"], "--drafter", drafter, "--port", free_port(),
+                               "--ctx", "2048", "--speculative", "--detach", "--json"], server=llama_server))
+    spec = started["speculative"]
+    assert spec["type"] == "draft-dspark" and spec["n_max"] == 7 and spec["live"] and spec["drafted"] > 0
+    argv = started["plan"]["argv"]
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "7"
+
+
+@pytest.mark.server
+def test_bench_refuses_to_measure_a_speculative_configuration_that_does_not_draft(llama_server, tiny, tmp_path):
+    from bonsai_launch.bench.pipeline import Target, run_bench
+    from bonsai_launch.bench.runner import BenchOptions
+    from bonsai_launch.errors import ActionFailed
+
+    options = BenchOptions(configs=("plain", "ngram-simple"), categories=("code",), per_category=1, temps=(0.0,),
+                           repeats=1, max_tokens=8, tradeoffs=False)
+    target = Target(model=str(tiny["target"]), binary=llama_server,
+                    passthrough=("-t", "1", "--spec-ngram-simple-size-n", "256"))
+    with pytest.raises(ActionFailed) as err:
+        run_bench(options, target, tmp_path / "out", chart=False)
+    assert "ngram-simple: speculative decoding: NOT live (ngram-simple): the probe drafted no tokens" in err.value.message
+

@@ -123,3 +123,14 @@ def test_bench_equality_on_a_random_pair_is_real(llama_server, tmp_path):
     assert eq["compared"] == 4 and eq["identical"] == 4
     proof = next(s for s in doc["servers"] if s["config"] == "speculative")["spec_proof"]
     assert proof["live"] and proof["drafted"] > 0
+
+
+def test_url_mode_notes_a_server_that_never_drafted():
+    from bonsai_launch.bench.runner import not_drafting_note
+
+    plain = [RequestResult("server", f"p{i}", "code", 0.0, 0, drafted=0) for i in range(3)]
+    assert "server drafted no tokens in any of its 3 requests" in not_drafting_note(plain, "server")
+    drafting = plain + [RequestResult("server", "p9", "code", 0.0, 0, drafted=4, accepted=2)]
+    assert not_drafting_note(drafting, "server") is None
+    unknown = [RequestResult("server", "p1", "code", 0.0, 0)]  # no draft counts at all: cannot tell
+    assert not_drafting_note(unknown, "server") is None

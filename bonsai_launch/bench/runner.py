@@ -520,9 +520,22 @@ def run_urls(options: BenchOptions, url: str, baseline_url: str | None, prompts:
                 if options.tradeoffs:
                     run_multi_turn(http, endpoint, spec, options, conversations, repeat, data, listener, salt)
                     run_concurrency(endpoint, spec, options, load, repeat, data, listener, salt)
+    note = not_drafting_note(data.requests, "server")
+    if note:
+        data.notes.append(note)
     data.finished = time.time()
     data.environment["load_average_end"] = _loadavg()
     return data
+
+
+def not_drafting_note(requests: list[RequestResult], config: str) -> str | None:
+    """URL mode cannot probe a server it did not start; the measured requests are judged by
+    the rule of `bonsai start`/`verify` instead: live only when tokens were drafted."""
+    counted = [r for r in requests if r.config == config and r.drafted is not None and not r.error]
+    if counted and sum(r.drafted or 0 for r in counted) == 0:
+        return (f"{config} drafted no tokens in any of its {len(counted)} requests: speculative decoding is NOT live "
+                "there, so its numbers are those of plain decoding")
+    return None
 
 
 # -- environment --------------------------------------------------------------------------------
