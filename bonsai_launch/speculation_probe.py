@@ -24,8 +24,10 @@ from typing import Any
 
 from bonsai_launch import client
 
-# Two copies of the alphabet are ~58 tokens for Gemma; a model continues the pattern.
-PROOF_PROMPT = ("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 2) + "a b c"
+# Three copies of the alphabet (~85 tokens for Gemma); a model continues the pattern. Three,
+# not two: ngram-map-k/-k4v only look up keys with 48 tokens after them (the m-gram they
+# draft), so the repeated text must reach further back than two copies do.
+PROOF_PROMPT = ("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 3) + "a b c"
 PROOF_TOKENS = 16
 SPEC_FAILURE_MARKER = "failed to initialize speculative decoding context"
 _LOG_PREFIX = re.compile(r"^\s*[\d.]+\s+[A-Z]\s+(?:\S+\s+)?(?:[\w:~<>]+:\s+)?")

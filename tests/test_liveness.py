@@ -213,3 +213,16 @@ def test_bench_refuses_to_measure_a_speculative_configuration_that_does_not_draf
         run_bench(options, target, tmp_path / "out", chart=False)
     assert "ngram-simple: speculative decoding: NOT live (ngram-simple): the probe drafted no tokens" in err.value.message
 
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_every_ngram_type_drafts_on_the_probe_with_the_demo_model(llama_server, demo_gguf, tmp_path):
+    """The real (Q4_K) demo model: the probe's first request already drafts for every type."""
+    for spec_type in NGRAM_TYPES:
+        args = ["-m", demo_gguf, "--spec-type", spec_type, "-c", "4096", "-np", "1", "--no-jinja",
+                "--chat-template", "gemma"]
+        with tiny_gguf.serve(llama_server, args, tmp_path / f"{spec_type}.log", timeout=120) as server:
+            result = speculation_probe.probe(server.url)
+            assert speculation_probe.is_live(result), (spec_type, result)
+            assert result.requests == 1 and result.accepted > 0, (spec_type, result)
