@@ -109,8 +109,11 @@ def speculation_failure_reason(log_lines: list[str]) -> str | None:
 
 
 def _read_log(path: Path) -> list[str]:
+    from bonsai_launch.log_files import open_read_shared
+
     try:
-        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+        with open_read_shared(path) as f:  # Windows: the server still writes it
+            return f.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return []
 
