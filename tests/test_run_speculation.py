@@ -97,3 +97,14 @@ def test_readme_first_command_answers_sensibly_with_live_speculation(llama_serve
     assert fresh.stdout.count("brown fox jumps over the lazy dog") >= 2
     assert instances.running() == []
     assert no_server_left(demo_home)
+
+
+@pytest.mark.server
+def test_an_answer_that_drafted_nothing_says_so_on_a_speculating_server(llama_server, target):
+    spec = json_out(bonsai(["start", "--model", target, "--port", free_port(), "--ctx", "2048", "--speculative",
+                            "--spec-type", "ngram-simple", "--detach", "--json"], server=llama_server))
+    assert spec["speculative"]["live"]
+    env = bonsai_env(llama_server, BONSAI_SPECULATIVE="1")
+    done = bonsai(["run", "--url", spec["url"], "-n", "4", "hello"], env=env)  # too short to repeat anything
+    assert done.returncode == 0, done.stderr
+    assert "speculative: nothing drafted for this answer" in done.stderr

@@ -93,6 +93,6 @@ def command(
                         continue
                     sys.stdout.write("\n")
                     history.append({"role": "assistant", "content": result.text})
-                    err.print(stats_line(result), style="dim")
+                    err.print(stats_line(result, target.speculative), style="dim")
         except supervisor.StopRequested:
             pass

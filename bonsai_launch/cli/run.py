@@ -37,6 +37,7 @@ class Target:
     api_key: str | None
     temporary: bool
     name: str
+    speculative: bool = False  # proven live by the probe (start's, or ours for --url)
 
 
 @contextlib.contextmanager
@@ -64,13 +65,13 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
         client.health(url, key)  # a dead URL fails here, before chat opens its prompt
         if wants_spec:
             _require_speculating(url, key)
-        yield Target(url, key, False, url)
+        yield Target(url, key, False, url, speculative=wants_spec)
         return
     selection = select(flags)
     if not explicit_model(selection, model) and not drafter:  # BONSAI_GGUF counts as --model
         running = instances.for_profile(selection.profile.name)
         if running is not None and (running.speculative or not wants_spec):
-            yield Target(running.base_url, key, False, running.name)
+            yield Target(running.base_url, key, False, running.name, speculative=running.speculative)
             return
         if running is not None:
             sys.stderr.write(f"the running server {running.name} ({running.base_url}) does not speculate: "
@@ -89,7 +90,8 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
             sys.stderr.write(launched.proof.summary() + "\n")
         elif launched.proof is not None:  # only with --spec-fallback: say so, loudly
             sys.stderr.write(f"warning: {launched.proof.summary()}; answering without speculation (--spec-fallback)\n")
-        yield Target(plan.base_url, plan.env.get("LLAMA_API_KEY") or key, True, launched.instance.name)
+        yield Target(plan.base_url, plan.env.get("LLAMA_API_KEY") or key, True, launched.instance.name,
+                     speculative=bool(launched.proof and launched.proof.live))
     finally:
         supervisor.shutdown(launched)
 
@@ -108,8 +110,9 @@ def _require_speculating(url: str, api_key: str | None) -> None:
                            "start a temporary speculative server, or unset BONSAI_SPECULATIVE/--speculative")
 
 
-def stats_line(result) -> str:
-    """`32 tokens, 41.3 tokens/s; speculative: drafted 46, accepted 46 (100.0%)`."""
+def stats_line(result, speculative: bool = False) -> str:
+    """`32 tokens, 41.3 tokens/s; speculative: drafted 46, accepted 46 (100.0%)`. On a
+    speculating server an answer that drafted nothing says so, rather than looking plain."""
     from bonsai_launch.client import acceptance
 
     t = result.timings or {}
@@ -122,6 +125,8 @@ def stats_line(result) -> str:
     drafted, accepted, rate = acceptance(t)
     if drafted:
         line += f"; speculative: drafted {drafted}, accepted {accepted} ({rate * 100:.1f}%)"
+    elif speculative and t:
+        line += "; speculative: nothing drafted for this answer (n-gram types draft only on repeated text)"
     return line
 
 
@@ -175,4 +180,4 @@ def command(
         return
     sys.stdout.write("\n")
     sys.stdout.flush()
-    err.print(stats_line(result), style="dim")
+    err.print(stats_line(result, target.speculative), style="dim")
