@@ -153,3 +153,28 @@ def test_launch_mode_runs_every_slot_count(llama_server, tmp_path):
     assert all("fewer than 3 repeats" in u["line"] for u in doc["users"])
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "### For K simultaneous users" in md
+
+
+def test_interleaved_conversations_take_turns(monkeypatch):
+    from bonsai_launch.bench import runner
+
+    sent = []
+
+    class Http:
+        pass
+
+    def fake_send(http, endpoint, result, messages, max_tokens, seed):
+        sent.append((result.prompt_id, result.turn, len(messages)))
+        result.text = "ok"
+        return result
+
+    convs = [suite.Conversation("a", ("1", "2", "3")), suite.Conversation("b", ("1", "2", "3"))]
+    spec = ConfigSpec("plain", True, None)
+    for interleave, expected in ((False, ["a1", "a2", "a3", "b1", "b2", "b3"]),
+                                 (True, ["a1", "b1", "a2", "b2", "a3", "b3"])):
+        sent.clear()
+        data = BenchData("launch", BenchOptions(turns=3, interleave=interleave), [spec], [])
+        monkeypatch.setattr(runner, "_send", fake_send)
+        runner.run_multi_turn(Http(), None, spec, data.options, convs, 0, data, runner.Listener())
+        assert [f"{p}{t}" for p, t, _ in sent] == expected
+        assert [n for p, t, n in sent if p == "b"] == [1, 3, 5]  # each turn carries its own history

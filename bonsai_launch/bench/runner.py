@@ -53,6 +53,7 @@ class BenchOptions:
     parallel: tuple[int, ...] | None = None  # slot counts: each config's concurrency rounds run once per count
     per_category: int | None = None  # prompts per category (None: all)
     turns: int = 4  # multi-turn conversation length
+    interleave: bool = False  # multi-turn: turn 1 of every conversation, then turn 2 of every one... (prompt cache)
     conversations: int | None = None  # how many bundled conversations (None: all)
     tradeoff_tokens: int = 48  # max tokens per multi-turn / concurrency request
     api: str = "chat"  # chat | completion
@@ -397,17 +398,25 @@ def run_multi_turn(http: httpx.Client, endpoint: Endpoint, spec: ConfigSpec, opt
                    salt: str = "") -> None:
     """A conversation turn by turn, each turn carrying the earlier answers: turn 2+ shows
     whether the server reuses the cached prefix (time to first token stays low) or
-    re-evaluates it."""
-    for conv in conversations:
-        history: list[dict[str, str]] = []
-        for turn, user_text in enumerate(conv.turns[:options.turns], 1):
-            listener.step(f"{spec.label}: conversation {conv.id} turn {turn} (repeat {repeat + 1})")
-            history.append({"role": "user", "content": user_text})
-            result = RequestResult(spec.name, conv.id, "multi-turn", 0.0, repeat, phase="multi-turn", turn=turn)
-            _send(http, endpoint, result, _salted(history, salt), options.tradeoff_tokens, options.seed)
-            history.append({"role": "assistant", "content": result.text})
-            data.requests.append(result)
-            listener.advance()
+    re-evaluates it.
+
+    Interleaved (--interleave-conversations), every conversation's turn 1 comes before any
+    turn 2, as with several users taking turns: with fewer slots than conversations, a
+    conversation finds its slot taken by another one, and only the prompt cache in RAM
+    (--cache-ram, --cache-idle-slots) or context checkpoints can spare it the re-read."""
+    histories: dict[str, list[dict[str, str]]] = {conv.id: [] for conv in conversations}
+    steps = [(conv, turn, text) for conv in conversations for turn, text in enumerate(conv.turns[:options.turns], 1)]
+    if options.interleave:
+        steps.sort(key=lambda step: step[1])  # stable: conversations keep their order within a turn
+    for conv, turn, user_text in steps:
+        history = histories[conv.id]
+        listener.step(f"{spec.label}: conversation {conv.id} turn {turn} (repeat {repeat + 1})")
+        history.append({"role": "user", "content": user_text})
+        result = RequestResult(spec.name, conv.id, "multi-turn", 0.0, repeat, phase="multi-turn", turn=turn)
+        _send(http, endpoint, result, _salted(history, salt), options.tradeoff_tokens, options.seed)
+        history.append({"role": "assistant", "content": result.text})
+        data.requests.append(result)
+        listener.advance()
 
 
 def run_concurrency(endpoint: Endpoint, spec: ConfigSpec, options: BenchOptions, load_prompts: list[suite.Prompt],

@@ -42,6 +42,7 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Benchmar
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="DSpark/DFlash drafter GGUF for the speculative configuration.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")]
 NglOpt = Annotated[Optional[int], typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
+InterleaveOpt = Annotated[bool, typer.Option("--interleave-conversations", help="Multi-turn: every conversation's turn 1, then every turn 2...: with fewer slots than conversations this measures the prompt cache (BONSAI_CACHE_RAM, BONSAI_CTX_CHECKPOINTS).")]
 NoTradeoffsOpt = Annotated[bool, typer.Option("--no-tradeoffs", help="Skip the multi-turn and concurrency measurements.")]
 NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.png.")]
 
@@ -88,6 +89,7 @@ def command(
     api_key: ApiKeyOpt = None,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
+    interleave: InterleaveOpt = False,
     no_tradeoffs: NoTradeoffsOpt = False,
     no_chart: NoChartOpt = False,
     json_output: JsonOpt = False,
@@ -132,7 +134,8 @@ def command(
         given["parallel"] = _ints(parallel, "--parallel")
         if not given["parallel"]:
             raise BonsaiError("--parallel is empty", "for example --parallel 1,4")
-    options = dataclasses.replace(BenchOptions(), api=api, prompts_path=prompts, tradeoffs=not no_tradeoffs, **given)
+    options = dataclasses.replace(BenchOptions(), api=api, prompts_path=prompts, tradeoffs=not no_tradeoffs,
+                                  interleave=interleave, **given)
     if quick:
         options = quick_options(options, set(given))
 
