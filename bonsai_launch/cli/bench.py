@@ -42,6 +42,7 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Benchmar
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="DSpark/DFlash drafter GGUF for the speculative configuration.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")]
 NglOpt = Annotated[Optional[int], typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
+TradeoffTokensOpt = Annotated[Optional[int], typer.Option("--tradeoff-tokens", help="Tokens per multi-turn and concurrency request (default 48; --quick: 32).")]
 InterleaveOpt = Annotated[bool, typer.Option("--interleave-conversations", help="Multi-turn: every conversation's turn 1, then every turn 2...: with fewer slots than conversations this measures the prompt cache (BONSAI_CACHE_RAM, BONSAI_CTX_CHECKPOINTS).")]
 NoTradeoffsOpt = Annotated[bool, typer.Option("--no-tradeoffs", help="Skip the multi-turn and concurrency measurements.")]
 NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.png.")]
@@ -89,6 +90,7 @@ def command(
     api_key: ApiKeyOpt = None,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
+    tradeoff_tokens: TradeoffTokensOpt = None,
     interleave: InterleaveOpt = False,
     no_tradeoffs: NoTradeoffsOpt = False,
     no_chart: NoChartOpt = False,
@@ -130,6 +132,10 @@ def command(
         given["max_tokens"] = max_tokens
     if concurrency is not None:
         given["concurrency"] = _ints(concurrency, "--concurrency")
+    if tradeoff_tokens is not None:
+        if tradeoff_tokens < 2:
+            raise BonsaiError(f"--tradeoff-tokens {tradeoff_tokens} is too small", "use 32 or more")
+        given["tradeoff_tokens"] = tradeoff_tokens
     if parallel is not None:
         given["parallel"] = _ints(parallel, "--parallel")
         if not given["parallel"]:
