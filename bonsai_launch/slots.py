@@ -53,7 +53,6 @@ SHARED_DRAFTING_PR = "llama.cpp #22838"
 class SlotChoice:
     count: int | None  # None: llama-server's own default (auto)
     why: str
-    from_user: bool
 
 
 def choose_slots(parallel: int | None, source: str | None, speculative: bool,
@@ -62,13 +61,16 @@ def choose_slots(parallel: int | None, source: str | None, speculative: bool,
     llama-server's own default."""
     if parallel is not None and source in ("flag", "env", "profile"):
         where = {"flag": "--parallel", "env": "BONSAI_PARALLEL", "profile": "the profile"}[source]
-        return SlotChoice(parallel, f"{where}: {parallel} request(s) at once", True)
+        if passthrough_np is not None and passthrough_np != parallel:
+            raise BonsaiError(f"{where} {parallel} and -np {passthrough_np} after -- ask for different slot counts",
+                              "give the slot count once, with --parallel or BONSAI_PARALLEL")
+        return SlotChoice(parallel, f"{where}: {parallel} request{'s' if parallel != 1 else ''} at once")
     if passthrough_np is not None and passthrough_np > 0:
-        return SlotChoice(passthrough_np, f"-np {passthrough_np} after --", True)
+        return SlotChoice(passthrough_np, f"-np {passthrough_np} after --")
     if speculative:
-        return SlotChoice(1, "speculation: one slot unless BONSAI_PARALLEL/--parallel asks for more", False)
+        return SlotChoice(1, "speculation: one slot unless BONSAI_PARALLEL/--parallel asks for more")
     return SlotChoice(None, f"llama-server's default: auto = {LLAMA_AUTO_SLOTS} slots sharing one KV pool "
-                            "(set BONSAI_PARALLEL to choose)", False)
+                            "(set BONSAI_PARALLEL to choose)")
 
 
 def draft_length(spec_type: str, n_max: int | None, option_values: Mapping[str, int] | None = None) -> tuple[int, str]:

@@ -251,3 +251,10 @@ def test_shared_drafting_is_read_from_the_help_text():
 
 def test_hardware_table_is_shared():
     assert "cpu-8g" in HW
+
+
+def test_parallel_and_np_after_double_dash_must_agree():
+    with pytest.raises(BonsaiError, match="BONSAI_PARALLEL 2 and -np 4 after -- ask for different slot counts"):
+        plan_for(env={**SPEC, "BONSAI_PARALLEL": "2"}, passthrough=("-np", "4"))
+    plan = plan_for(env={**SPEC, "BONSAI_PARALLEL": "4"}, passthrough=("-np", "4"))
+    assert plan.slots.count == 4
