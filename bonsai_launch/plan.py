@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bonsai_launch import prompt_cache
+from bonsai_launch import slots as slot_rules
 from bonsai_launch.capabilities import Capabilities
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.gguf_info import GGUFInfo, check_pair
 from bonsai_launch.hardware import Hardware
 from bonsai_launch.profiles import Profile
 from bonsai_launch.settings import Settings
-from bonsai_launch import prompt_cache
-from bonsai_launch import slots as slot_rules
 from bonsai_launch.slots import SlotChoice, SlotsPlan
 
 SPECULATIVE_MIN_CTX = 16384
@@ -258,7 +258,8 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         ctx, per_slot_ctx = fitted.ctx, fitted.per_slot
         if fitted.warning:
             b.warnings.append(fitted.warning)
-        limit = gpu_ctx_limit(inputs.hardware, inputs.model.file_size, inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)) if ngl > 0 else None
+        kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
+        limit = gpu_ctx_limit(inputs.hardware, inputs.model.file_size, kv) if ngl > 0 else None
         if limit is not None and ctx > limit:
             b.warnings.append(f"{slot_choice.count} slots need a {ctx}-token KV cache, more than the about {limit} tokens "
                               "free GPU memory holds; use fewer slots, BONSAI_KV_UNIFIED=1 or BONSAI_KV4=1")
@@ -340,16 +341,21 @@ def _slots(inputs: PlanInputs, spec: SpecPlan | None, choice: SlotChoice, per_sl
         b.warnings.append("BONSAI_KV_UNIFIED=1 has no effect with one slot")
     if spec is None:
         return SlotsPlan(count, kv_unified, per_slot_ctx)
-    option_values = {option: value for option, _ in slot_rules.NGRAM_DRAFT_LENGTH.values() if option
-                     for value in [_passthrough_value(passthrough, option)] if value is not None}
+    # The draft length and -ub/-b come from the plan's values: today the arguments after --.
+    option_values: dict[str, int] = {}
+    for option, _ in slot_rules.NGRAM_DRAFT_LENGTH.values():
+        value = _passthrough_value(passthrough, option) if option else None
+        if option and value is not None:
+            option_values[option] = value
     draft, _ = slot_rules.draft_length(spec.spec_type, spec.n_max, option_values)
     sizing = slot_rules.size_batches(count, spec.spec_type, draft, _passthrough_value(passthrough, "-ub", "--ubatch-size"),
                                      _passthrough_value(passthrough, "-b", "--batch-size"))
-    for flag, value, why in (("-ub", sizing.ubatch_flag, sizing.ubatch_why), ("-b", sizing.batch_flag, sizing.batch_why)):
-        if value is not None:
-            b.add(flag, value, "speculation: " + why)
-        else:
-            b.reasons.append(Reason(flag, str(sizing.ubatch if flag == "-ub" else sizing.batch), "speculation: " + why))
+    for flag, added, effective, why in (("-ub", sizing.ubatch_flag, sizing.ubatch, sizing.ubatch_why),
+                                        ("-b", sizing.batch_flag, sizing.batch, sizing.batch_why)):
+        if added is not None:
+            b.add(flag, added, "speculation: " + why)
+        else:  # given after --, or llama-server's default: explained, not repeated
+            b.reasons.append(Reason(flag, str(effective), "speculation: " + why))
     return SlotsPlan(count, kv_unified, per_slot_ctx, draft, sizing.need, sizing.ubatch, sizing.batch)
 
 
