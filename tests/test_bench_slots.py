@@ -55,9 +55,10 @@ def test_rows_per_configuration_slots_and_clients(doc):
     assert four["ttft_p50_s"] <= four["ttft_p95_s"]
     queued = next(r for r in doc["concurrency"] if (r["config"], r["slots"], r["level"]) == ("ngram-mod", 1, 4))
     assert queued["ttft_p95_s"] > four["ttft_p95_s"] * 5  # one slot: seven requests queue behind the first
-    # compared with the baseline only at the same slot count
-    assert four["verdict"] is not None and four["ratios"] == pytest.approx([73.1 / 82.6] * 3, rel=1e-3)
-    assert queued["verdict"] is None
+    # compared with the baseline at the same slot count; plain never ran on 1 slot here, so the
+    # 1-slot row falls back to plain's only server
+    assert four["baseline_slots"] == 4 and four["ratios"] == pytest.approx([73.1 / 82.6] * 3, rel=1e-3)
+    assert queued["baseline_slots"] == 4
 
 
 def test_users_verdicts_pick_the_best_total_per_client_count(doc):
@@ -178,3 +179,17 @@ def test_interleaved_conversations_take_turns(monkeypatch):
         runner.run_multi_turn(Http(), None, spec, data.options, convs, 0, data, runner.Listener())
         assert [f"{p}{t}" for p, t, _ in sent] == expected
         assert [n for p, t, n in sent if p == "b"] == [1, 3, 5]  # each turn carries its own history
+
+
+def test_without_parallel_each_side_keeps_its_own_slots():
+    """No --parallel: plain runs on llama-server's auto 4 slots, speculation on 1; the rows
+    still compare at the same client count, and say which slots the baseline had."""
+    data = _data()
+    data.loads = [l for l in data.loads if (l.config, l.slots) in (("plain", 4), ("ngram-mod", 1))]
+    data.requests = [r for r in data.requests if (r.config, r.slots) in (("plain", 4), ("ngram-mod", 1))]
+    doc = summarize(data)
+    row = next(r for r in doc["concurrency"] if r["config"] == "ngram-mod" and r["level"] == 4)
+    assert row["baseline_slots"] == 4 and row["verdict"]["kind"] == "slower"
+    assert row["ratios"] == pytest.approx([46.9 / 82.6] * 3, rel=1e-3)
+    header, rows = report.concurrency_rows(doc)
+    assert any(cell.endswith("(baseline on 4)") for r in rows for cell in r)

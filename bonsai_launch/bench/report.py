@@ -297,8 +297,17 @@ def concurrency_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
         rows.append([str(r["level"]), labels.get(r["config"], r["config"]),
                      "-" if r.get("slots") is None else str(r["slots"]), _sp(r["throughput_tps"]),
                      _sp_median(r.get("per_stream_tps")), _num(r.get("ttft_p50_s")), _num(r.get("ttft_p95_s")),
-                     _ratio(r["verdict"]) if r.get("verdict") else "-"])
+                     _vs_baseline(r)])
     return header, rows
+
+
+def _vs_baseline(row: dict) -> str:
+    if not row.get("verdict"):
+        return "-"
+    text = _ratio(row["verdict"])
+    if row.get("baseline_slots") is not None and row.get("baseline_slots") != row.get("slots"):
+        text += f" (baseline on {row['baseline_slots']})"
+    return text
 
 
 def verdict_table_markdown(doc: dict) -> list[str]:

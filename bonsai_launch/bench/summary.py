@@ -307,14 +307,26 @@ def _concurrency(data: BenchData, baseline: str | None) -> list[dict[str, Any]]:
                                "ttft_s": _spread_json(ttfts),
                                "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
                                "ratios": None, "verdict": None}
-        if baseline and config != baseline and (baseline, slots, level) in by:
-            base = by[(baseline, slots, level)]
+        base_key = _baseline_key(by, baseline, slots, level) if baseline and config != baseline else None
+        row["baseline_slots"] = base_key[1] if base_key else None
+        if base_key:
+            base = by[base_key]
             ratios = paired_ratios(values, base)
             row["ratios"] = ratios
             row["verdict"] = verdict(ratios, spread(base.values()), spread(values.values())).to_json()
         out.append(row)
     order = {c.name: i for i, c in enumerate(data.configs)}
     return sorted(out, key=lambda r: (r["level"], order.get(r["config"], 99), r["slots"] or 0))
+
+
+def _baseline_key(by: dict, baseline: str, slots: int | None, level: int) -> tuple | None:
+    """The baseline row to compare with: the same slot count when the baseline ran it
+    (--parallel), else the baseline's only server at this client count (its own slots: a
+    plain server's auto 4 against a speculative server's 1, as each would run by default)."""
+    if (baseline, slots, level) in by:
+        return (baseline, slots, level)
+    own = [k for k in by if k[0] == baseline and k[2] == level]
+    return own[0] if len(own) == 1 else None
 
 
 def percentile(values: list[float], pct: float) -> float | None:
