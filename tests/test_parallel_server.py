@@ -139,3 +139,15 @@ def test_demo_ngram_mod_is_live_on_four_slots(llama_server, demo_gguf, isolated_
     assert [r["id_slot"] for r in results] == [0, 1, 2, 3]
     assert bonsai(["stop", "demo"], env=env).returncode == 0
     assert gone(inst.pid)
+
+
+def test_dry_run_json_gives_the_reasons_for_slots_and_batches(llama_server, pair):
+    data = json_out(bonsai(["start", "--model", pair["target"], "--drafter", pair["drafter"], "--speculative",
+                            "--parallel", "8", "--dry-run", "--json"], server=llama_server))
+    reasons = {r["flag"]: r for r in data["reasons"]}
+    # the real binary was probed: its --spec-type takes a list, so one context drafts for every slot
+    assert "drafts for every slot in one context" in reasons["-np"]["why"]
+    assert reasons["-ub"]["value"] == "512" and "8 slots x (4 draft + 1) = 40" in reasons["-ub"]["why"]
+    assert reasons["-c"]["value"] == str(8 * 16384)
+    assert data["slots"]["per_slot_ctx"] == 16384 and data["slots"]["batch_need"] == 40
+    assert not logs_dir().exists() or not any(logs_dir().iterdir())
