@@ -258,3 +258,17 @@ def test_parallel_and_np_after_double_dash_must_agree():
         plan_for(env={**SPEC, "BONSAI_PARALLEL": "2"}, passthrough=("-np", "4"))
     plan = plan_for(env={**SPEC, "BONSAI_PARALLEL": "4"}, passthrough=("-np", "4"))
     assert plan.slots.count == 4
+
+
+def test_slots_proof_needs_more_than_one_drafting_slot():
+    from bonsai_launch.slot_proof import SlotResult, SlotsProof
+
+    every = SlotsProof("draft-dspark", 4, tuple(SlotResult(i, 10, 5) for i in range(4)))
+    assert every.live and every.summary().startswith("speculative decoding: live on 4 slots (draft-dspark; 4 concurrent")
+    assert every.rate == 0.5
+    some = SlotsProof("ngram-mod", 8, (SlotResult(0, 3, 3), SlotResult(1, 2, 2), SlotResult(2, 0, 0)))
+    assert some.live and "live on 2 of 8 slots" in some.summary()
+    one = SlotsProof("draft-dspark", 2, (SlotResult(0, 7, 1), SlotResult(1, 0, 0, "HTTP 500: boom")))
+    assert not one.live
+    assert "NOT live on several slots" in one.summary() and "slot 1: HTTP 500: boom" in one.summary()
+    assert one.to_json()["drafting_slots"] == [0]
