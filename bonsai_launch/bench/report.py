@@ -225,16 +225,15 @@ def _print_tradeoffs(doc: dict, console, labels: dict[str, str]) -> None:
                           f"{_ratio(c['verdict'])} (above 1 = sooner)")
     conc = doc.get("concurrency") or []
     if conc:
-        t = Table(title="Concurrency: total throughput with N clients at once")
-        t.add_column("clients", justify="right")
-        t.add_column("configuration")
-        t.add_column("tok/s", justify="right")
-        t.add_column("TTFT", justify="right")
-        t.add_column("vs baseline", justify="right")
-        for r in conc:
-            t.add_row(str(r["level"]), labels.get(r["config"], r["config"]), _sp(r["throughput_tps"]),
-                      _sp(r["ttft_s"], 2, " s"), _ratio(r["verdict"]) if r.get("verdict") else "-")
+        header, rows = concurrency_rows(doc)
+        t = Table(title="Slots x clients: total and per-user speed, time to first token")
+        for i, name in enumerate(header):
+            t.add_column(name, justify="left" if name == "configuration" else "right")
+        for row in rows:
+            t.add_row(*row)
         console.print(t)
+        for u in doc.get("users") or []:
+            console.print(f"  [bold]{u['line']}[/bold]  [dim]({u['settings']})[/dim]")
     mem = doc.get("memory") or []
     if any(m.get("peak_rss_bytes") for m in mem):
         t = Table(title="Memory and startup per server")
@@ -286,6 +285,29 @@ def category_speed_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
             row.append(v["line"].split(": ", 1)[1] if v else "-")
             rows.append(row)
     return header, rows
+
+
+def concurrency_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """The slots x clients table: one source for the terminal and the Markdown report."""
+    labels = _labels(doc)
+    header = ["clients", "configuration", "slots", "total tok/s", "per user tok/s", "TTFT p50 s", "TTFT p95 s",
+              "vs baseline"]
+    rows = []
+    for r in doc.get("concurrency") or []:
+        rows.append([str(r["level"]), labels.get(r["config"], r["config"]),
+                     "-" if r.get("slots") is None else str(r["slots"]), _sp(r["throughput_tps"]),
+                     _sp_median(r.get("per_stream_tps")), _num(r.get("ttft_p50_s")), _num(r.get("ttft_p95_s")),
+                     _vs_baseline(r)])
+    return header, rows
+
+
+def _vs_baseline(row: dict) -> str:
+    if not row.get("verdict"):
+        return "-"
+    text = _ratio(row["verdict"])
+    if row.get("baseline_slots") is not None and row.get("baseline_slots") != row.get("slots"):
+        text += f" (baseline on {row['baseline_slots']})"
+    return text
 
 
 def verdict_table_markdown(doc: dict) -> list[str]:
@@ -377,11 +399,15 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
                          f"{_ratio(c['verdict'])} (above 1 = first token sooner).")
     conc = doc.get("concurrency") or []
     if conc:
-        lines += ["", "## Trade-off: throughput with concurrent clients", ""]
-        rows = [[str(r["level"]), labels.get(r["config"], r["config"]), _sp(r["throughput_tps"]), _sp(r["ttft_s"], 2),
-                 _ratio(r["verdict"]) if r.get("verdict") else "-"] for r in conc]
-        lines += _md_table(["clients", "configuration", "total tok/s", "TTFT s", "vs baseline"], rows,
-                           ["r", "l", "r", "r", "r"])
+        lines += ["", "## Trade-off: slots x concurrent clients", ""]
+        header, rows = concurrency_rows(doc)
+        lines += _md_table(header, rows, ["r", "l"] + ["r"] * (len(header) - 2))
+        users = doc.get("users") or []
+        if users:
+            lines += ["", "### For K simultaneous users", ""]
+            lines += [f"- {u['line']} (`{u['settings']}`)" for u in users]
+        if doc.get("concurrency_chart"):
+            lines += ["", f"![total tok/s and time to first token per client count]({doc['concurrency_chart']})"]
     mem = doc.get("memory") or []
     if any(m.get("peak_rss_bytes") for m in mem):
         lines += ["", "## Memory and startup", ""]
@@ -465,14 +491,57 @@ def to_json_text(doc: dict) -> str:
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 
+def write_concurrency_chart(doc: dict, path: Path) -> bool:
+    """Two panels over the client count: total tok/s, and time to first token p95; one line per
+    configuration and slot count. False when matplotlib is missing or nothing was measured."""
+    rows = doc.get("concurrency") or []
+    if not rows or not chart_available():
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = _labels(doc)
+    series: dict[tuple[str, int | None], list[dict]] = {}
+    for r in rows:
+        series.setdefault((r["config"], r.get("slots")), []).append(r)
+    fig, (total, ttft) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for (config, slots), points in series.items():
+        points = sorted(points, key=lambda r: r["level"])
+        name = labels.get(config, config) + (f", {slots} slot{'s' if slots != 1 else ''}" if slots else "")
+        xs = [p["level"] for p in points]
+        total.plot(xs, [(p["throughput_tps"] or {}).get("median", 0.0) for p in points], marker="o", label=name)
+        ttft.plot(xs, [p.get("ttft_p95_s") or 0.0 for p in points], marker="o", label=name)
+    for ax, title, ylabel in ((total, "total throughput", "tok/s (median of repeats)"),
+                              (ttft, "time to first token", "seconds, p95")):
+        ax.set_xlabel("simultaneous clients")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.set_xticks(sorted({r["level"] for r in rows}))
+        ax.grid(alpha=0.3)
+    total.legend(fontsize="small")
+    fig.suptitle("bonsai bench: slots x clients")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
 def write_reports(doc: dict, out_dir: Path, chart: bool = True) -> dict[str, str]:
-    """bench.json, bench.md and (with matplotlib) bench.png in `out_dir`; returns their paths.
-    Each file is written under a temporary name and renamed, so none is ever half-written."""
+    """bench.json, bench.md and (with matplotlib) bench.png and concurrency.png in `out_dir`;
+    returns their paths. Each file is written under a temporary name and renamed, so none is
+    ever half-written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
     png = out_dir / "bench.png"
     if chart and write_chart(doc, png):
         paths["chart"] = str(png)
+    if chart and write_concurrency_chart(doc, out_dir / "concurrency.png"):
+        paths["concurrency_chart"] = str(out_dir / "concurrency.png")
+        doc["concurrency_chart"] = "concurrency.png"
     elif chart:
         doc.setdefault("notes", []).append("no chart: matplotlib is not installed (pip install 'bonsai-launch[chart]')")
     _write_text(out_dir / "bench.json", to_json_text(doc))
