@@ -109,6 +109,11 @@ def gather_plan(
     if not files.model.is_file():
         raise BonsaiError(f"model file {files.model} is not present",
                           f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH")
+    tuning = None
+    if selection.settings["speculative"] == "auto":
+        from bonsai_launch.tune.auto import apply_auto
+
+        selection, tuning = apply_auto(selection, files, binary, bool(model))  # the measured decision, or plain
     target = inspect_gguf(files.model)
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
@@ -130,4 +135,8 @@ def gather_plan(
         passthrough=tuple(passthrough),
         drafter_unavailable=files.drafter_unavailable,
     )
-    return build_plan(inputs)
+    if tuning is None:
+        return build_plan(inputs)
+    from bonsai_launch.tune.auto import with_tuning
+
+    return with_tuning(build_plan(inputs), tuning)

@@ -14,7 +14,8 @@ SizeOpt = Annotated[Optional[str], typer.Option("--size", help="27B, 8B, 4B or 1
 # Launch options shared by start, run, chat and bench.
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Run this local GGUF instead of the profile's weights.")]
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="Use this local DSpark/DFlash drafter GGUF.")]
-SpecOpt = Annotated[Optional[bool], typer.Option("--speculative/--no-speculative", help="Speculative decoding on/off; env BONSAI_SPECULATIVE.")]
+SpecOpt = Annotated[Optional[bool], typer.Option("--speculative/--no-speculative", help="Speculative decoding on/off; `--speculative auto`: what `bonsai tune` measured to pay; env BONSAI_SPECULATIVE.")]
+SpecAutoOpt = Annotated[bool, typer.Option("--speculative-auto", hidden=True, help="What `--speculative auto` becomes (see cli/main.py).")]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", help="Speculative type; env BONSAI_SPEC_TYPE.")]
 SpecNmaxOpt = Annotated[Optional[int], typer.Option("--spec-nmax", help="Draft length (must equal the drafter's block size); env BONSAI_SPEC_NMAX.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size, 0 = auto; env BONSAI_CTX.")]

@@ -7,9 +7,11 @@ Examples:
     bonsai bench --url http://127.0.0.1:8000 --baseline-url http://127.0.0.1:8001   # vLLM, SGLang, llama.cpp
     bonsai bench --profile demo --prompts my_prompts.jsonl --categories code-edit --json
     bonsai bench --profile demo --quick -- --threads 2       # arguments after -- go to every llama-server
+    bonsai bench --profile demo --configs plain,speculative,auto    # check the tuned decision on the bench's prompts
+    bonsai bench --profile demo --configs plain,ngram-mod,ngram-simple --save   # store the result for BONSAI_SPECULATIVE=auto
 
 Reports go to --out (default $BONSAI_HOME/bench/<time>): bench.json (schema in
-bonsai_launch/bench/schema.json), bench.md and bench.png (with the `chart` extra).
+bonsai_launch/bench/schema.json), bench.md and bench.svg (the chart).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
+from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt, SpecAutoOpt
 
-ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
+ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode), auto (the tuned decision) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
 PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled suite.")]
 CategoriesOpt = Annotated[Optional[str], typer.Option("--categories", help="Comma list of categories to run (default: all).")]
 PerCategoryOpt = Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts of each category (default: all; --quick: 2).")]
@@ -41,7 +43,8 @@ DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="DSpark/DFl
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")]
 NglOpt = Annotated[Optional[int], typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
 NoTradeoffsOpt = Annotated[bool, typer.Option("--no-tradeoffs", help="Skip the multi-turn and concurrency measurements.")]
-NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.png.")]
+NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.svg.")]
+SaveOpt = Annotated[bool, typer.Option("--save", help="Store the result as the tuning decision for BONSAI_SPECULATIVE=auto (as `bonsai tune` does).")]
 
 
 def _floats(text: str, option: str) -> tuple[float, ...]:
@@ -88,6 +91,8 @@ def command(
     no_tradeoffs: NoTradeoffsOpt = False,
     no_chart: NoChartOpt = False,
     json_output: JsonOpt = False,
+    save: SaveOpt = False,
+    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Benchmark speculative decoding against plain decoding and say, per kind of work, whether it pays.
 
@@ -133,6 +138,10 @@ def command(
         raise BonsaiError("--baseline-url needs --url", "pass the speculative server as --url")
     flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl}
     settings = resolve(flags)
+    if configs is None and (speculative_auto or settings["speculative"] == "auto"):
+        options = dataclasses.replace(options, configs=("plain", "auto"))  # BONSAI_SPECULATIVE=auto: the tuned choice
+    if save and url:
+        raise BonsaiError("--save needs servers that bench launches itself", "leave out --url")
     if url:
         if ctx.args or model or drafter or configs:
             raise BonsaiError("--url measures running servers: --model, --drafter, --configs and llama-server "
@@ -145,6 +154,7 @@ def command(
 
     with _ProgressListener(enabled=True) as listener:
         doc, paths = run_bench(options, target, out_dir, listener, chart=not no_chart)
+    saved = save_decision(doc, options, target, paths) if save else None
     if json_output:
         emit_json(doc)
         return
@@ -152,6 +162,26 @@ def command(
     from bonsai_launch.cli._output import console
 
     print_terminal(doc, console(), paths)
+    if saved is not None:
+        console().print(f"stored as the tuning decision for BONSAI_SPECULATIVE=auto: {saved.choice.describe()}",
+                        markup=False)
+
+
+def save_decision(doc: dict, options, target, paths: dict):
+    """`--save`: the tuning rule over this run, stored like a `bonsai tune` decision."""
+    from bonsai_launch.bench import prompts as suite
+    from bonsai_launch.tune.session import decision_from_bench, with_report
+    from bonsai_launch.tune.store import save
+
+    chosen = suite.select(suite.load_prompts(options.prompts_path),
+                          list(options.categories) if options.categories else None, options.per_category)
+    name = options.prompts_path or "bench suite"
+    if options.categories or options.per_category:
+        name += f" ({', '.join(options.categories or ['all categories'])}; {options.per_category or 'all'} per category)"
+    decision = with_report(decision_from_bench(doc, target.flags, target.model, target.drafter, target.binary,
+                                               chosen, name), paths.get("json"))
+    save(decision)
+    return decision
 
 
 def prepare_launch(flags: dict, model: str | None, drafter: str | None, configs: tuple[str, ...]) -> Path:
