@@ -279,7 +279,7 @@ def run_tune(request: TuneRequest, options: TuneOptions = TuneOptions(), listene
     doc = summary.summarize(data)
     choice, table = decide(doc, skipped)
     out_dir = tune_dir() / "reports" / stamp
-    paths = report.write_reports(doc, out_dir, chart=False)
+    paths = report.write_reports(doc, out_dir)
     first = plain.plan
     decision = Decision(
         key=subj.key, choice=choice, table=tuple(table),
