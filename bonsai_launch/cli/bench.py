@@ -33,7 +33,7 @@ RepeatsOpt = Annotated[Optional[int], typer.Option("--repeats", help="Runs per c
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Tokens generated per request (default 128).")]
 ConcurrencyOpt = Annotated[Optional[str], typer.Option("--concurrency", help="Comma list of simultaneous clients (default 1,4).")]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="A small subset: 2 prompts per category, temperature 0, 96 tokens.")]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Folder for bench.json, bench.md, bench.png.")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Folder for bench.json, bench.md, bench.svg.")]
 UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Measure this running OpenAI-compatible server instead of launching one.")]
 BaselineUrlOpt = Annotated[Optional[str], typer.Option("--baseline-url", help="With --url: the same model served without speculation.")]
 ApiOpt = Annotated[str, typer.Option("--api", help="chat (/v1/chat/completions) or completion (/v1/completions).")]
