@@ -160,3 +160,16 @@ def test_bench_save_feeds_the_store_and_bench_runs_auto(llama_server, pair_dir, 
     doc = json.loads(done.stdout)
     assert [c["name"] for c in doc["configs"]] == ["plain", "auto"]
     assert next(c for c in doc["configs"] if c["name"] == "auto")["label"] == "auto (plain)"
+
+
+def test_the_budget_bounds_the_measurement(llama_server, pair_dir):
+    # the memory-bound target: a plain run takes a few seconds, so 6 s cannot hold screening
+    # and confirmation of every candidate
+    request = TuneRequest({}, str(pair_dir / "target.gguf"), str(pair_dir / "disagrees.gguf"), THREADS, llama_server)
+    outcome = run_tune(request, TuneOptions(budget_s=6, max_tokens=32))
+    per_run = max(s["startup_s"] or 0 for s in outcome.doc["servers"]) + 30  # one run may finish past the limit
+    assert outcome.elapsed_s < 6 + per_run
+    statuses = [r["status"] for r in outcome.decision.table]
+    assert any(s.startswith("not measured: budget (6 s") for s in statuses), statuses
+    assert not outcome.decision.choice.speculative  # nothing confirmed in time: plain
+    assert _stopped(outcome.doc)

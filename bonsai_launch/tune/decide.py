@@ -105,7 +105,8 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
                      "decode_tps": ((res or {}).get("decode_tps") or {}).get("median"),
                      "ratio": ratio, "verdict": verdict.get("kind"), "band": verdict.get("band"),
                      "acceptance_rate": (res or {}).get("acceptance_rate"), "runs": n,
-                     "status": _status(verdict.get("kind"), n, name == choice.config)})
+                     "status": (f"not measured: {skipped[name]}" if skipped and name in skipped and not comp
+                                else _status(verdict.get("kind"), n, name == choice.config))})
     for name, why in (skipped or {}).items():
         if name not in configs:
             rows.append({"config": name, "label": name, "spec_type": None, "n_max": None, "temperature": None,

@@ -163,6 +163,10 @@ def plan_candidates(request: TuneRequest, found: tuple[cands.Candidate, ...]) ->
     return specs, refused
 
 
+class _OutOfTime(Exception):
+    """The budget ran out in the middle of a run: its partial results are dropped."""
+
+
 class _Clock:
     """Elapsed time against the budget, and how long one server run takes."""
 
@@ -177,6 +181,9 @@ class _Clock:
 
     def estimate(self) -> float:
         return max(self.runs) if self.runs else 0.0
+
+    def over(self) -> bool:
+        return self.budget_s is not None and self.elapsed > self.budget_s
 
     def fits(self, runs: int) -> bool:
         return self.budget_s is None or self.elapsed + self.estimate() * runs <= self.budget_s
@@ -195,6 +202,34 @@ def _screening_ratios(data: BenchData, baseline: str) -> dict[str, float]:
         if name != baseline and tps and base:
             ratios[name] = tps / base
     return ratios
+
+
+def _rounds(plain: ConfigSpec, others: list[ConfigSpec], measure, clock: _Clock, data: BenchData,
+            skipped: dict[str, str], notes: list[str], options: TuneOptions, n_prompts: int, listener: Listener) -> None:
+    """Screening, then confirmation of the best candidates that beat plain once."""
+    measure(plain, 0)
+    if clock.budget_s is None:
+        clock.budget_s = max(MIN_BUDGET_S, BUDGET_RUNS * clock.runs[0])
+        notes.append(f"budget {clock.budget_s:.0f} s: {BUDGET_RUNS} x the first plain run ({clock.runs[0]:.1f} s)")
+    for spec in others:
+        if not clock.fits(1 + CONFIRM_ROUNDS * 2):
+            skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
+            continue
+        measure(spec, 0)
+    ratios = _screening_ratios(data, plain.name)
+    finalists = [s for s in sorted(others, key=lambda s: ratios.get(s.name, 0.0), reverse=True)
+                 if ratios.get(s.name, 0.0) > 1.0][:options.finalists]
+    listener.total(len(data.requests) + n_prompts * CONFIRM_ROUNDS * (1 + len(finalists)))
+    for round_number in range(1, CONFIRM_ROUNDS + 1) if finalists else ():
+        while len(finalists) > 1 and not clock.fits(1 + len(finalists)):
+            finalists.pop()
+        if not clock.fits(1 + len(finalists)):
+            notes.append(f"the budget ({clock.budget_s:.0f} s) ran out before confirmation round {round_number}: "
+                         "no gain can be confirmed, so plain is kept; raise --budget")
+            break
+        order = finalists + [plain] if round_number % 2 else [plain] + finalists
+        for spec in order:
+            measure(spec, round_number)
 
 
 def run_tune(request: TuneRequest, options: TuneOptions = TuneOptions(), listener: Listener | None = None,
@@ -234,41 +269,30 @@ def run_tune(request: TuneRequest, options: TuneOptions = TuneOptions(), listene
     listener.total(len(prompts) * (len(specs) + CONFIRM_ROUNDS * (1 + options.finalists)))
 
     def measure(spec: ConfigSpec, repeat: int) -> None:
+        """One fresh server, all prompts; stopped at the budget (its partial run then dropped)."""
         run = ServerRun(spec.name, repeat, f"temp={options.temperature:g}")
         data.servers.append(run)
-        t0 = time.monotonic()
+        t0, done_before = time.monotonic(), len(data.requests)
         with runner.launched(spec, run, log_dir, listener) as endpoint, httpx.Client(trust_env=False) as http:
             runner.warm_up(http, endpoint, spec, bench_options)
-            runner.run_suite(http, endpoint, spec, bench_options, prompts, options.temperature, repeat, data, listener)
+            for prompt in prompts:
+                if clock.over():
+                    del data.requests[done_before:]
+                    raise _OutOfTime(spec.name)
+                runner.run_suite(http, endpoint, spec, bench_options, [prompt], options.temperature, repeat, data,
+                                 listener)
         clock.runs.append(time.monotonic() - t0)
         measured[spec.name] += 1
 
     notes: list[str] = []
-    # 1. screening
-    measure(plain, 0)
-    if clock.budget_s is None:
-        clock.budget_s = max(MIN_BUDGET_S, BUDGET_RUNS * clock.runs[0])
-        notes.append(f"budget {clock.budget_s:.0f} s: {BUDGET_RUNS} x the first plain run ({clock.runs[0]:.1f} s)")
-    for spec in others:
-        if not clock.fits(1 + CONFIRM_ROUNDS * 2):
-            skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
-            continue
-        measure(spec, 0)
-    # 2. confirmation of the best candidates that beat plain once
-    ratios = _screening_ratios(data, plain.name)
-    finalists = [s for s in sorted(others, key=lambda s: ratios.get(s.name, 0.0), reverse=True)
-                 if ratios.get(s.name, 0.0) > 1.0][:options.finalists]
-    listener.total(len(data.requests) + len(prompts) * CONFIRM_ROUNDS * (1 + len(finalists)) if finalists else len(data.requests))
-    for round_number in range(1, CONFIRM_ROUNDS + 1) if finalists else ():
-        while len(finalists) > 1 and not clock.fits(1 + len(finalists)):
-            finalists.pop()
-        if not clock.fits(1 + len(finalists)):
-            notes.append(f"the budget ({clock.budget_s:.0f} s) ran out before confirmation round {round_number}: "
-                         "no gain can be confirmed, so plain is kept; raise --budget")
-            break
-        order = finalists + [plain] if round_number % 2 else [plain] + finalists
-        for spec in order:
-            measure(spec, round_number)
+    try:
+        _rounds(plain, others, measure, clock, data, skipped, notes, options, len(prompts), listener)
+    except _OutOfTime as stopped:
+        notes.append(f"the budget ({clock.budget_s:.0f} s) ran out while measuring {stopped}: its partial run was "
+                     "dropped; without three paired runs no gain is confirmed, so plain is kept; raise --budget")
+        for spec in others:
+            if not measured.get(spec.name):
+                skipped.setdefault(spec.name, f"budget ({clock.budget_s:.0f} s; raise --budget)")
     data.finished = time.time()
     data.environment["load_average_end"] = runner._loadavg()
     busy = busy_note(data.environment)
