@@ -271,6 +271,11 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         b.argv.extend(profile.server_args)
         if profile.server_args:
             b.reasons.append(Reason("profile", " ".join(profile.server_args), f"sampling and chat settings of profile {profile.name}"))
+    if s.get("reasoning_effort"):
+        from bonsai_launch.profiles import reasoning_effort_kwargs
+
+        b.add("--chat-template-kwargs", reasoning_effort_kwargs(profile, s["reasoning_effort"]),
+              f"BONSAI_REASONING_EFFORT ({s.source('reasoning_effort')}), through the chat template")
     if inputs.passthrough:
         b.argv.extend(inputs.passthrough)
         b.reasons.append(Reason("--", " ".join(inputs.passthrough), "passed through unchanged (last value wins in llama-server)"))
@@ -339,6 +344,8 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
         if s.get("spec_nmax") is not None and s["spec_nmax"] != block:
             raise BonsaiError(f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} "
                               f"({drafter.path.name})", "unset BONSAI_SPEC_NMAX: n-max always equals the block size")
+        if inputs.profile and inputs.profile.drafter_warning:
+            b.warnings.append(inputs.profile.drafter_warning)
         b.add("-md", drafter.path, "speculation: the drafter")
         b.add("--spec-type", needed, f"the drafter is a {drafter.drafter.kind} model")
         b.add("--spec-draft-n-max", block, f"the drafter's block size, read from {drafter.path.name}")
@@ -390,7 +397,7 @@ def _vision(inputs: PlanInputs, backend: str, b: _Builder) -> Path | None:
             if s.is_explicit(key):
                 b.warnings.append(f"{env} is set but no vision projector is loaded; it has no effect")
         return None
-    b.add("--mmproj", inputs.mmproj, "vision projector of the profile")
+    b.add("--mmproj", inputs.mmproj, f"vision projector ({s.source('mmproj')})" if s.get("mmproj") else "vision projector of the profile")
     if s["mmproj_cpu"]:
         b.add("--no-mmproj-offload", None, "BONSAI_MMPROJ_CPU=1")
     if s.get("image_max_tokens") is not None:

@@ -36,6 +36,7 @@ def isolated_home(tmp_path_factory, monkeypatch):
     """A fresh BONSAI_HOME per test and no BONSAI_* variables from the outside."""
     for key in _BONSAI_VARS:
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("PORT", raising=False)  # read as BONSAI_PORT's fallback
     home = tmp_path_factory.mktemp("bonsai_home")
     monkeypatch.setenv("BONSAI_HOME", str(home))
     return home

@@ -90,9 +90,10 @@ def default_jobs(backend: str) -> int:
     return max(1, min(cpus, available // per_job))
 
 
-def _key(material: dict[str, Any], backend: str) -> str:
+def _key(material: dict[str, Any], backend: str, name: str = "") -> str:
+    """`cpu-42dcf22328ae`; a named source's builds read as theirs: `cpu-prismml-0a1b2c3d4e5f`."""
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{backend}-{digest}"
+    return f"{backend}-{name}-{digest}" if name else f"{backend}-{digest}"
 
 
 def _hardware(requested: str, tools: toolchain.Toolchain):
@@ -137,7 +138,7 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     patches_id = series_hash(series)
     material = {"source": source.identity, "patches": patches_id, "backend": choice.backend,
                 "flags": cmake_build.key_flags(flags), "compiler": compiler, "targets": list(request.targets)}
-    key = _key(material, choice.backend)
+    key = _key(material, choice.backend, spec.name)
     return BuildPlan(key, choice.backend, choice.reason, source, patches_id, tuple(flags), tuple(request.targets),
                      request.jobs or default_jobs(choice.backend), compiler, cmake, ninja, builds_dir() / key)
 
@@ -251,42 +252,71 @@ def detected_backend() -> str:
         return "cpu"
 
 
-def find_installed(backend: str = "auto") -> Path | None:
-    """The installed llama-server for `backend` (auto: the detected one), or None.
+def fork_sources() -> list:
+    """The pin's named sources that are PrismML's fork (GitPin), pinned by tag and commit."""
+    return [a for a in load_pin().alternatives.values() if a.flavour == "fork"]
 
-    Prefers a build of the current pin with the current patch series, then any build of the
-    pin, then the newest build of that backend.
+
+def _builds_of(backend: str, flavour: str) -> list[dict[str, Any]]:
+    """Installed builds for a backend whose llama.cpp is of `flavour` (mainline or fork), newest first."""
+    from bonsai_launch.build_choice import kind_of_manifest
+
+    return [m for _d, m in installed_builds(builds_dir())
+            if m.get("backend") == backend and kind_of_manifest(m).flavour == flavour]
+
+
+def find_installed(backend: str = "auto", flavour: str = "mainline") -> Path | None:
+    """The installed llama-server for `backend` (auto: the detected one) and llama.cpp flavour, or None.
+
+    Mainline: prefers a build of the current pin with the current patch series, then any build
+    of the pin, then the newest build of that backend. Fork: the pinned fork release first.
     """
     backend = detected_backend() if backend == "auto" else backend
-    candidates = [m for _d, m in installed_builds(builds_dir()) if m.get("backend") == backend]
+    candidates = _builds_of(backend, flavour)
     if not candidates:
         return None
     try:
-        pinned, patches_id = load_pin().default.sha256, series_hash(load_series())
+        pin = load_pin()
+        pinned, patches_id = pin.default.sha256, series_hash(load_series())
+        fork_commits = {a.commit for a in pin.alternatives.values() if a.flavour == "fork" and a.commit}
     except BonsaiError:
-        pinned, patches_id = None, None
+        pinned, patches_id, fork_commits = None, None, set()
 
     def rank(m: dict[str, Any]) -> int:
-        of_pin = m.get("source", {}).get("identity") == pinned
+        identity = m.get("source", {}).get("identity")
+        if flavour == "fork":
+            return 1 if identity in fork_commits else 0
+        of_pin = identity == pinned
         return 2 if of_pin and m.get("patches_hash") == patches_id else 1 if of_pin else 0
 
     best = max(candidates, key=rank)  # max keeps the first (newest) of equal rank
     return Path(best["binaries"]["llama-server"])
 
 
-def ensure_server(backend: str = "auto", *, console=None) -> Path:
+def ensure_server(backend: str = "auto", *, console=None, flavour: str = "mainline") -> Path:
     """The llama-server to launch for `backend`, building it first when none fits.
 
     An up-to-date build of the pin wins. Without one, a build the user made on purpose from
     another source (a git ref, a folder) for this backend is used as it is. Otherwise the pin
-    is built now, which is announced with how long it takes.
+    is built now, which is announced with how long it takes. A fork build (`flavour="fork"`)
+    is any installed fork build, else the pinned fork release (`--source prismml`), built now.
     """
     if console is None:
         from bonsai_launch.cli._output import console as make_console
 
         console = make_console(stderr=True)
     wanted = detected_backend() if backend == "auto" else backend
-    mine = [data for _key_dir, data in installed_builds(builds_dir()) if data.get("backend") == wanted]
+    if flavour == "fork":
+        found = find_installed(wanted, "fork")
+        if found is not None:
+            return found
+        forks = fork_sources()
+        if not forks:
+            raise BonsaiError("vendor/llama.cpp/pin.toml names no PrismML fork source", "reinstall bonsai-launch")
+        console.print(f"no PrismML fork llama-server is built for {wanted} yet: building {forks[0].ref} now "
+                      f"(--source {forks[0].name})")
+        return build(BuildRequest(backend=wanted, source=forks[0].name), console=console).server
+    mine = _builds_of(wanted, "mainline")
     pinned = [data for data in mine if data.get("source", {}).get("kind") == "pin"]
     if not pinned and mine:
         return Path(mine[0]["binaries"]["llama-server"])

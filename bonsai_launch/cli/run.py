@@ -47,7 +47,7 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
     one (started like `bonsai start`, with its checks and speculation proof; always stopped)."""
     from bonsai_launch import instances, supervisor
     from bonsai_launch.cli.start import prepare_plan
-    from bonsai_launch.launch_inputs import select
+    from bonsai_launch.launch_inputs import explicit_model, select
     from bonsai_launch.server_process import free_port
     from bonsai_launch.settings import resolve
 
@@ -55,8 +55,9 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
     if url:
         yield Target(url, key, False, url)
         return
-    if not model and not drafter:
-        running = instances.for_profile(select(flags).profile.name)
+    selection = select(flags)
+    if not explicit_model(selection, model) and not drafter:  # BONSAI_GGUF counts as --model
+        running = instances.for_profile(selection.profile.name)
         if running is not None:
             yield Target(running.base_url, key, False, running.name)
             return

@@ -18,8 +18,8 @@ from typing import Annotated
 import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
-                                        Kv4Opt, ModelOpt, NglOpt, PortOpt, ProfileOpt, SizeOpt, SpecFallbackOpt,
-                                        SpecAutoOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+                                        Kv4Opt, MmprojOpt, ModelOpt, NglOpt, PortOpt, ProfileOpt, SizeOpt,
+                                        SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 
 NoTuneOpt = Annotated[bool, typer.Option("--no-tune", help="With BONSAI_SPECULATIVE=auto and no tuning decision: start plain instead of measuring first.")]
 
@@ -38,6 +38,7 @@ def command(
     size: SizeOpt = None,
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
+    mmproj: MmprojOpt = None,
     speculative: SpecOpt = None,
     spec_type: SpecTypeOpt = None,
     spec_nmax: SpecNmaxOpt = None,
@@ -65,6 +66,8 @@ def command(
     speculative = "auto" if speculative_auto else speculative
     flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4)
     passthrough = tuple(ctx.args)
+    if mmproj:
+        flags["mmproj"] = mmproj  # the flag layer of BONSAI_MMPROJ
     if dry_run:
         show_dry_run(flags, model, drafter, passthrough, shell_format, json_output)
         return
@@ -73,20 +76,27 @@ def command(
 
 
 def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_output: bool) -> None:
-    from bonsai_launch.binaries import find_server
+    from bonsai_launch.build_choice import FORK, FORK_BUILD_COMMAND
     from bonsai_launch.cli._output import emit_json, warn
-    from bonsai_launch.launch_inputs import gather_plan
+    from bonsai_launch.launch_inputs import gather_plan, select
     from bonsai_launch.plan import render_command
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.server_choice import choose_server
 
-    binary = find_server(resolve(flags)["llama_server"])
+    selection = select(flags)
+    choice = choose_server(selection.settings, selection.flavour)
+    binary = choice.path
     plan = gather_plan(flags, model, drafter, passthrough, binary)
     warnings = list(plan.warnings)
-    if binary is None:
+    if binary is None and choice.kind.flavour == FORK:
+        warnings.append(f"no PrismML fork build yet ({selection.profile.name} runs on one here): `bonsai start` "
+                        f"builds it when GitHub is reachable, or run `{FORK_BUILD_COMMAND}`; capabilities not checked")
+    elif binary is None:
         warnings.append("no llama-server is built yet: `bonsai start` builds one; capabilities not checked")
     if json_output:
         data = plan.to_json()
         data["warnings"] = warnings
+        data["build"] = {"flavour": choice.kind.flavour, "fork_release": choice.kind.release,
+                         "from": choice.origin, "built": binary is not None}
         emit_json(data)
         return
     for w in warnings:
@@ -96,8 +106,8 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
 
 # -- the real start ---------------------------------------------------------------------------
 
-def _build_server():
-    """Build llama-server on demand (the pinned llama.cpp, for the detected backend)."""
+def _build_server(flavour: str = "mainline"):
+    """Build llama-server on demand (the pinned llama.cpp, or the pinned fork, for the detected backend)."""
     from bonsai_launch.errors import BonsaiError
 
     try:
@@ -106,7 +116,7 @@ def _build_server():
         raise BonsaiError("no llama-server is built yet", "run `bonsai build`, or set BONSAI_LLAMA_SERVER to a llama-server binary") from None
     from bonsai_launch.cli._output import console
 
-    return ensure_server(backend="auto", console=console(stderr=True))
+    return ensure_server(backend="auto", console=console(stderr=True), flavour=flavour)
 
 
 def _profile_fetcher():
@@ -133,9 +143,10 @@ def prepare_plan(flags, model, drafter, passthrough):
     import os
     import secrets
 
-    from bonsai_launch.binaries import find_server
-    from bonsai_launch.launch_inputs import gather_plan, select
+    from bonsai_launch.build_choice import FORK
+    from bonsai_launch.launch_inputs import explicit_model, gather_plan, select
     from bonsai_launch.plan import is_loopback
+    from bonsai_launch.server_choice import choose_server, require_fork_source
     from bonsai_launch.settings import resolve
 
     settings = resolve(flags)
@@ -146,17 +157,20 @@ def prepare_plan(flags, model, drafter, passthrough):
         env["BONSAI_API_KEY"] = generated
     if not is_loopback(settings["host"]) and not settings["allow_remote"]:
         _refuse_remote_host(settings["host"])
-    fetch = None if model else _profile_fetcher()
+    selection = select(flags, env)
+    choice = choose_server(selection.settings, selection.flavour)
+    if choice.path is None and choice.kind.flavour == FORK:
+        require_fork_source(selection.profile.name)  # one line, before any download
+    fetch = None if explicit_model(selection, model) else _profile_fetcher()
     if fetch is not None:
-        selection = select(flags, env)
         s = selection.settings
-        fetch(selection.profile, layout=s["layout"], want_drafter=bool(s["speculative"]) and not drafter,
-              want_vision=bool(s["vision"]), console=None)
-    binary = find_server(settings["llama_server"])
+        fetch(selection.profile, layout=choice.kind.flavour, want_drafter=bool(s["speculative"]) and not drafter,
+              want_vision=bool(s["vision"]) and not s.get("mmproj"), console=None)
+    binary = choice.path
     if binary is None:
         # Fail on a bad setting or file now, not after a long build.
         gather_plan(flags, model, drafter, passthrough, None, env=env)
-        binary = _build_server()
+        binary = _build_server(choice.kind.flavour)
     return gather_plan(flags, model, drafter, passthrough, binary, env=env), generated
 
 

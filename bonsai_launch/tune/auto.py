@@ -73,16 +73,15 @@ def find(files, binary: Path | None, profile: str | None) -> tuple[Lookup | None
     return found, decision_info(found, why, profile, files.model)
 
 
-def apply_auto(selection, files, binary: Path | None, explicit_model: bool = False):
-    """(selection with concrete speculative settings, tuning info for the plan). With an
-    explicit model file the profile's name is not the subject (hints name the file)."""
+def apply_auto(selection, files, binary: Path | None, profile: str | None):
+    """(selection with concrete speculative settings, tuning info for the plan). `profile` is
+    None when the user's own model file is the subject (hints then name the file)."""
     s = selection.settings
     for key, env in (("spec_type", "BONSAI_SPEC_TYPE"), ("spec_nmax", "BONSAI_SPEC_NMAX")):
         if s.is_explicit(key):
             raise BonsaiError(f"{env}={s[key]} cannot be combined with BONSAI_SPECULATIVE=auto, which chooses the "
                               "speculative type and draft length from measurements",
                               f"unset {env}, or limit what tuning tries: `bonsai tune --configs plain,<type>`")
-    profile = None if explicit_model and not s.is_explicit("profile") else selection.profile.name
     found, info = find(files, binary, profile)
     decision: Decision | None = found.decision if found is not None and found.status == "found" else None
     values = dict(s.values)

@@ -97,7 +97,7 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
     """Resolve the files and the candidates; hash what the decision's key needs."""
     from bonsai_launch.binaries import probe
     from bonsai_launch.gguf_info import check_pair, inspect_gguf
-    from bonsai_launch.launch_inputs import model_files, select
+    from bonsai_launch.launch_inputs import explicit_model, model_files, select
 
     if request.binary is None:
         raise BonsaiError("no llama-server to tune with", "run `bonsai build` or set BONSAI_LLAMA_SERVER")
@@ -122,13 +122,14 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
             drafter_type = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
             block = drafter.drafter.block_size
     caps = probe(request.binary)
-    profile_type = selection.profile.draft_free_type if (not request.model or selection.settings.is_explicit("profile")) else None
+    own = not explicit_model(selection, request.model) or selection.names_model  # the profile's model, or named by it
+    profile_type = selection.profile.draft_free_type if own else None
     found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type)
     if configs:
         found = cands.restrict(found, configs)
     key = TuneKey(machine_id(), build_id(request.binary), file_sha256(files.model),
                   file_sha256(drafter_path) if drafter_path else None, prompts_sha256(prompts))
-    profile = selection.profile.name if (not request.model or selection.settings.is_explicit("profile")) else None
+    profile = selection.profile.name if own else None
     return Subject(profile, files.model, drafter_path, key, tuple(found), unusable)
 
 
