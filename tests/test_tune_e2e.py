@@ -173,3 +173,25 @@ def test_the_budget_bounds_the_measurement(llama_server, pair_dir):
     assert any(s.startswith("not measured: budget (6 s") for s in statuses), statuses
     assert not outcome.decision.choice.speculative  # nothing confirmed in time: plain
     assert _stopped(outcome.doc)
+
+
+def test_tune_cli_prints_json_and_a_table(llama_server, pair_dir):
+    env = bonsai_env(llama_server)
+    args = ["tune", "--model", pair_dir / "tiny.gguf", "--drafter", pair_dir / "tiny-disagrees.gguf",
+            "--configs", "plain,ngram-mod/n16,draft-dspark", "--max-tokens", "32", "--budget", "60"]
+    data = json_out(bonsai([*args, "--json", "--", *THREADS], env=env, timeout=300))
+    decision = data["decision"]
+    assert [r["config"] for r in decision["table"]] == ["plain", "ngram-mod/n16", "draft-dspark"]
+    assert decision["choice"]["config"] != "draft-dspark"
+    assert Path(data["stored"]).is_file() and Path(data["reports"]["markdown"]).is_file()
+    assert decision["key"]["drafter_sha256"] and decision["evidence"]["rule"].startswith("speculation is chosen only")
+    ngram = next(c for c in json.loads(Path(data["reports"]["json"]).read_text())["configs"] if c["name"] == "ngram-mod/n16")
+    assert ngram["argv"][ngram["argv"].index("--spec-ngram-mod-n-max") + 1] == "16"
+
+    done = bonsai([*args, "--", *THREADS], env={**env, "COLUMNS": "200"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "tuning decision" in done.stdout and "choice:" in done.stdout
+    assert f"BONSAI_SPECULATIVE=auto bonsai start --model {pair_dir / 'tiny.gguf'}" in done.stdout
+
+    done = bonsai(["tune", "--model", pair_dir / "tiny.gguf", "--configs", "plain,turbo"], env=env)
+    assert done.returncode == 2 and "'turbo' cannot be measured" in done.stderr
