@@ -60,7 +60,7 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
     configs = {c["name"]: c for c in doc.get("configs", [])}
     scored: list[tuple[float, str, dict]] = []
     per_config: dict[str, dict] = {}
-    for name, config in configs.items():
+    for name in configs:
         if name == baseline:
             continue
         comps = [c for c in doc.get("comparisons", []) if c["config"] == name and c["category"] == "all"]
