@@ -329,3 +329,12 @@ def test_config_shows_the_decision_state(capsys, monkeypatch):
     row = next(r for r in json.loads(out)["settings"] if r["env"] == "BONSAI_SPECULATIVE")
     assert row["value"] == "auto" and row["source"] == "env"
     assert os.environ["BONSAI_SPECULATIVE"] == "auto"
+
+
+def test_bench_save_refuses_what_cannot_decide(capsys):
+    from cli_runner import run_cli
+
+    code, _out, err = run_cli(capsys, "bench", "--model", "/nonexistent.gguf", "--repeats", "2", "--save")
+    assert code == 2 and "--save needs at least 3 repeats" in err
+    code, _out, err = run_cli(capsys, "bench", "--url", "http://127.0.0.1:9", "--save")
+    assert code == 2 and "--save needs servers that bench launches itself" in err

@@ -142,6 +142,9 @@ def command(
         options = dataclasses.replace(options, configs=("plain", "auto"))  # BONSAI_SPECULATIVE=auto: the tuned choice
     if save and url:
         raise BonsaiError("--save needs servers that bench launches itself", "leave out --url")
+    if save and options.repeats < 3:
+        raise BonsaiError(f"--save needs at least 3 repeats (--repeats {options.repeats}): fewer decide nothing",
+                          "use --repeats 3 or more")
     if url:
         if ctx.args or model or drafter or configs:
             raise BonsaiError("--url measures running servers: --model, --drafter, --configs and llama-server "
