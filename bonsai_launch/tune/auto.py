@@ -55,7 +55,8 @@ def decision_info(found: Lookup | None, why_unavailable: str | None, profile: st
     assert d is not None
     info = {"setting": AUTO, "status": found.status, "id": d.key.id[:8], "created": d.created, "source": d.source,
             "prompts": d.prompts, "choice": d.choice.to_json(), "table": list(d.table),
-            "report": d.evidence.get("report"), "changed": list(found.changed), "hint": hint}
+            "report": d.evidence.get("report"), "conditions": d.evidence.get("conditions"),
+            "changed": list(found.changed), "hint": hint}
     if found.status == "stale":
         info["message"] = (f"BONSAI_SPECULATIVE=auto: the decision {d.key.id[:8]} was measured with another "
                            f"{', '.join(found.changed)}: not used; plain (run `{hint}`)")
@@ -104,6 +105,10 @@ def with_tuning(plan, info: dict[str, Any]):
     warnings = tuple(w for w in plan.warnings if not (w.startswith("drafter ") and "speculation is off" in w))
     if info["status"] != "found":
         warnings += (info["message"],)
+    measured = info.get("conditions") or {}
+    if info["status"] == "found" and measured.get("ngl") is not None and measured["ngl"] != plan.ngl:
+        warnings += (f"the tuning decision {info['id']} was measured with -ngl {measured['ngl']}, this start uses "
+                     f"-ngl {plan.ngl}: re-tune (`{info['hint']}`) if speed matters",)
     return dataclasses.replace(plan, tuning=info, reasons=plan.reasons + (Reason("BONSAI_SPECULATIVE", AUTO, why),),
                                warnings=warnings)
 
