@@ -285,6 +285,9 @@ def run_tune(request: TuneRequest, options: TuneOptions = TuneOptions(), listene
         clock.runs.append(time.monotonic() - t0)
         measured[spec.name] += 1
 
+    budget = f"{options.budget_s:.0f} s" if options.budget_s else f"{BUDGET_RUNS} x the first plain run"
+    listener.note(f"tuning {subj.model.name}: plain against {', '.join(s.name for s in others)} "
+                  f"({len(prompts)} prompts, {options.max_tokens} tokens each; budget {budget})")
     notes: list[str] = []
     try:
         _rounds(plain, others, measure, clock, data, skipped, notes, options, len(prompts), listener)
