@@ -104,7 +104,8 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
                      "temperature": info["temperature"],
                      "decode_tps": ((res or {}).get("decode_tps") or {}).get("median"),
                      "ratio": ratio, "verdict": verdict.get("kind"), "band": verdict.get("band"),
-                     "acceptance_rate": (res or {}).get("acceptance_rate"), "runs": n,
+                     "acceptance_rate": (res or {}).get("acceptance_rate"), "drafted": (res or {}).get("drafted"),
+                     "runs": n,
                      "status": (f"not measured: {skipped[name]}" if skipped and name in skipped and not comp
                                 else _status(verdict.get("kind"), n, name == choice.config))})
     for name, why in (skipped or {}).items():
@@ -125,6 +126,11 @@ def format_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str, st
             ratio = f"{r['median']:.2f}x" + (f" ({r['min']:.2f}-{r['max']:.2f})" if r.get("n", 1) > 1 else "")
         else:
             ratio = "-"
-        acc = f"{row['acceptance_rate'] * 100:.0f}%" if row.get("acceptance_rate") is not None else "-"
+        if row.get("acceptance_rate") is not None:
+            acc = f"{row['acceptance_rate'] * 100:.0f}%"
+        elif row.get("drafted") == 0 and row.get("runs"):
+            acc = "none drafted"  # any gain then is not from accepted drafts
+        else:
+            acc = "-"
         out.append((row["label"], tps, ratio, acc, row["status"]))
     return out
