@@ -135,7 +135,7 @@ def test_machine_id_names_cpu_cores_and_gpus():
 # -- the decision rule on recorded measurements --------------------------------------------------
 
 
-def recorded(speeds: dict[str, list[float]], temps=(0.0,)) -> dict:
+def recorded(speeds: dict[str, list[float]], temps=(0.0,), accepted: int = 8) -> dict:
     """A bench document from decode speeds per configuration and repeat (one prompt each)."""
     prompts = [suite.Prompt("p0", "code", (("user", "x"),)), suite.Prompt("p1", "code-edit", (("user", "y"),))]
     configs = [ConfigSpec(name, name == "plain", None if name == "plain" else name.split("/")[0]) for name in speeds]
@@ -150,7 +150,7 @@ def recorded(speeds: dict[str, list[float]], temps=(0.0,)) -> dict:
                                                        completion_tokens=64, predicted_n=64,
                                                        predicted_ms=64 / tps * 1000, wall_s=64 / tps,
                                                        drafted=10 if name != "plain" else None,
-                                                       accepted=8 if name != "plain" else None))
+                                                       accepted=accepted if name != "plain" else None))
     data.finished = data.started + 10
     return summarize(data)
 
@@ -172,6 +172,12 @@ def test_without_a_gain_beyond_noise_the_choice_is_plain(speeds, why):
     choice, rows = decide(recorded(speeds))
     assert not choice.speculative and choice.config == "plain"
     assert rows[0]["status"] == "chosen: nothing beat it" and rows[1]["status"] == why
+
+
+def test_a_gain_without_accepted_drafts_is_not_speculation():
+    choice, rows = decide(recorded({"plain": [40, 41, 40], "ngram-mod": [60, 62, 61]}, accepted=0))
+    assert not choice.speculative
+    assert rows[1]["status"] == "faster, but no draft was accepted: not from speculation"
 
 
 def test_the_highest_qualifying_ratio_wins_and_one_run_decides_nothing():

@@ -8,6 +8,10 @@ Pure, over the document `bonsai bench` writes (bench/summary.py), so `bonsai tun
   ratio above 1 and the median at least 1 + the noise band (bench/stats.py). Among those, the
   one with the highest median ratio (its lowest over the temperatures) wins. With none, the
   decision is plain: speculation is never chosen without a gain beyond noise.
+
+  A configuration whose drafts were never accepted does not qualify, whatever its speed: its
+  "gain" cannot come from speculation (seen on a loaded machine: ngram-mod drafting nothing at
+  1.45x plain over three alternating runs), so it is an artefact a launch would not keep.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from typing import Any
 from bonsai_launch.tune.store import Choice
 
 RULE = ("speculation is chosen only when its pooled decode speed is 'faster' than plain under the bench's noise "
-        "rule at every temperature measured (every paired ratio > 1 and median >= 1 + noise band); the highest "
-        "median ratio wins; otherwise plain")
+        "rule at every temperature measured (every paired ratio > 1 and median >= 1 + noise band) and some of its "
+        "drafts were accepted; the highest median ratio wins; otherwise plain")
 
 
 def _config_choice_fields(config: dict[str, Any]) -> tuple[str | None, int | None]:
@@ -71,8 +75,11 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
         else:
             temp, comp = (temps[0] if temps else None), None
         per_config[name] = {"temperature": temp, "comparison": comp}
-        qualifies = bool(temps) and all(by_temp.get(t) and by_temp[t]["verdict"]["kind"] == "faster" for t in temps)
-        if qualifies:
+        faster = bool(temps) and all(by_temp.get(t) and by_temp[t]["verdict"]["kind"] == "faster" for t in temps)
+        accepted = [(_result(doc, name, t) or {}).get("accepted") for t in temps]
+        drafts_accepted = any(a for a in accepted) or all(a is None for a in accepted)  # None: not reported
+        per_config[name]["no_drafts"] = faster and not drafts_accepted
+        if faster and drafts_accepted:
             scored.append((comp["verdict"]["ratio"]["median"], name, comp))
 
     choice = Choice(baseline or "plain", "plain", reason="no configuration was faster than plain beyond noise")
@@ -107,6 +114,7 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
                      "acceptance_rate": (res or {}).get("acceptance_rate"), "drafted": (res or {}).get("drafted"),
                      "runs": n,
                      "status": (f"not measured: {skipped[name]}" if skipped and name in skipped and not comp
+                                else "faster, but no draft was accepted: not from speculation" if info.get("no_drafts")
                                 else _status(verdict.get("kind"), n, name == choice.config))})
     for name, why in (skipped or {}).items():
         if name not in configs:
