@@ -101,6 +101,10 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
         return
     for w in warnings:
         warn(w)
+    if plan.tuning and plan.tuning.get("status") == "found":  # otherwise already a warning above
+        import sys
+
+        sys.stderr.write(plan.tuning["message"] + "\n")
     print(render_command(plan.argv, shell_format, {k: "<hidden>" for k in plan.env}))
 
 
