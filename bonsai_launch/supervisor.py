@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from bonsai_launch import client, instances, process_control
 from bonsai_launch.errors import ActionFailed, BonsaiError
@@ -29,6 +29,9 @@ from bonsai_launch.log_files import open_read_shared
 from bonsai_launch.paths import logs_dir
 from bonsai_launch.plan import LaunchPlan, SpecPlan
 from bonsai_launch.server_process import ServerProcess
+
+if TYPE_CHECKING:
+    from bonsai_launch.slot_proof import SlotsProof
 
 SPEC_FAILURE_MARKER = "failed to initialize speculative decoding context"
 # A prompt with a repeated pattern: n-gram speculation only drafts when the text repeats a
@@ -211,6 +214,7 @@ class Launched:
     instance: instances.Instance
     ready_s: float  # from spawn to /health 200
     proof: SpecProof | None
+    slots_proof: "SlotsProof | None" = None  # with several slots: concurrent requests, each drafted
 
 
 def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = False,
@@ -238,7 +242,7 @@ def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = Fals
         instances.register(inst)
         server.wait_ready(ready_timeout, on_status)
         ready_s = time.monotonic() - started
-        proof = None
+        proof = slots_proof = None
         if plan.speculative is not None:
             if on_status:
                 on_status("checking speculative decoding")
@@ -246,15 +250,29 @@ def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = Fals
             if not proof.live and not spec_fallback:
                 raise ActionFailed(proof.summary(),
                                    "fix the drafter or its settings, or pass --spec-fallback to serve without speculation")
+            slots_proof = _prove_slots(plan, proof, spec_fallback)
             if proof.live:
                 instances.update(name, speculative=True)
                 inst = instances.load(instances.state_path(name)) or inst
         ok = True
-        return Launched(server, inst, ready_s, proof)
+        return Launched(server, inst, ready_s, proof, slots_proof)
     finally:
         if not ok:
             _stop(server)
             instances.unregister(name, server.pid)
+
+
+def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> "SlotsProof | None":
+    """With several slots, speculation must draft on more than one of them at once."""
+    from bonsai_launch.slot_proof import prove_slots
+
+    count = plan.slots.count if plan.slots is not None else None
+    if not proof.live or plan.speculative is None or not count or count < 2:
+        return None
+    result = prove_slots(plan.base_url, plan.speculative, count, PROOF_PROMPT, PROOF_TOKENS, plan.env.get("LLAMA_API_KEY"))
+    if not result.live and not spec_fallback:
+        raise ActionFailed(result.summary(), "use one slot (BONSAI_PARALLEL=1), or pass --spec-fallback to serve anyway")
+    return result
 
 
 def _stop(server: ServerProcess) -> None:

@@ -87,3 +87,59 @@ def render(doc: dict[str, Any]) -> str:
         out.append(f'<text x="{LEFT + 18}" y="{ly + 18 * k + 10}">{escape(labels[config])}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def render_concurrency(doc: dict[str, Any]) -> str | None:
+    """Two panels over the number of simultaneous clients: total tok/s and time to first
+    token (p95); one line per configuration and slot count. None when nothing was measured."""
+    rows = doc.get("concurrency") or []
+    if not rows:
+        return None
+    labels = {c["name"]: c.get("label", c["name"]) for c in doc["configs"]}
+    series: dict[tuple[str, Any], list[dict]] = {}
+    for r in rows:
+        series.setdefault((r["config"], r.get("slots")), []).append(r)
+    levels = sorted({r["level"] for r in rows})
+    panel_w, gap = 300, 70
+    width = LEFT + 2 * panel_w + gap + 20
+    height = TOP + PANEL_H + 60 + 18 * len(series) + 10
+    panels = (("total throughput, tok/s (median of repeats)", lambda p: (p.get("throughput_tps") or {}).get("median")),
+              ("time to first token, s (p95)", lambda p: p.get("ttft_p95_s")))
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">bonsai bench: slots x clients</text>']
+    for p, (title, value) in enumerate(panels):
+        x0 = LEFT + p * (panel_w + gap)
+        top = max([value(r) or 0.0 for r in rows] + [0.0])
+        y_max = _nice_max(top)
+
+        def x(level: int) -> float:
+            if len(levels) == 1:
+                return x0 + panel_w / 2
+            return x0 + 10 + (panel_w - 20) * levels.index(level) / (len(levels) - 1)
+
+        def y(v: float) -> float:
+            return TOP + PANEL_H - v / y_max * PANEL_H
+
+        out.append(f'<text x="{x0 + panel_w / 2:.0f}" y="{TOP - 10}" text-anchor="middle">{escape(title)}</text>')
+        for i in range(5):
+            v = y_max * i / 4
+            out.append(f'<line x1="{x0}" x2="{x0 + panel_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>')
+            out.append(f'<text x="{x0 - 4}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
+        for level in levels:
+            out.append(f'<text x="{x(level):.1f}" y="{y(0) + 14:.0f}" text-anchor="middle">{level}</text>')
+        out.append(f'<text x="{x0 + panel_w / 2:.0f}" y="{y(0) + 30:.0f}" text-anchor="middle">simultaneous clients</text>')
+        for k, ((config, slots), points) in enumerate(series.items()):
+            color = COLORS[k % len(COLORS)]
+            pts = [(x(r["level"]), y(value(r) or 0.0)) for r in sorted(points, key=lambda r: r["level"])]
+            out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
+                       + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>')
+            out += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{color}"/>' for a, b in pts]
+    ly = TOP + PANEL_H + 46
+    for k, (config, slots) in enumerate(series):
+        name = labels.get(config, config) + (f", {slots} slot{'s' if slots != 1 else ''}" if slots else "")
+        out.append(f'<rect x="{LEFT}" y="{ly + 18 * k}" width="12" height="12" fill="{COLORS[k % len(COLORS)]}"/>')
+        out.append(f'<text x="{LEFT + 18}" y="{ly + 18 * k + 10}">{escape(name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

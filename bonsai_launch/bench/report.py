@@ -226,16 +226,15 @@ def _print_tradeoffs(doc: dict, console, labels: dict[str, str]) -> None:
                           f"{_ratio(c['verdict'])} (above 1 = sooner)")
     conc = doc.get("concurrency") or []
     if conc:
-        t = Table(title="Concurrency: total throughput with N clients at once")
-        t.add_column("clients", justify="right")
-        t.add_column("configuration")
-        t.add_column("tok/s", justify="right")
-        t.add_column("TTFT", justify="right")
-        t.add_column("vs baseline", justify="right")
-        for r in conc:
-            t.add_row(str(r["level"]), labels.get(r["config"], r["config"]), _sp(r["throughput_tps"]),
-                      _sp(r["ttft_s"], 2, " s"), _ratio(r["verdict"]) if r.get("verdict") else "-")
+        header, rows = concurrency_rows(doc)
+        t = Table(title="Slots x clients: total and per-user speed, time to first token")
+        for i, name in enumerate(header):
+            t.add_column(name, justify="left" if name == "configuration" else "right")
+        for row in rows:
+            t.add_row(*row)
         console.print(t)
+        for u in doc.get("users") or []:
+            console.print(f"  [bold]{u['line']}[/bold]  [dim]({u['settings']})[/dim]")
     mem = doc.get("memory") or []
     if any(m.get("peak_rss_bytes") for m in mem):
         t = Table(title="Memory and startup per server")
@@ -287,6 +286,29 @@ def category_speed_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
             row.append(v["line"].split(": ", 1)[1] if v else "-")
             rows.append(row)
     return header, rows
+
+
+def concurrency_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """The slots x clients table: one source for the terminal and the Markdown report."""
+    labels = _labels(doc)
+    header = ["clients", "configuration", "slots", "total tok/s", "per user tok/s", "TTFT p50 s", "TTFT p95 s",
+              "vs baseline"]
+    rows = []
+    for r in doc.get("concurrency") or []:
+        rows.append([str(r["level"]), labels.get(r["config"], r["config"]),
+                     "-" if r.get("slots") is None else str(r["slots"]), _sp(r["throughput_tps"]),
+                     _sp_median(r.get("per_stream_tps")), _num(r.get("ttft_p50_s")), _num(r.get("ttft_p95_s")),
+                     _vs_baseline(r)])
+    return header, rows
+
+
+def _vs_baseline(row: dict) -> str:
+    if not row.get("verdict"):
+        return "-"
+    text = _ratio(row["verdict"])
+    if row.get("baseline_slots") is not None and row.get("baseline_slots") != row.get("slots"):
+        text += f" (baseline on {row['baseline_slots']})"
+    return text
 
 
 def verdict_table_markdown(doc: dict) -> list[str]:
@@ -378,11 +400,15 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
                          f"{_ratio(c['verdict'])} (above 1 = first token sooner).")
     conc = doc.get("concurrency") or []
     if conc:
-        lines += ["", "## Trade-off: throughput with concurrent clients", ""]
-        rows = [[str(r["level"]), labels.get(r["config"], r["config"]), _sp(r["throughput_tps"]), _sp(r["ttft_s"], 2),
-                 _ratio(r["verdict"]) if r.get("verdict") else "-"] for r in conc]
-        lines += _md_table(["clients", "configuration", "total tok/s", "TTFT s", "vs baseline"], rows,
-                           ["r", "l", "r", "r", "r"])
+        lines += ["", "## Trade-off: slots x concurrent clients", ""]
+        header, rows = concurrency_rows(doc)
+        lines += _md_table(header, rows, ["r", "l"] + ["r"] * (len(header) - 2))
+        users = doc.get("users") or []
+        if users:
+            lines += ["", "### For K simultaneous users", ""]
+            lines += [f"- {u['line']} (`{u['settings']}`)" for u in users]
+        if doc.get("concurrency_chart"):
+            lines += ["", f"![total tok/s and time to first token per client count]({doc['concurrency_chart']})"]
     mem = doc.get("memory") or []
     if any(m.get("peak_rss_bytes") for m in mem):
         lines += ["", "## Memory and startup", ""]
@@ -424,14 +450,21 @@ def to_json_text(doc: dict) -> str:
 
 
 def write_reports(doc: dict, out_dir: Path, chart: bool = True) -> dict[str, str]:
-    """bench.json, bench.md and (unless chart=False) bench.svg in `out_dir`; returns their paths.
-    Each file is written under a temporary name and renamed, so none is ever half-written."""
+    """bench.json, bench.md and (unless chart=False) bench.svg and, with concurrency rows,
+    concurrency.svg in `out_dir`; returns their paths. Each file is written under a temporary
+    name and renamed, so none is ever half-written."""
+    from bonsai_launch.bench import chart as charts
+
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
-    svg = out_dir / "bench.svg"
     if chart:
-        write_chart(doc, svg)
-        paths["chart"] = str(svg)
+        write_chart(doc, out_dir / "bench.svg")
+        paths["chart"] = str(out_dir / "bench.svg")
+        concurrency = charts.render_concurrency(doc)
+        if concurrency is not None:
+            _write_text(out_dir / "concurrency.svg", concurrency)
+            paths["concurrency_chart"] = str(out_dir / "concurrency.svg")
+            doc["concurrency_chart"] = "concurrency.svg"
     _write_text(out_dir / "bench.json", to_json_text(doc))
     paths["json"] = str(out_dir / "bench.json")
     _write_text(out_dir / "bench.md", to_markdown(doc, "bench.svg" if "chart" in paths else None))

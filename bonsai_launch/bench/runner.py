@@ -50,8 +50,10 @@ class BenchOptions:
     repeats: int = 3
     max_tokens: int = 128
     concurrency: tuple[int, ...] = (1, 4)
+    parallel: tuple[int, ...] | None = None  # slot counts: each config's concurrency rounds run once per count
     per_category: int | None = None  # prompts per category (None: all)
     turns: int = 4  # multi-turn conversation length
+    interleave: bool = False  # multi-turn: turn 1 of every conversation, then turn 2 of every one... (prompt cache)
     conversations: int | None = None  # how many bundled conversations (None: all)
     tradeoff_tokens: int = 48  # max tokens per multi-turn / concurrency request
     api: str = "chat"  # chat | completion
@@ -78,6 +80,7 @@ class ConfigSpec:
     flags: dict[str, Any] = field(default_factory=dict)  # launch mode: settings flags
     url: str | None = None  # URL mode
     plan: Any = None  # launch mode: the LaunchPlan (port replaced per server)
+    slot_plans: dict[int, Any] = field(default_factory=dict)  # --parallel: a LaunchPlan per slot count
 
     @property
     def label(self) -> str:
@@ -98,7 +101,28 @@ class ConfigSpec:
             data["argv"] = argv
             data["ctx"] = self.plan.ctx
             data["speculative"] = self.plan.to_json()["speculative"]
+            data["slots"] = _effective_slots(self.plan)
+        if self.slot_plans:
+            data["slot_argv"] = {str(n): _argv_without_port(p) for n, p in sorted(self.slot_plans.items())}
         return data
+
+    def plan_for_slots(self, slots: int | None) -> Any:
+        return self.slot_plans.get(slots, self.plan) if slots is not None else self.plan
+
+
+def _argv_without_port(plan) -> list[str]:
+    argv = list(plan.argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--port":
+            argv[i + 1] = "<free port>"
+    return argv
+
+
+def _effective_slots(plan) -> int | None:
+    slots = getattr(plan, "slots", None)
+    if slots is None:
+        return None
+    return slots.count or 4  # llama-server's auto
 
 
 @dataclass
@@ -108,6 +132,7 @@ class ServerRun:
     config: str
     repeat: int
     purpose: str  # "temp=0.0", "trade-offs"
+    slots: int | None = None  # the server's slots, when known
     pid: int | None = None
     startup_s: float | None = None  # spawn -> /health 200 (launch mode)
     peak_rss_bytes: int | None = None
@@ -129,6 +154,7 @@ class LoadRun:
     tokens: int
     wall_s: float
     errors: int
+    slots: int | None = None  # the server's slots (None: unknown, URL mode)
 
     @property
     def throughput(self) -> float | None:
@@ -205,9 +231,10 @@ def config_flags(name: str, base_flags: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan_configs(names: Sequence[str], base_flags: dict[str, Any], model: str | None, drafter: str | None,
-                 passthrough: tuple[str, ...], binary: Path) -> list[ConfigSpec]:
-    """A LaunchPlan per configuration, with one context size for all of them: the largest any
-    of them asks for, so the KV cache (and its memory) is the same on both sides."""
+                 passthrough: tuple[str, ...], binary: Path, parallel: Sequence[int] | None = None) -> list[ConfigSpec]:
+    """A LaunchPlan per configuration (and, with `parallel`, per slot count), with one context
+    size for all of them: the largest any of them asks for, so the KV cache (and its memory) is
+    the same on every side."""
     from bonsai_launch.launch_inputs import gather_plan
 
     def build(ctx: int | None) -> list[ConfigSpec]:
@@ -219,11 +246,13 @@ def plan_configs(names: Sequence[str], base_flags: dict[str, Any], model: str | 
                 flags["ctx"] = ctx
             plan = gather_plan(flags, model, drafter, passthrough, binary)
             spec_type = plan.speculative.spec_type if plan.speculative else None
-            specs.append(ConfigSpec(name, name == "plain", spec_type, flags, plan=plan))
+            slot_plans = {n: gather_plan({**flags, "parallel": n}, model, drafter, passthrough, binary)
+                          for n in parallel or ()}
+            specs.append(ConfigSpec(name, name == "plain", spec_type, flags, plan=plan, slot_plans=slot_plans))
         return specs
 
     specs = build(base_flags.get("ctx") or None)
-    ctxs = {s.plan.ctx for s in specs}
+    ctxs = {p.ctx for s in specs for p in (s.plan, *s.slot_plans.values())}
     if len(ctxs) > 1:
         specs = build(max(ctxs))
     if not any(s.baseline for s in specs):
@@ -254,14 +283,18 @@ def _with_port(plan, port: int):
 
 @contextmanager
 def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener, api: str = "chat") -> Iterator[Endpoint]:
-    """Start the configuration's server on a free port, wait until ready, sample its memory,
-    and always stop it."""
+    """Start the configuration's server (for `run.slots` slots when --parallel planned them) on
+    a free port, wait until ready, sample its memory, and always stop it."""
     from bonsai_launch.server_process import ServerProcess, free_port
 
+    base_plan = spec.plan_for_slots(run.slots)
+    if run.slots is None:
+        run.slots = _effective_slots(base_plan)
     attempts = 2  # a free port can be taken by someone else between our check and the bind
     for attempt in range(attempts):
-        plan = _with_port(spec.plan, free_port())
-        log = log_dir / f"{spec.name}-r{run.repeat + 1}-{run.purpose.replace('=', '')}.log"
+        plan = _with_port(base_plan, free_port())
+        slots_tag = f"-np{run.slots}" if spec.slot_plans else ""
+        log = log_dir / f"{spec.name}-r{run.repeat + 1}-{run.purpose.replace('=', '')}{slots_tag}.log"
         listener.step(f"{spec.label}: starting llama-server ({run.purpose}, repeat {run.repeat + 1})")
         t0 = time.perf_counter()
         proc = ServerProcess.spawn(plan.argv, env=plan.env, log_path=log, base_url=plan.base_url)
@@ -374,31 +407,42 @@ def run_multi_turn(http: httpx.Client, endpoint: Endpoint, spec: ConfigSpec, opt
                    salt: str = "") -> None:
     """A conversation turn by turn, each turn carrying the earlier answers: turn 2+ shows
     whether the server reuses the cached prefix (time to first token stays low) or
-    re-evaluates it."""
-    for conv in conversations:
-        history: list[dict[str, str]] = []
-        for turn, user_text in enumerate(conv.turns[:options.turns], 1):
-            listener.step(f"{spec.label}: conversation {conv.id} turn {turn} (repeat {repeat + 1})")
-            history.append({"role": "user", "content": user_text})
-            result = RequestResult(spec.name, conv.id, "multi-turn", 0.0, repeat, phase="multi-turn", turn=turn)
-            _send(http, endpoint, result, _salted(history, salt), options.tradeoff_tokens, options.seed)
-            history.append({"role": "assistant", "content": result.text})
-            data.requests.append(result)
-            listener.advance()
+    re-evaluates it.
+
+    Interleaved (--interleave-conversations), every conversation's turn 1 comes before any
+    turn 2, as with several users taking turns: with fewer slots than conversations, a
+    conversation finds its slot taken by another one, and only the prompt cache in RAM
+    (--cache-ram, --cache-idle-slots) or context checkpoints can spare it the re-read."""
+    histories: dict[str, list[dict[str, str]]] = {conv.id: [] for conv in conversations}
+    steps = [(conv, turn, text) for conv in conversations for turn, text in enumerate(conv.turns[:options.turns], 1)]
+    if options.interleave:
+        steps.sort(key=lambda step: step[1])  # stable: conversations keep their order within a turn
+    for conv, turn, user_text in steps:
+        history = histories[conv.id]
+        listener.step(f"{spec.label}: conversation {conv.id} turn {turn} (repeat {repeat + 1})")
+        history.append({"role": "user", "content": user_text})
+        result = RequestResult(spec.name, conv.id, "multi-turn", 0.0, repeat, phase="multi-turn", turn=turn)
+        _send(http, endpoint, result, _salted(history, salt), options.tradeoff_tokens, options.seed)
+        history.append({"role": "assistant", "content": result.text})
+        data.requests.append(result)
+        listener.advance()
 
 
 def run_concurrency(endpoint: Endpoint, spec: ConfigSpec, options: BenchOptions, load_prompts: list[suite.Prompt],
-                    repeat: int, data: BenchData, listener: Listener, salt: str = "") -> None:
+                    repeat: int, data: BenchData, listener: Listener, salt: str = "", slots: int | None = None) -> None:
     """For each level c: 2c requests through c clients at once; total generated tokens over
-    wall time is the throughput a shared server gives. A one-slot server queues them."""
+    wall time is the throughput a shared server gives. A server with fewer slots than clients
+    queues the rest."""
     cursor = 0
     for level in options.concurrency:
         batch = []
         for _ in range(2 * level):
             batch.append(load_prompts[cursor % len(load_prompts)])
             cursor += 1
-        listener.step(f"{spec.label}: {level} concurrent client(s) (repeat {repeat + 1})")
-        results = [RequestResult(spec.name, p.id, p.category, 0.0, repeat, phase="concurrency", level=level) for p in batch]
+        on = f", {slots} slots" if slots else ""
+        listener.step(f"{spec.label}: {level} concurrent client(s){on} (repeat {repeat + 1})")
+        results = [RequestResult(spec.name, p.id, p.category, 0.0, repeat, phase="concurrency", level=level, slots=slots)
+                   for p in batch]
         limits = httpx.Limits(max_connections=level + 2, max_keepalive_connections=level + 2)
         with httpx.Client(trust_env=False, limits=limits) as http:
             start = time.perf_counter()
@@ -409,7 +453,8 @@ def run_concurrency(endpoint: Endpoint, spec: ConfigSpec, options: BenchOptions,
                     f.result()
             wall = time.perf_counter() - start
         tokens = sum((r.completion_tokens or len(r.pieces)) for r in results if not r.error)
-        data.loads.append(LoadRun(spec.name, repeat, level, len(results), tokens, wall, sum(1 for r in results if r.error)))
+        data.loads.append(LoadRun(spec.name, repeat, level, len(results), tokens, wall, sum(1 for r in results if r.error),
+                                  slots))
         data.requests.extend(results)
         listener.advance(len(results))
 
@@ -424,7 +469,7 @@ def _order(configs: list[ConfigSpec], repeat: int) -> list[ConfigSpec]:
 def _request_count(options: BenchOptions, n_prompts: int, n_configs: int, n_conversations: int, mode: str) -> int:
     per_repeat = n_prompts * len(options.temps)
     if options.tradeoffs:
-        per_repeat += n_conversations * options.turns + sum(2 * c for c in options.concurrency)
+        per_repeat += n_conversations * options.turns + sum(2 * c for c in options.concurrency) * len(options.parallel or (1,))
     return per_repeat * n_configs * options.repeats
 
 
@@ -465,12 +510,19 @@ def run_launch(options: BenchOptions, configs: list[ConfigSpec], prompts: list[s
                     warm_up(http, endpoint, spec, options)
                     run_suite(http, endpoint, spec, options, prompts, temperature, repeat, data, listener)
             if options.tradeoffs:
-                run = ServerRun(spec.name, repeat, "trade-offs")
-                data.servers.append(run)
-                with launched(spec, run, log_dir, listener, options.api) as endpoint, httpx.Client(trust_env=False) as http:
-                    warm_up(http, endpoint, spec, options)
-                    run_multi_turn(http, endpoint, spec, options, conversations, repeat, data, listener)
-                    run_concurrency(endpoint, spec, options, load, repeat, data, listener)
+                # One server per slot count (--parallel), the multi-turn conversation on the first.
+                slot_counts = options.parallel or (None,)
+                if repeat % 2:
+                    slot_counts = tuple(reversed(slot_counts))
+                for i, slots in enumerate(slot_counts):
+                    run = ServerRun(spec.name, repeat, "trade-offs", slots=slots)
+                    data.servers.append(run)
+                    with launched(spec, run, log_dir, listener, options.api) as endpoint, \
+                            httpx.Client(trust_env=False) as http:
+                        warm_up(http, endpoint, spec, options)
+                        if slots == (options.parallel or (None,))[0]:
+                            run_multi_turn(http, endpoint, spec, options, conversations, repeat, data, listener)
+                        run_concurrency(endpoint, spec, options, load, repeat, data, listener, slots=run.slots)
     data.finished = time.time()
     data.environment["load_average_end"] = _loadavg()
     return data

@@ -23,6 +23,7 @@ CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size
 NglOpt = Annotated[Optional[int], typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
 HostOpt = Annotated[Optional[str], typer.Option("--host", help="Bind address; env BONSAI_HOST.")]
 PortOpt = Annotated[Optional[int], typer.Option("--port", help="Port; env BONSAI_PORT.")]
+ParallelOpt = Annotated[Optional[int], typer.Option("--parallel", help="Server slots: requests served at once (default 1 with speculation); env BONSAI_PARALLEL.")]
 Kv4Opt = Annotated[Optional[bool], typer.Option("--kv4/--no-kv4", help="4-bit KV cache; env BONSAI_KV4.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the llama-server command instead of running it.")]
 FormatOpt = Annotated[str, typer.Option("--format", help="Shell for --dry-run output: posix or powershell.")]

@@ -9,9 +9,10 @@ Examples:
     bonsai bench --profile demo --quick -- --threads 2       # arguments after -- go to every llama-server
     bonsai bench --profile demo --configs plain,speculative,auto    # check the tuned decision on the bench's prompts
     bonsai bench --profile demo --configs plain,ngram-mod,ngram-simple --save   # store the result for BONSAI_SPECULATIVE=auto
+    bonsai bench --profile demo --configs plain,ngram-mod --parallel 1,4 --concurrency 1,2,4,8   # slots x clients
 
 Reports go to --out (default $BONSAI_HOME/bench/<time>): bench.json (schema in
-bonsai_launch/bench/schema.json), bench.md and bench.svg (the chart).
+bonsai_launch/bench/schema.json), bench.md, bench.svg and concurrency.svg (the charts).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ TempsOpt = Annotated[Optional[str], typer.Option("--temps", help="Comma list of 
 RepeatsOpt = Annotated[Optional[int], typer.Option("--repeats", help="Runs per configuration (default 3; fewer gives no verdict).")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Tokens generated per request (default 128).")]
 ConcurrencyOpt = Annotated[Optional[str], typer.Option("--concurrency", help="Comma list of simultaneous clients (default 1,4).")]
+ParallelListOpt = Annotated[Optional[str], typer.Option("--parallel", help="Comma list of server slot counts (e.g. 1,4): the concurrency rounds run on one server per count, and the report says which configuration and slot count to use for K users. A single value also comes from BONSAI_PARALLEL.")]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="A small subset: 2 prompts per category, temperature 0, 96 tokens.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Folder for bench.json, bench.md, bench.svg.")]
 UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Measure this running OpenAI-compatible server instead of launching one.")]
@@ -42,6 +44,8 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Benchmar
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="DSpark/DFlash drafter GGUF for the speculative configuration.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")]
 NglOpt = Annotated[Optional[int], typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
+TradeoffTokensOpt = Annotated[Optional[int], typer.Option("--tradeoff-tokens", help="Tokens per multi-turn and concurrency request (default 48; --quick: 32).")]
+InterleaveOpt = Annotated[bool, typer.Option("--interleave-conversations", help="Multi-turn: every conversation's turn 1, then every turn 2...: with fewer slots than conversations this measures the prompt cache (BONSAI_CACHE_RAM, BONSAI_CTX_CHECKPOINTS).")]
 NoTradeoffsOpt = Annotated[bool, typer.Option("--no-tradeoffs", help="Skip the multi-turn and concurrency measurements.")]
 NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.svg.")]
 SaveOpt = Annotated[bool, typer.Option("--save", help="Store the result as the tuning decision for BONSAI_SPECULATIVE=auto (as `bonsai tune` does).")]
@@ -80,6 +84,7 @@ def command(
     repeats: RepeatsOpt = None,
     max_tokens: MaxTokensOpt = None,
     concurrency: ConcurrencyOpt = None,
+    parallel: ParallelListOpt = None,
     quick: QuickOpt = False,
     out: OutOpt = None,
     url: UrlOpt = None,
@@ -88,6 +93,8 @@ def command(
     api_key: ApiKeyOpt = None,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
+    tradeoff_tokens: TradeoffTokensOpt = None,
+    interleave: InterleaveOpt = False,
     no_tradeoffs: NoTradeoffsOpt = False,
     no_chart: NoChartOpt = False,
     json_output: JsonOpt = False,
@@ -130,7 +137,16 @@ def command(
         given["max_tokens"] = max_tokens
     if concurrency is not None:
         given["concurrency"] = _ints(concurrency, "--concurrency")
-    options = dataclasses.replace(BenchOptions(), api=api, prompts_path=prompts, tradeoffs=not no_tradeoffs, **given)
+    if tradeoff_tokens is not None:
+        if tradeoff_tokens < 2:
+            raise BonsaiError(f"--tradeoff-tokens {tradeoff_tokens} is too small", "use 32 or more")
+        given["tradeoff_tokens"] = tradeoff_tokens
+    if parallel is not None:
+        given["parallel"] = _ints(parallel, "--parallel")
+        if not given["parallel"]:
+            raise BonsaiError("--parallel is empty", "for example --parallel 1,4")
+    options = dataclasses.replace(BenchOptions(), api=api, prompts_path=prompts, tradeoffs=not no_tradeoffs,
+                                  interleave=interleave, **given)
     if quick:
         options = quick_options(options, set(given))
 

@@ -16,7 +16,7 @@ import sys
 
 import typer
 
-from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, ModelOpt, NglOpt, ProfileOpt, SizeOpt,
+from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt, SizeOpt,
                                         SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 from bonsai_launch.cli.start import start_flags
 from bonsai_launch.cli.run import ApiKeyOpt, MaxTokensOpt, SystemOpt, TempOpt, UrlOpt, server_for, stats_line
@@ -34,6 +34,7 @@ def command(
     spec_nmax: SpecNmaxOpt = None,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
+    parallel: ParallelOpt = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     max_tokens: MaxTokensOpt = 1024,
@@ -47,7 +48,7 @@ def command(
     from bonsai_launch.cli._output import console
 
     speculative = "auto" if speculative_auto else speculative
-    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None)
+    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel)
     err = console(stderr=True)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     # Ctrl+C interrupts an answer (KeyboardInterrupt); the system's other stop signals

@@ -19,7 +19,7 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt,
+from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt,
                                         SizeOpt, SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 from bonsai_launch.cli.start import start_flags
 
@@ -75,6 +75,8 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
     try:
         if launched.proof is not None:
             sys.stderr.write(launched.proof.summary() + "\n")
+        if launched.slots_proof is not None:
+            sys.stderr.write(launched.slots_proof.summary() + "\n")
         yield Target(plan.base_url, plan.env.get("LLAMA_API_KEY") or key, True, launched.instance.name)
     finally:
         supervisor.shutdown(launched)
@@ -110,6 +112,7 @@ def command(
     spec_nmax: SpecNmaxOpt = None,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
+    parallel: ParallelOpt = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     max_tokens: MaxTokensOpt = 1024,
@@ -124,7 +127,7 @@ def command(
     from bonsai_launch.cli._output import console, emit_json
 
     speculative = "auto" if speculative_auto else speculative
-    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None)
+    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     err = console(stderr=True)
     with supervisor.SignalForwarder() as forwarder:

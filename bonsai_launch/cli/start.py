@@ -18,17 +18,18 @@ from typing import Annotated
 import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
-                                        Kv4Opt, MmprojOpt, ModelOpt, NglOpt, PortOpt, ProfileOpt, SizeOpt,
+                                        Kv4Opt, MmprojOpt, ModelOpt, NglOpt, ParallelOpt, PortOpt, ProfileOpt, SizeOpt,
                                         SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 
 NoTuneOpt = Annotated[bool, typer.Option("--no-tune", help="With BONSAI_SPECULATIVE=auto and no tuning decision: start plain instead of measuring first.")]
 
 
-def start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4) -> dict:
+def start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4,
+                parallel=None) -> dict:
     """CLI flags keyed by setting name (None = not given), for the settings resolver."""
     return {"profile": profile, "family": family, "size": size, "speculative": speculative,
             "spec_type": spec_type, "spec_nmax": spec_nmax, "ctx": ctx, "ngl": ngl,
-            "host": host, "port": port, "kv4": kv4}
+            "host": host, "port": port, "kv4": kv4, "parallel": parallel}
 
 
 def command(
@@ -47,6 +48,7 @@ def command(
     host: HostOpt = None,
     port: PortOpt = None,
     kv4: Kv4Opt = None,
+    parallel: ParallelOpt = None,
     dry_run: DryRunOpt = False,
     shell_format: FormatOpt = "posix",
     json_output: JsonOpt = False,
@@ -64,7 +66,7 @@ def command(
     if shell_format not in ("posix", "powershell"):
         raise BonsaiError(f"--format={shell_format!r} is not known", "allowed: posix, powershell")
     speculative = "auto" if speculative_auto else speculative
-    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4)
+    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4, parallel)
     passthrough = tuple(ctx.args)
     if mmproj:
         flags["mmproj"] = mmproj  # the flag layer of BONSAI_MMPROJ
@@ -219,6 +221,15 @@ def _web_ui(base_url: str, api_key: str | None) -> bool:
         return False
 
 
+def _per_slot(plan) -> str:
+    slots = plan.slots
+    if slots is None or not slots.count or slots.count < 2:
+        return ""
+    if slots.kv_unified:
+        return f", shared by {slots.count} slots (-kvu)"
+    return f", {slots.count} slots x {slots.per_slot_ctx}"
+
+
 def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None:
     from pathlib import Path
 
@@ -231,7 +242,7 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
               f"name {inst.name}, log {server.log_path}")
     rows = [
         ("model", Path(plan.model).name + (f" (profile {plan.profile})" if plan.profile else "")),
-        ("context", f"{plan.ctx} tokens"),
+        ("context", f"{plan.ctx} tokens" + _per_slot(plan)),
         ("GPU layers", f"{plan.ngl} ({plan.backend})"),
     ]
     if plan.speculative is None:
@@ -254,6 +265,9 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
               f"{auth} -d '{body}'", markup=False)
     if launched.proof is not None and launched.proof.live:  # not live: already warned on stderr
         out.print(f"[green]{launched.proof.summary()}[/]")
+    if launched.slots_proof is not None:
+        style = "green" if launched.slots_proof.live else "yellow"
+        out.print(f"[{style}]{launched.slots_proof.summary()}[/]")
     if plan.tuning:
         if plan.tuning.get("table"):
             from bonsai_launch.cli.tune import print_decision
@@ -314,7 +328,9 @@ def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallb
                 data = {"name": launched.instance.name, "pid": launched.server.pid, "url": plan.base_url,
                         "openai_base_url": plan.base_url + "/v1", "log": str(launched.server.log_path),
                         "ready_s": round(launched.ready_s, 3), "detached": detach,
-                        "speculative": launched.proof.to_json() if launched.proof else None, "plan": plan.to_json()}
+                        "speculative": launched.proof.to_json() if launched.proof else None,
+                        "speculative_slots": launched.slots_proof.to_json() if launched.slots_proof else None,
+                        "plan": plan.to_json()}
                 if generated:
                     data["api_key"] = generated
                 emit_json(data)
