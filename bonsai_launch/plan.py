@@ -66,6 +66,7 @@ class LaunchPlan:
     mmproj: str | None = None
     slots: SlotsPlan | None = None
     prompt_cache: dict[str, Any] | None = None
+    tuning: dict[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision and its evidence
 
     @property
     def binary(self) -> str:
@@ -101,6 +102,7 @@ class LaunchPlan:
             },
             "slots": self.slots.to_json() if self.slots else None,
             "prompt_cache": self.prompt_cache,
+            "tuning": self.tuning,
         }
 
 
@@ -431,8 +433,29 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
     b.add("--spec-type", draft_free, "draft-free n-gram speculation" + (" (profile default)" if not wanted_type else ""))
     n_max = s.get("spec_nmax")
     if n_max is not None:
-        b.add("--spec-draft-n-max", n_max, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')})")
+        for flag, value in ngram_length_flags(draft_free, n_max):
+            _require_flag(inputs.capabilities, flag, "BONSAI_SPEC_NMAX")
+            b.add(flag, value, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')}): {draft_free} drafts at most {n_max} tokens")
+        if draft_free not in NGRAM_LENGTH_FLAGS:
+            b.warnings.append(f"BONSAI_SPEC_NMAX has no effect on {draft_free}, whose draft length is fixed")
     return SpecPlan(draft_free, n_max)
+
+
+# The n-gram types ignore --spec-draft-n-max (b11434 reads it for draft models only): each has
+# its own length flag. ngram-mod also drops drafts shorter than its n-min (default 48).
+NGRAM_LENGTH_FLAGS = {t: option for t, (option, _default) in slot_rules.NGRAM_DRAFT_LENGTH.items() if option}
+NGRAM_MOD_DEFAULT_N_MIN = 48
+
+
+def ngram_length_flags(spec_type: str, n_max: int) -> list[tuple[str, int]]:
+    """The flags that cap an n-gram type's draft length at n_max."""
+    flag = NGRAM_LENGTH_FLAGS.get(spec_type)
+    if flag is None:
+        return []
+    flags = [(flag, n_max)]
+    if spec_type == "ngram-mod":
+        flags.append(("--spec-ngram-mod-n-min", min(n_max, NGRAM_MOD_DEFAULT_N_MIN)))
+    return flags
 
 
 def _vision(inputs: PlanInputs, backend: str, b: _Builder) -> Path | None:

@@ -49,12 +49,13 @@ class Setting:
     minimum: int | None = None
     maximum: int | None = None
     default_text: str = ""  # how the default reads in docs when it is detected, not fixed
+    auto: bool = False  # a bool that also accepts "auto" (decided later, e.g. from measurements)
     refused: tuple[tuple[str, str], ...] = ()  # (value, why): known values that are refused, with the reason
 
     def allowed(self) -> str:
         """What values are accepted, in words, for error messages and the docs."""
         if self.kind == "bool":
-            return "1/0, true/false, yes/no, on/off (any case)"
+            return "1/0, true/false, yes/no, on/off (any case)" + (", or auto" if self.auto else "")
         if self.kind == "int":
             return f"a whole number from {self.minimum} to {self.maximum}"
         if self.kind == "choice":
@@ -103,8 +104,8 @@ SETTINGS: tuple[Setting, ...] = (
             _START, default=False),
     Setting("BONSAI_VISION", "vision", "bool", "Load the vision projector when the profile has one.",
             _START + ("pull",), default=True),
-    Setting("BONSAI_SPECULATIVE", "speculative", "bool", "Turn on speculative decoding (drafter, or the profile's draft-free n-gram mode).",
-            _START, default=False),
+    Setting("BONSAI_SPECULATIVE", "speculative", "bool", "Turn on speculative decoding (drafter, or the profile's draft-free n-gram mode); auto: what `bonsai tune` measured to pay on this machine, else plain.",
+            _START + ("chat",), default=False, auto=True),
     Setting("BONSAI_SPEC_TYPE", "spec_type", "choice", "Speculative type; unset means what the drafter needs, or the profile's draft-free type.",
             _START, choices=SPEC_TYPES, default_text="auto"),
     Setting("BONSAI_SPEC_NMAX", "spec_nmax", "int", "Draft length; with a drafter it must equal the drafter's block size (read from the GGUF).",
@@ -168,6 +169,8 @@ def parse_value(setting: Setting, raw: Any, origin: str) -> Any:
         if isinstance(raw, bool):
             return raw
         word = text.lower()
+        if setting.auto and word == "auto":
+            return "auto"
         if word in TRUE_WORDS:
             return True
         if word in FALSE_WORDS:

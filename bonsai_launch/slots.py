@@ -80,6 +80,8 @@ def draft_length(spec_type: str, n_max: int | None, option_values: Mapping[str, 
         option, default = NGRAM_DRAFT_LENGTH[spec_type]
         if option and values.get(option) is not None:
             return int(values[option]), option
+        if option and n_max is not None:  # BONSAI_SPEC_NMAX, passed with the type's own option
+            return n_max, "n-max"
         return default, f"{spec_type}'s default draft length"
     if n_max is not None:
         return n_max, "n-max"

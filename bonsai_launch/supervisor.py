@@ -163,7 +163,7 @@ def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = Fals
             log_path=str(log_path), started_at=time.time(), detached=detach, speculative=False,
             spec_type=plan.speculative.spec_type if plan.speculative else None,
             supervisor_pid=None if detach else _own_pid(), api_key_required=bool(plan.env.get("LLAMA_API_KEY")),
-            argv=plan.argv)
+            argv=plan.argv, tuning=getattr(plan, "tuning", None))
         instances.register(inst)
         server.wait_ready(ready_timeout, on_status)
         ready_s = time.monotonic() - started

@@ -1,8 +1,7 @@
-"""Drawing the report: a rich table for the terminal, Markdown, JSON and a PNG chart.
+"""Drawing the report: a rich table for the terminal, Markdown, JSON and an SVG chart.
 
 Every renderer reads the one summary dict (summary.py), so the four outputs always agree.
-matplotlib is optional (`pip install 'bonsai-launch[chart]'`): without it the chart is
-skipped with a note and everything else is written.
+The chart needs nothing beyond the standard library (chart.py).
 """
 
 from __future__ import annotations
@@ -147,8 +146,10 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
     if paths:
         for kind, path in paths.items():
             console.print(f"  {kind}: {path}")
+    from rich.markup import escape
+
     for note in doc.get("notes") or []:
-        console.print(f"  [dim]note: {note}[/dim]")
+        console.print(f"  [dim]note: {escape(note)}[/dim]")  # a note may hold [brackets], e.g. pip extras
 
 
 def _category_rows_table(doc: dict):
@@ -428,54 +429,11 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
 # -- chart ----------------------------------------------------------------------------------------
 
 
-def chart_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def write_chart(doc: dict, path: Path) -> None:
+    """Grouped bars of decode tok/s per category and configuration (bench/chart.py), as SVG."""
+    from bonsai_launch.bench import chart
 
-
-def write_chart(doc: dict, path: Path) -> bool:
-    """Grouped bars: decode tok/s per category and configuration, one panel per temperature,
-    with min-max error bars. False when matplotlib is missing."""
-    if not chart_available():
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = _labels(doc)
-    temps = doc["options"]["temps"]
-    cats = doc["categories"]
-    configs = [c["name"] for c in doc["configs"]]
-    fig, axes = plt.subplots(1, len(temps), figsize=(max(6.0, 1.4 * len(cats) * len(temps) + 2), 4.2),
-                             squeeze=False, sharey=True)
-    width = 0.8 / max(1, len(configs))
-    for ax, temp in zip(axes[0], temps):
-        for i, config in enumerate(configs):
-            med, lo, hi = [], [], []
-            for cat in cats:
-                s = (_result(doc, config, cat, temp) or {}).get("decode_tps")
-                med.append(s["median"] if s else 0.0)
-                lo.append(s["median"] - s["min"] if s else 0.0)
-                hi.append(s["max"] - s["median"] if s else 0.0)
-            xs = [j + (i - (len(configs) - 1) / 2) * width for j in range(len(cats))]
-            ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, label=labels.get(config, config))
-        ax.set_xticks(range(len(cats)))
-        ax.set_xticklabels(cats, rotation=20)
-        ax.set_title(f"temperature {temp:g}")
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("decode tok/s (median, min-max)")
-    axes[0][-1].legend(fontsize="small")
-    fig.suptitle("bonsai bench: decode speed per category and configuration")
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return True
+    _write_text(path, chart.render(doc))
 
 
 # -- files ----------------------------------------------------------------------------------------
@@ -491,61 +449,24 @@ def to_json_text(doc: dict) -> str:
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 
-def write_concurrency_chart(doc: dict, path: Path) -> bool:
-    """Two panels over the client count: total tok/s, and time to first token p95; one line per
-    configuration and slot count. False when matplotlib is missing or nothing was measured."""
-    rows = doc.get("concurrency") or []
-    if not rows or not chart_available():
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = _labels(doc)
-    series: dict[tuple[str, int | None], list[dict]] = {}
-    for r in rows:
-        series.setdefault((r["config"], r.get("slots")), []).append(r)
-    fig, (total, ttft) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for (config, slots), points in series.items():
-        points = sorted(points, key=lambda r: r["level"])
-        name = labels.get(config, config) + (f", {slots} slot{'s' if slots != 1 else ''}" if slots else "")
-        xs = [p["level"] for p in points]
-        total.plot(xs, [(p["throughput_tps"] or {}).get("median", 0.0) for p in points], marker="o", label=name)
-        ttft.plot(xs, [p.get("ttft_p95_s") or 0.0 for p in points], marker="o", label=name)
-    for ax, title, ylabel in ((total, "total throughput", "tok/s (median of repeats)"),
-                              (ttft, "time to first token", "seconds, p95")):
-        ax.set_xlabel("simultaneous clients")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.set_xticks(sorted({r["level"] for r in rows}))
-        ax.grid(alpha=0.3)
-    total.legend(fontsize="small")
-    fig.suptitle("bonsai bench: slots x clients")
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return True
-
-
 def write_reports(doc: dict, out_dir: Path, chart: bool = True) -> dict[str, str]:
-    """bench.json, bench.md and (with matplotlib) bench.png and concurrency.png in `out_dir`;
-    returns their paths. Each file is written under a temporary name and renamed, so none is
-    ever half-written."""
+    """bench.json, bench.md and (unless chart=False) bench.svg and, with concurrency rows,
+    concurrency.svg in `out_dir`; returns their paths. Each file is written under a temporary
+    name and renamed, so none is ever half-written."""
+    from bonsai_launch.bench import chart as charts
+
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
-    png = out_dir / "bench.png"
-    if chart and write_chart(doc, png):
-        paths["chart"] = str(png)
-    if chart and write_concurrency_chart(doc, out_dir / "concurrency.png"):
-        paths["concurrency_chart"] = str(out_dir / "concurrency.png")
-        doc["concurrency_chart"] = "concurrency.png"
-    elif chart:
-        doc.setdefault("notes", []).append("no chart: matplotlib is not installed (pip install 'bonsai-launch[chart]')")
+    if chart:
+        write_chart(doc, out_dir / "bench.svg")
+        paths["chart"] = str(out_dir / "bench.svg")
+        concurrency = charts.render_concurrency(doc)
+        if concurrency is not None:
+            _write_text(out_dir / "concurrency.svg", concurrency)
+            paths["concurrency_chart"] = str(out_dir / "concurrency.svg")
+            doc["concurrency_chart"] = "concurrency.svg"
     _write_text(out_dir / "bench.json", to_json_text(doc))
     paths["json"] = str(out_dir / "bench.json")
-    _write_text(out_dir / "bench.md", to_markdown(doc, "bench.png" if "chart" in paths else None))
+    _write_text(out_dir / "bench.md", to_markdown(doc, "bench.svg" if "chart" in paths else None))
     paths["markdown"] = str(out_dir / "bench.md")
     return paths

@@ -36,7 +36,7 @@ from bonsai_launch.bench.measure import (Endpoint, MemorySampler, RequestResult,
                                          read_metrics, served_model, spec_counters, stream_request)
 from bonsai_launch.errors import ActionFailed, BonsaiError
 
-SPECIAL_CONFIGS = ("plain", "speculative")
+SPECIAL_CONFIGS = ("plain", "speculative", "auto")  # auto: the stored tuning decision (bonsai tune)
 SPEC_CONFIG_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
                      "draft-dspark", "draft-dflash", "draft-simple", "draft-eagle3", "draft-mtp")
 READY_TIMEOUT = 600.0
@@ -84,8 +84,8 @@ class ConfigSpec:
 
     @property
     def label(self) -> str:
-        if self.name == "speculative" and self.spec_type:
-            return f"speculative ({self.spec_type})"
+        if self.name in ("speculative", "auto") and (self.spec_type or self.name == "auto"):
+            return f"{self.name} ({self.spec_type or 'plain'})"
         return self.name
 
     def to_json(self) -> dict[str, Any]:
@@ -224,6 +224,8 @@ def config_flags(name: str, base_flags: dict[str, Any]) -> dict[str, Any]:
         flags.update(speculative=False, spec_type=None, spec_nmax=None)
     elif name == "speculative":
         flags.update(speculative=True)
+    elif name == "auto":
+        flags.update(speculative="auto", spec_type=None, spec_nmax=None)
     else:
         flags.update(speculative=True, spec_type=name)
     return flags
@@ -257,6 +259,13 @@ def plan_configs(names: Sequence[str], base_flags: dict[str, Any], model: str | 
     if not any(s.baseline for s in specs):
         specs[0].baseline = True
     for s in specs:
+        if s.name == "auto":
+            tuning = s.plan.tuning or {}
+            if tuning.get("status") != "found":
+                raise BonsaiError("configuration auto has no tuning decision to run: "
+                                  + tuning.get("message", "").removeprefix("BONSAI_SPECULATIVE=auto: "),
+                                  f"run `{tuning.get('hint', 'bonsai tune')}` first")
+            continue
         if s.name != "plain" and s.spec_type is None:
             raise BonsaiError(f"configuration {s.name} would run without speculation", "check the profile and --drafter")
     return specs

@@ -17,7 +17,7 @@ import sys
 import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt, SizeOpt,
-                                        SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+                                        SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 from bonsai_launch.cli.start import start_flags
 from bonsai_launch.cli.run import ApiKeyOpt, MaxTokensOpt, SystemOpt, TempOpt, UrlOpt, server_for, stats_line
 
@@ -41,11 +41,13 @@ def command(
     temperature: TempOpt = None,
     system: SystemOpt = None,
     spec_fallback: SpecFallbackOpt = False,
+    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Chat in the terminal; each answer ends with its decode speed and acceptance."""
     from bonsai_launch import client, supervisor
     from bonsai_launch.cli._output import console
 
+    speculative = "auto" if speculative_auto else speculative
     flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel)
     err = console(stderr=True)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []

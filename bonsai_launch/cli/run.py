@@ -20,7 +20,7 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt,
-                                        SizeOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+                                        SizeOpt, SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 from bonsai_launch.cli.start import start_flags
 
 PromptArg = Annotated[str, typer.Argument(help="The prompt to answer.")]
@@ -79,6 +79,8 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
     if flags.get("port") is None and not resolve(flags).is_explicit("port"):
         flags = {**flags, "port": free_port()}  # a temporary server must not fight over 8080
     plan, generated = prepare_plan(flags, model, drafter, passthrough)
+    if plan.tuning:  # BONSAI_SPECULATIVE=auto: say what was decided (run and chat never tune themselves)
+        sys.stderr.write(plan.tuning["message"] + "\n")
 
     def status(text: str) -> None:
         sys.stderr.write(f"temporary llama-server: {text}\n")
@@ -153,11 +155,13 @@ def command(
     system: SystemOpt = None,
     spec_fallback: SpecFallbackOpt = False,
     json_output: JsonOpt = False,
+    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Stream one answer to PROMPT, then print decode speed and speculative acceptance."""
     from bonsai_launch import client, supervisor
     from bonsai_launch.cli._output import console, emit_json
 
+    speculative = "auto" if speculative_auto else speculative
     flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     err = console(stderr=True)

@@ -8,15 +8,20 @@ Examples:
     bonsai start --profile demo -- --threads 2      # arguments after -- go to llama-server
     bonsai start --profile demo --detach            # keep serving in the background (`bonsai stop`)
     bonsai start --model T.gguf --drafter D.gguf --speculative --spec-fallback
+    BONSAI_SPECULATIVE=auto bonsai start --profile demo   # what `bonsai tune` measured to pay (tunes first if needed)
 """
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
                                         Kv4Opt, MmprojOpt, ModelOpt, NglOpt, ParallelOpt, PortOpt, ProfileOpt, SizeOpt,
-                                        SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+                                        SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+
+NoTuneOpt = Annotated[bool, typer.Option("--no-tune", help="With BONSAI_SPECULATIVE=auto and no tuning decision: start plain instead of measuring first.")]
 
 
 def start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4,
@@ -49,6 +54,8 @@ def command(
     json_output: JsonOpt = False,
     detach: DetachOpt = False,
     spec_fallback: SpecFallbackOpt = False,
+    no_tune: NoTuneOpt = False,
+    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Launch llama-server for a profile (or local GGUFs) with the right flags.
 
@@ -58,6 +65,7 @@ def command(
 
     if shell_format not in ("posix", "powershell"):
         raise BonsaiError(f"--format={shell_format!r} is not known", "allowed: posix, powershell")
+    speculative = "auto" if speculative_auto else speculative
     flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4, parallel)
     passthrough = tuple(ctx.args)
     if mmproj:
@@ -66,7 +74,7 @@ def command(
         show_dry_run(flags, model, drafter, passthrough, shell_format, json_output)
         return
     raise typer.Exit(start_server(flags, model, drafter, passthrough, detach=detach,
-                                  spec_fallback=spec_fallback, json_output=json_output))
+                                  spec_fallback=spec_fallback, json_output=json_output, tune=not no_tune))
 
 
 def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_output: bool) -> None:
@@ -95,6 +103,10 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
         return
     for w in warnings:
         warn(w)
+    if plan.tuning and plan.tuning.get("status") == "found":  # otherwise already a warning above
+        import sys
+
+        sys.stderr.write(plan.tuning["message"] + "\n")
     print(render_command(plan.argv, shell_format, {k: "<hidden>" for k in plan.env}))
 
 
@@ -256,6 +268,13 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
     if launched.slots_proof is not None:
         style = "green" if launched.slots_proof.live else "yellow"
         out.print(f"[{style}]{launched.slots_proof.summary()}[/]")
+    if plan.tuning:
+        if plan.tuning.get("table"):
+            from bonsai_launch.cli.tune import print_decision
+
+            print_decision(out, plan.tuning, title=f"BONSAI_SPECULATIVE=auto: decision {plan.tuning['id']} "
+                           f"({plan.tuning['prompts']}, {plan.tuning['created']})")
+        out.print(plan.tuning["message"], markup=False)
     if detach:
         out.print(f"running in the background: `bonsai logs {inst.name} -f`, `bonsai stop {inst.name}`")
     else:
@@ -268,14 +287,35 @@ def _default_n_max(spec_type: str) -> str:
     return f"{default_n_max(spec_type)} (llama.cpp default)"
 
 
-def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallback: bool, json_output: bool) -> int:
+def tune_first(plan, flags, model, drafter, passthrough, json_output: bool) -> None:
+    """BONSAI_SPECULATIVE=auto without a usable decision: measure now (`bonsai tune`)."""
+    import sys
+    from pathlib import Path
+
+    sys.stderr.write(plan.tuning["message"].split("; plain")[0] + ": tuning first (about a minute on a small model; "
+                     "--no-tune starts plain)\n")
+    sys.stderr.flush()
+    from bonsai_launch.cli.tune import tune_now
+
+    tune_flags = {k: v for k, v in flags.items() if k in ("profile", "family", "size", "ctx", "ngl")}
+    outcome = tune_now(tune_flags, model, drafter, passthrough, binary=Path(plan.binary))
+    if not json_output:
+        sys.stderr.write(f"tuned in {outcome.elapsed_s:.0f} s: {outcome.decision.choice.describe()}\n")
+
+
+def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallback: bool, json_output: bool,
+                 tune: bool = True) -> int:
     """`bonsai start` without --dry-run. Returns the exit code (0 when the user stopped it)."""
     from bonsai_launch import supervisor
     from bonsai_launch.cli._output import emit_json, warn
+    from bonsai_launch.tune.auto import needs_tuning
 
     with supervisor.SignalForwarder() as forwarder:
         try:
             plan, generated = prepare_plan(flags, model, drafter, passthrough)
+            if tune and needs_tuning(plan):
+                tune_first(plan, flags, model, drafter, passthrough, json_output)
+                plan, generated = prepare_plan(flags, model, drafter, passthrough)
             for w in plan.warnings:
                 warn(w)
             update, stop_status = _status_reporter(json_output)
