@@ -28,6 +28,7 @@ ReplicasOpt = Annotated[int, typer.Option("--replicas", "-n", help="Local llama-
 GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help="GPU device numbers, one replica per entry in turn, e.g. 0,1.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads-per-replica", help="CPU threads per replica (default: the cores split evenly, each replica pinned to its own).")]
 ProxyPortOpt = Annotated[int, typer.Option("--port", help="The proxy's port; replicas take the next ports (PORT+1, PORT+2, ...).")]
+RemoteWaitOpt = Annotated[float, typer.Option("--remote-wait", help="Seconds a remote member may take to answer /health 200 before it is left out.")]
 HostsOpt = Annotated[Optional[Path], typer.Option("--hosts", help="Fleet file listing remote members (url, api_key_env).")]
 
 
@@ -36,7 +37,7 @@ def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None,
        replicas: ReplicasOpt = 2, gpus: GpusOpt = None, threads_per_replica: ThreadsOpt = None,
        port: ProxyPortOpt = 4000, hosts: HostsOpt = None, speculative: SpecOpt = None, spec_type: SpecTypeOpt = None,
        spec_nmax: SpecNmaxOpt = None, ctx_size: CtxOpt = None, ngl: NglOpt = None, kv4: Kv4Opt = None,
-       json_output: JsonOpt = False) -> None:
+       remote_wait: RemoteWaitOpt = 60.0, json_output: JsonOpt = False) -> None:
     """Start replicas and the proxy; return once the proxy and every member answer.
 
     Run again on a running fleet to restart what died. Arguments after -- go to every replica's
@@ -52,7 +53,7 @@ def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None,
              "spec_nmax": spec_nmax, "ctx": ctx_size, "ngl": ngl, "kv4": kv4}
     opts = UpOptions(flags={k: v for k, v in flags.items() if v is not None}, replicas=replicas,
                      gpus=fleet_hosts.parse_gpus(gpus), threads=threads_per_replica, port=port, hosts_file=hosts,
-                     passthrough=tuple(ctx.args))
+                     passthrough=tuple(ctx.args), remote_wait_s=remote_wait)
 
     def status(text: str) -> None:
         if not json_output:

@@ -297,10 +297,12 @@ def _model_name(opts: UpOptions) -> str:
 def _reconcile(st: FleetState, status: Status) -> UpResult:
     """A fleet is running: restart the local replicas that died and the proxy if it died."""
     restarted: list[str] = []
+    proofs: dict[str, Any] = {}
     for m in st.members:
         if m.local and not _local_alive(m):
             status(f"{m.name}: not running, starting it again")
-            _launch_replica(m, status)
+            launched = _launch_replica(m, status)
+            proofs[m.name] = launched.proof.to_json() if launched.proof else None
             restarted.append(m.name)
     key, source = None, "unchanged"
     if not proxy.alive(st.proxy):
@@ -309,7 +311,8 @@ def _reconcile(st: FleetState, status: Status) -> UpResult:
         st.proxy, key, source = _start_proxy(st.model, config, port, status)
         restarted.append("proxy")
     fleet_state.save(st)
-    members = [_member_json(m, probe.probe(m.url, probe.member_key(m.api_key_env)).healthy) for m in st.members]
+    members = [_member_json(m, probe.probe(m.url, probe.member_key(m.api_key_env)).healthy, proofs.get(m.name))
+               for m in st.members]
     return UpResult(st.proxy.url, key, source, st.model, members, st.excluded, st.proxy.config,
                     st.llama_swap or "", restarted, reused=True)
 
