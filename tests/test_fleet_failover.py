@@ -143,6 +143,13 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(llama_server, demo_g
                        json={"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
         assert r.status_code == 200
 
+        # The latency measurement runs (its numbers are for a quiet window, not for this test).
+        from bonsai_launch.fleet.latency import measure
+
+        lat = measure(up["url"], up["api_key"], members["replica-1"]["url"], "demo", requests=2, warmup=1)
+        assert len(lat.direct_ms) == len(lat.proxied_ms) == 2 and min(lat.direct_ms + lat.proxied_ms) > 0
+        assert set(lat.to_json()) >= {"direct_median_ms", "proxied_median_ms", "added_median_ms"}
+
         down = bonsai(["fleet", "down"], env=env, timeout=120)
         assert down.returncode == 0, down.stderr
         assert gone(proxy_pid) and gone(members["replica-1"]["pid"]) and gone(revived)

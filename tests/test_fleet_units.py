@@ -218,3 +218,26 @@ def _litellm_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("litellm") is not None
+
+
+def test_proxy_latency_report_pairs_the_two_paths():
+    from bonsai_launch.fleet.latency import ProxyLatency
+
+    lat = ProxyLatency(4, [10.0, 12.0, 11.0, 30.0], [15.0, 16.0, 18.0, 33.0])
+    data = lat.to_json()
+    assert data["added_median_ms"] == 4.5  # median of 5, 4, 7, 3
+    assert data["direct_median_ms"] == 11.5 and data["proxied_p90_ms"] == 33.0
+
+
+def test_running_fleet_refuses_a_different_ask(monkeypatch):
+    from bonsai_launch.fleet import service
+    from bonsai_launch.fleet.state import FleetState, MemberState
+
+    st = FleetState("demo", "demo", [MemberState("replica-1", "http://127.0.0.1:1", True)], None, None,
+                    [{"name": "replica-2", "url": "http://127.0.0.1:2", "why": "died"}])
+    service._refuse_a_different_fleet(st, service.UpOptions(flags={}, replicas=None))
+    service._refuse_a_different_fleet(st, service.UpOptions(flags={"profile": "demo"}, replicas=2))
+    for opts in (service.UpOptions(flags={"profile": "bonsai-8b"}, replicas=None),
+                 service.UpOptions(flags={}, replicas=3)):
+        with pytest.raises(BonsaiError, match="fleet down"):
+            service._refuse_a_different_fleet(st, opts)

@@ -24,7 +24,7 @@ app = typer.Typer(name="fleet", no_args_is_help=True, add_completion=False,
                   help="Replicas of a profile behind the LiteLLM proxy (least-busy routing, retries, failover).",
                   context_settings={"help_option_names": ["-h", "--help"]})
 
-ReplicasOpt = Annotated[int, typer.Option("--replicas", "-n", help="Local llama-server replicas to start (0: remote members only).")]
+ReplicasOpt = Annotated[Optional[int], typer.Option("--replicas", "-n", help="Local llama-server replicas to start (default 2; 0: remote members only).")]
 GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help="GPU device numbers, one replica per entry in turn, e.g. 0,1.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads-per-replica", help="CPU threads per replica (default: the cores split evenly, each replica pinned to its own).")]
 ProxyPortOpt = Annotated[int, typer.Option("--port", help="The proxy's port; replicas take the next ports (PORT+1, PORT+2, ...).")]
@@ -34,7 +34,7 @@ HostsOpt = Annotated[Optional[Path], typer.Option("--hosts", help="Fleet file li
 
 @app.command("up", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt = None,
-       replicas: ReplicasOpt = 2, gpus: GpusOpt = None, threads_per_replica: ThreadsOpt = None,
+       replicas: ReplicasOpt = None, gpus: GpusOpt = None, threads_per_replica: ThreadsOpt = None,
        port: ProxyPortOpt = 4000, hosts: HostsOpt = None, speculative: SpecOpt = None, spec_type: SpecTypeOpt = None,
        spec_nmax: SpecNmaxOpt = None, ctx_size: CtxOpt = None, ngl: NglOpt = None, kv4: Kv4Opt = None,
        remote_wait: RemoteWaitOpt = 60.0, json_output: JsonOpt = False) -> None:

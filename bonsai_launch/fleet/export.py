@@ -55,7 +55,8 @@ _DSPARK_T27 = Drafter("Rahim/Ternary-Bonsai-27B-dspark", "dspark", 4,
                       "community safetensors repack of PrismML's GGUF drafter (DeepSpec layout)")
 
 # Sizes: unpacked 8B 16.4 GB and 27B 54 GB and the 27B AWQ 14-18 GB are reported on the cards;
-# the others are parameters x bytes per weight. GGUF sizes are the Hub file sizes.
+# the others are parameters x bytes per weight. GGUF sizes: the Hub file sizes of the 1-bit
+# models and the Ternary 27B (shared/reference/hub-file-names.md), estimated for the other ternary ones.
 CHECKPOINTS: dict[str, Checkpoint] = {
     "bonsai-8b": Checkpoint("prism-ml/Bonsai-8B-AWQ-4-bit", "AWQ INT4", 6.5, "estimated", 1.16, _DSPARK_8B),
     "bonsai-4b": Checkpoint("prism-ml/Bonsai-4B-unpacked", "unpacked FP16", 8.0, "estimated", 0.57, _DSPARK_4B),

@@ -30,7 +30,7 @@ REMOTE_WAIT_S = 60.0  # how long a remote member may take to answer /health 200
 @dataclass(frozen=True)
 class UpOptions:
     flags: dict[str, Any]  # `bonsai start` flags (profile, speculative, ctx, ...); port is set per replica
-    replicas: int
+    replicas: int | None  # None: not given (2 for a new fleet; a running fleet keeps its own)
     gpus: list[str] | None = None
     threads: int | None = None
     port: int = DEFAULT_PROXY_PORT
@@ -228,10 +228,21 @@ def up(opts: UpOptions, status: Status = _quiet) -> UpResult:
     proxy.require_litellm()  # before anything starts: the one thing a fresh install may lack
     existing = fleet_state.load()
     if existing is not None and (proxy.alive(existing.proxy) or any(_local_alive(m) for m in existing.members if m.local)):
+        _refuse_a_different_fleet(existing, opts)
         return _reconcile(existing, status)
     if existing is not None:
         fleet_state.remove()  # a fleet whose processes are all gone: start afresh
     return _fresh(opts, status)
+
+
+def _refuse_a_different_fleet(st: FleetState, opts: UpOptions) -> None:
+    """`up` on a running fleet restarts what died; it never silently ignores a different ask."""
+    local = sum(1 for m in st.members if m.local) + sum(1 for e in st.excluded if e["name"].startswith("replica-"))
+    wanted_profile = opts.flags.get("profile")
+    if (wanted_profile and wanted_profile != st.profile) or (opts.replicas is not None and opts.replicas != local):
+        raise BonsaiError(f"a fleet of {local} replica(s) of {st.profile or st.model!r} is running",
+                          "`bonsai fleet down` first to start a different one, or run `bonsai fleet up` "
+                          "without --profile/--replicas to restart what died")
 
 
 def _fresh(opts: UpOptions, status: Status) -> UpResult:
@@ -239,6 +250,8 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
     from bonsai_launch.supervisor import SignalForwarder
 
     remote = _remote_members(opts.hosts_file)  # a bad fleet file fails before anything starts
+    if opts.replicas is None:
+        opts = dataclasses.replace(opts, replicas=2)
     if opts.replicas == 0 and not remote:
         raise BonsaiError("--replicas=0 and no --hosts: the fleet would be empty", "ask for replicas or give a fleet file")
     local = _replica_members(opts, _backend(opts)) if opts.replicas else []
