@@ -60,7 +60,12 @@ def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None,
             sys.stderr.write(f"fleet: {text}\n")
             sys.stderr.flush()
 
-    result = fleet_up(opts, status)
+    from bonsai_launch.supervisor import StopRequested
+
+    try:
+        result = fleet_up(opts, status)
+    except StopRequested:  # Ctrl+C: whatever this run started was stopped on the way out
+        raise typer.Exit(130) from None
     if json_output:
         emit_json(result.to_json())
         return
