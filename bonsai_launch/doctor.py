@@ -51,14 +51,14 @@ def _toolchain(report: Report, hw) -> Any:
     report.toolchain = tools.to_json()
     add = report.problems.append
     if not tools.cc.found or not tools.cxx.found:
-        add(Problem("error", "no C/C++ compiler found", toolchain.compiler_hint()))
+        add(Problem("error", "no C/C++ compiler found", toolchain.compiler_hint(hw.os)))
     if not tools.cmake.found or not tools.ninja.found:
         add(Problem("error", "the cmake/ninja PyPI packages are missing", "pip install cmake ninja"))
     if not tools.ccache.found:
-        add(Problem("warning", "ccache is not installed: every rebuild compiles from scratch", toolchain.INSTALL_HINTS["ccache"]))
+        add(Problem("warning", "ccache is not installed: every rebuild compiles from scratch", toolchain.hint("ccache", hw.os)))
     if hw.gpus and not tools.nvcc.found:
         add(Problem("warning", f"an NVIDIA GPU ({hw.gpus[0].name}) is present but nvcc is not: builds are CPU-only",
-                    toolchain.INSTALL_HINTS["cuda"]))
+                    toolchain.hint("cuda", hw.os)))
     try:
         choice = toolchain.choose_backend("auto", hw, tools)
         report.backend = {"backend": choice.backend, "reason": choice.reason, "cmake_flags": list(choice.cmake_flags)}

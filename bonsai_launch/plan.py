@@ -386,11 +386,8 @@ def _vision(inputs: PlanInputs, backend: str, b: _Builder) -> Path | None:
 def render_command(argv: tuple[str, ...] | list[str], shell: str = "posix", env: dict[str, str] | None = None) -> str:
     """The command line to paste into a shell: POSIX sh or PowerShell."""
     if shell == "powershell":
-        def quote(arg: str) -> str:
-            if arg and all(c.isalnum() or c in "-_./:=\\+," for c in arg):
-                return arg
-            return "'" + arg.replace("'", "''") + "'"
-        prefix = "".join(f"$env:{k} = {quote(v)}; " for k, v in (env or {}).items())
-        return prefix + "& " + " ".join(quote(a) for a in argv)
+        from bonsai_launch import powershell
+
+        return powershell.render(argv, env)
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
     return prefix + shlex.join(argv)

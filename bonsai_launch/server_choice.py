@@ -35,11 +35,9 @@ def explicit_binary(settings: Settings) -> tuple[Path, str] | None:
         raise BonsaiError(f"BONSAI_LLAMA_SERVER={server!r} and BONSAI_LLAMA_BIN={folder!r} are both set",
                           "set only one: BONSAI_LLAMA_SERVER names the binary, BONSAI_LLAMA_BIN its folder")
     if server:
-        path = Path(server).expanduser()
-        if not path.is_file():
-            raise BonsaiError(f"BONSAI_LLAMA_SERVER={server!r} is not a file",
-                              "point it at a llama-server binary or unset it")
-        return path, "BONSAI_LLAMA_SERVER"
+        from bonsai_launch.binaries import find_server
+
+        return find_server(server), "BONSAI_LLAMA_SERVER"  # a file; on Windows `.exe` may be left out
     if folder:
         path = Path(folder).expanduser()
         if not path.is_dir():

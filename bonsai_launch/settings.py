@@ -117,12 +117,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BONSAI_API_KEY", "api_key", "secret", "API key llama-server requires from clients; generated and printed once when a remote host is allowed and none is set.",
             _START),
     Setting("BONSAI_HOME", "home", "path", "Root of bonsai's caches: sources, builds, models, logs.",
-            ("build", "pull", "start", "run", "doctor", "models", "config"), default_text="~/.cache/bonsai"),
+            ("build", "pull", "start", "run", "doctor", "models", "config"),
+            default_text="~/.cache/bonsai (%LOCALAPPDATA%\\bonsai on Windows)"),
     Setting("BONSAI_MODELS_DIR", "models_dir", "path", "Where models are stored (default BONSAI_HOME/models).",
             _PULL + ("rm",), default_text="$BONSAI_HOME/models"),
     Setting("BONSAI_PROFILES_DIR", "profiles_dir", "path", "An extra folder of profile YAML files; its profiles override built-in ones of the same name.",
             _START + ("pull", "models"), default_text="none"),
-    Setting("BONSAI_LLAMA_SERVER", "llama_server", "path", "Use this existing llama-server binary instead of one built by `bonsai build`.",
+    Setting("BONSAI_LLAMA_SERVER", "llama_server", "path", "Use this existing llama-server binary (on Windows .exe may be left out) instead of one built by `bonsai build`.",
             ("start", "run", "bench", "doctor", "config"), default_text="the build for the detected backend"),
 )
 

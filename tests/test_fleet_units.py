@@ -48,6 +48,7 @@ def test_litellm_config_balances_one_model_over_every_member():
     assert all("max_parallel_requests" not in d["litellm_params"] for d in cfg["model_list"])
 
 
+@pytest.mark.slow  # imports litellm (~10 s); needs the `fleet` extra, which the fast CI lane lacks
 def test_litellm_config_keys_are_the_routers_own(monkeypatch):
     """Every router_settings key is an argument of the installed litellm.Router."""
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline, as the proxy runs
@@ -206,6 +207,7 @@ def test_fleet_without_litellm_says_how_to_install_it(tmp_path):
     assert not (Path(os.environ["BONSAI_HOME"]) / "logs").exists()  # nothing was started
 
 
+@pytest.mark.slow  # needs the `fleet` extra, which the fast CI lane lacks
 def test_require_litellm_finds_the_installed_proxy():
     if not _litellm_installed():
         if os.environ.get("CI"):

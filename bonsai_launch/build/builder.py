@@ -23,9 +23,9 @@ from bonsai_launch.build.patches import load_series, series_hash
 from bonsai_launch.build.pin import load_pin
 from bonsai_launch.build.source import SourceTree, parse_source, prepare
 from bonsai_launch.errors import BonsaiError
-from bonsai_launch.paths import bonsai_home, builds_dir
+from bonsai_launch.paths import bonsai_home, builds_dir, exe_name
 
-EXE = ".exe" if os.name == "nt" else ""
+EXE = exe_name("")  # ".exe" on Windows
 COLD_CPU_NOTE = "a cold CPU build takes about 12 minutes on 2 cores (seconds with a warm ccache)"
 COLD_GPU_NOTE = "a cold GPU build takes longer than a CPU one (tens of minutes on a few cores)"
 
@@ -58,6 +58,7 @@ class BuildPlan:
     cmake: Path
     ninja: Path
     key_dir: Path
+    vcvars: str | None = None  # Windows without a developer prompt: build inside this .bat's environment
 
     @property
     def work_dir(self) -> Path:
@@ -118,8 +119,11 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     spec = parse_source(request.source, pin)
     tools = toolchain.detect(versions=False)
     if not tools.cc.found or not tools.cxx.found:
-        raise BonsaiError("no C/C++ compiler was found (looked for $CC/$CXX, cc, c++, gcc, g++, clang)",
-                          toolchain.compiler_hint())
+        import platform
+
+        looked = {"Windows": "$CC/$CXX, cl, clang-cl, gcc, clang, Visual Studio via vswhere",
+                  "Darwin": "$CC/$CXX, the Xcode command line tools"}.get(platform.system(), "$CC/$CXX, cc, c++, gcc, g++, clang")
+        raise BonsaiError(f"no C/C++ compiler was found (looked for {looked})", toolchain.compiler_hint())
     cmake, ninja = toolchain.cmake_exe(), toolchain.ninja_exe()
     if cmake is None or ninja is None:
         raise BonsaiError("the cmake and ninja PyPI packages are not installed in bonsai's environment",
@@ -140,7 +144,8 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
                 "flags": cmake_build.key_flags(flags), "compiler": compiler, "targets": list(request.targets)}
     key = _key(material, choice.backend, spec.name)
     return BuildPlan(key, choice.backend, choice.reason, source, patches_id, tuple(flags), tuple(request.targets),
-                     request.jobs or default_jobs(choice.backend), compiler, cmake, ninja, builds_dir() / key)
+                     request.jobs or default_jobs(choice.backend), compiler, cmake, ninja, builds_dir() / key,
+                     tools.vcvars.path)
 
 
 def current_install(plan: BuildPlan) -> dict[str, Any] | None:
@@ -155,10 +160,13 @@ def current_install(plan: BuildPlan) -> dict[str, Any] | None:
     return data
 
 
-def build_env() -> dict[str, str]:
+def build_env(vcvars: str | None = None) -> dict[str, str]:
     """cmake and ninja from the PyPI packages first on PATH; ccache paths relative to BONSAI_HOME
-    so the cache is shared between build folders (and with an earlier build of the same tree)."""
+    so the cache is shared between build folders (and with an earlier build of the same tree).
+    On Windows without a developer prompt, `vcvars` (vcvars64.bat) supplies MSVC's environment."""
     env = dict(os.environ)
+    if vcvars:
+        env.update(toolchain.msvc_environment(vcvars))
     dirs = [str(p.parent) for p in (toolchain.cmake_exe(), toolchain.ninja_exe()) if p is not None]
     env["PATH"] = os.pathsep.join(dict.fromkeys(dirs + env.get("PATH", "").split(os.pathsep)))
     env.setdefault("CCACHE_BASEDIR", str(bonsai_home().resolve()))
@@ -187,7 +195,7 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
             if existing is not None:  # another bonsai built it while we waited for the lock
                 return BuildResult(existing, Path(existing["binaries"]["llama-server"]), True, plan.key_dir)
         _announce(plan, console)
-        env = build_env()
+        env = build_env(plan.vcvars)
         src, work = plan.source.path.resolve(), plan.work_dir.resolve()
         timings: dict[str, float] = {}
         with open(plan.log_path, "w") as log:
