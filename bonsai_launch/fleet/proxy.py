@@ -7,7 +7,6 @@ The master key reaches it through the environment only.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
@@ -31,7 +30,7 @@ def require_litellm() -> str:
     spec = importlib.util.find_spec("litellm")
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     missing = not any((Path(f) / "proxy" / "proxy_server.py").is_file() for f in folders)
-    exe = Path(sys.executable).with_name("litellm")
+    exe = Path(sys.executable).with_name("litellm.exe" if sys.platform == "win32" else "litellm")
     if not missing and not exe.is_file():
         found = shutil.which("litellm")
         exe = Path(found) if found else exe
@@ -94,29 +93,28 @@ def alive(state: ProxyState | None) -> bool:
 
 
 def stop(state: ProxyState, timeout: float = 15.0) -> bool:
-    """SIGTERM its group, wait, then SIGKILL the group. True when nothing is left."""
-    import signal
-
+    """Ask its group to stop, wait, then end it for certain (process_control, per system).
+    True when nothing of it is left."""
     import psutil
+
+    from bonsai_launch import process_control
 
     proc = _process(state)
     if proc is None:
         return True
     group = [proc, *proc.children(recursive=True)]
-
-    def signal_all(sig: int) -> None:
-        try:
-            os.killpg(state.pid, sig) if sys.platform != "win32" else proc.terminate()
-        except (ProcessLookupError, PermissionError):
-            for p in group:
-                try:
-                    p.send_signal(sig)
-                except psutil.NoSuchProcess:
-                    pass
-
-    signal_all(signal.SIGTERM)
-    _, alive_left = psutil.wait_procs(group, timeout=timeout)
-    if alive_left:
-        signal_all(getattr(signal, "SIGKILL", signal.SIGTERM))
-        _, alive_left = psutil.wait_procs(alive_left, timeout=5)
-    return not alive_left
+    control = process_control.current()
+    if control.request_stop(state.pid, shares_console=False):  # not started in this console
+        _, left = psutil.wait_procs(group, timeout=timeout)
+    else:
+        left = group
+    if left:
+        control.force_stop(state.pid)
+        for p in left:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        _, left = psutil.wait_procs(left, timeout=5)
+    control.end_leftovers(state.pid)
+    return not left
