@@ -135,6 +135,8 @@ def test_gpu_replicas_get_one_device_each_in_turn():
     assert hosts.replica_shares(1, "vulkan", gpus=["1"], threads=None, cpu_count=8)[0].env == {"GGML_VK_VISIBLE_DEVICES": "1"}
     with pytest.raises(BonsaiError, match="--gpus=0"):
         hosts.replica_shares(1, "cpu", gpus=["0"], threads=None, cpu_count=8)
+    with pytest.raises(BonsaiError, match="give one of them"):
+        hosts.replica_shares(2, "cuda", gpus=["0"], threads=2, cpu_count=8)
     with pytest.raises(BonsaiError, match="--gpus='0,x'"):
         hosts.parse_gpus("0,x")
 

@@ -87,7 +87,10 @@ def _print_up(result) -> None:
         table.add_column(col, no_wrap=True)
     for m in result.members:
         spec = m.get("speculative")
-        spec_text = "-" if not spec else (f"live ({spec['type']})" if spec.get("live") else "not live")
+        if spec:
+            spec_text = f"live ({spec['type']})" if spec.get("live") else "not live"
+        else:
+            spec_text = "off" if m["local"] and not result.reused else "-"
         table.add_row(m["name"], m["url"], str(m["pid"] or "-"), m.get("share") or ("remote" if not m["local"] else "-"),
                       spec_text)
     out.print(table)
@@ -158,3 +161,5 @@ def down(json_output: JsonOpt = False) -> None:
         out.print("no fleet running")
     else:
         out.print(f"stopped: {', '.join(result['stopped']) or 'nothing was left running'}")
+        if result.get("already_gone"):
+            out.print(f"already gone: {', '.join(result['already_gone'])}")

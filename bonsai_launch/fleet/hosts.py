@@ -92,6 +92,9 @@ def replica_shares(replicas: int, backend: str, *, gpus: list[str] | None, threa
     not fight over cores: T threads each, pinned to their own cores when they fit."""
     if replicas < 1:
         raise BonsaiError(f"--replicas={replicas} must be at least 1", "e.g. --replicas 2")
+    if gpus is not None and threads is not None:
+        raise BonsaiError(f"--gpus={','.join(gpus)} and --threads-per-replica={threads} both given",
+                          "GPU replicas get a device each; CPU replicas split the cores: give one of them")
     if gpus is not None:
         var = DEVICE_ENV.get(backend)
         if var is None:

@@ -359,7 +359,7 @@ def down() -> dict[str, Any]:
     st = fleet_state.load()
     if st is None:
         return {"stopped": [], "was_running": False}
-    stopped, left = [], []
+    stopped, left, already_gone = [], [], []
     if st.proxy is not None:
         (stopped if proxy.stop(st.proxy) else left).append("proxy")
     live = {i.name: i for i in instances.running()}
@@ -368,9 +368,10 @@ def down() -> dict[str, Any]:
             continue
         inst = live.get(m.instance or "")
         if inst is None or inst.pid != m.pid:
+            already_gone.append(m.name)
             continue
         (stopped if instances.stop(inst) else left).append(m.name)
     if left:
         raise ActionFailed(f"could not stop: {', '.join(left)}", "see `bonsai fleet ps`; stop them by pid")
     fleet_state.remove()
-    return {"stopped": stopped, "was_running": True}
+    return {"stopped": stopped, "already_gone": already_gone, "was_running": True}
