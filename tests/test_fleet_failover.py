@@ -129,6 +129,11 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(llama_server, demo_g
         assert [d["litellm_params"]["api_base"] for d in config["model_list"]] == [
             f"http://127.0.0.1:{port + 1}/v1", f"http://127.0.0.1:{port + 2}/v1"]  # the unhealthy one is not routed to
         assert up["api_key"] not in config_text
+        from bonsai_launch.fleet.configs import llama_swap_problems
+
+        swap = yaml.safe_load(Path(up["llama_swap"]).read_text())
+        assert llama_swap_problems(swap) == [] and set(swap["models"]) == {"replica-1", "replica-2"}
+        assert "never-up" not in swap.get("peers", {})
         proxy_pid = json_of(bonsai(["fleet", "ps", "--json"], env=env))["proxy"]["pid"]
 
         codes, took = load_with_a_kill(up["url"], up["api_key"], "demo", members["replica-2"]["pid"])

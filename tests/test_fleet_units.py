@@ -245,3 +245,24 @@ def test_running_fleet_refuses_a_different_ask(monkeypatch):
                  service.UpOptions(flags={}, replicas=3)):
         with pytest.raises(BonsaiError, match="fleet down"):
             service._refuse_a_different_fleet(st, opts)
+
+
+def test_remote_member_without_its_key_is_left_out_with_the_reason(monkeypatch):
+    from bonsai_launch.fleet import service
+    from bonsai_launch.fleet.state import MemberState
+
+    monkeypatch.delenv("GPU_BOX_KEY", raising=False)
+    m = MemberState("gpu-box", "http://127.0.0.1:9", False, api_key_env="GPU_BOX_KEY")
+    assert service._wait_healthy(m, 0) == "its key variable GPU_BOX_KEY is not set"
+    monkeypatch.setenv("GPU_BOX_KEY", "k")
+    assert service._wait_healthy(m, 0) == "/health is down after 0 s"  # nothing listens on port 9
+
+
+def test_master_key_is_bonsai_api_key_or_generated(monkeypatch):
+    from bonsai_launch.fleet import service
+
+    monkeypatch.setenv("BONSAI_API_KEY", "team-key")
+    assert service._master_key() == ("team-key", "BONSAI_API_KEY")
+    monkeypatch.delenv("BONSAI_API_KEY")
+    key, source = service._master_key()
+    assert source == "generated" and key.startswith("sk-") and len(key) > 30 and key != service._master_key()[0]

@@ -171,7 +171,9 @@ def _write_configs(model: str, members: list[MemberState]) -> tuple[Path, Path]:
 
 
 def _master_key() -> tuple[str, str]:
-    given = os.environ.get("BONSAI_API_KEY", "").strip()
+    from bonsai_launch.settings import resolve
+
+    given = (resolve({}).get("api_key") or "").strip()  # BONSAI_API_KEY, through the settings registry
     if given:
         return given, "BONSAI_API_KEY"
     return "sk-" + secrets.token_urlsafe(24), "generated"
@@ -216,6 +218,7 @@ def _check_routes(url: str, key: str, model: str) -> None:
 
 def _member_json(m: MemberState, healthy: bool | None = None, speculative: Any = None) -> dict[str, Any]:
     data = {"name": m.name, "url": m.url, "local": m.local, "pid": m.pid if m.local else None,
+            "instance": m.instance if m.local else None,  # its name in `bonsai ps` / `bonsai logs`
             "api_key_env": m.api_key_env, "share": m.share or None}
     if healthy is not None:
         data["healthy"] = healthy
