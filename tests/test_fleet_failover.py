@@ -124,6 +124,11 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(llama_server, demo_g
         assert set(members) == {"replica-1", "replica-2"}
         assert all(m["speculative"]["live"] for m in members.values())  # proven on each, as `start` does
         assert [e["name"] for e in up["excluded"]] == ["never-up"]
+        if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2:
+            # CPU replicas do not fight over cores: each one's threads are held to its own.
+            held = [{frozenset(os.sched_getaffinity(t.id)) for t in psutil.Process(members[n]["pid"]).threads()}
+                    for n in ("replica-1", "replica-2")]
+            assert all(len(h) == 1 for h in held) and not (next(iter(held[0])) & next(iter(held[1]))), held
         config_text = Path(up["config"]).read_text()
         config = yaml.safe_load(config_text)
         assert [d["litellm_params"]["api_base"] for d in config["model_list"]] == [

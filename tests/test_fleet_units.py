@@ -39,7 +39,7 @@ def test_litellm_config_balances_one_model_over_every_member():
     assert cfg["model_list"][2]["litellm_params"]["api_key"] == "os.environ/GPU_BOX_KEY"
     router = cfg["router_settings"]
     assert router["routing_strategy"] == "least-busy"
-    assert router["num_retries"] >= 2 and router["cooldown_time"] > 0 and router["allowed_fails"] >= 1
+    assert router["num_retries"] >= 2 and router["cooldown_time"] > 0 and router["allowed_fails"] == 0
     assert router["enable_health_check_routing"] is True
     general = cfg["general_settings"]
     assert general["background_health_checks"] is True and general["health_check_interval"] < router["cooldown_time"]
@@ -120,23 +120,29 @@ def test_bad_fleet_file_names_the_entry_and_the_fix(tmp_path, text, words):
 
 
 def test_cpu_replicas_split_the_cores_and_pin_them():
-    a, b = hosts.replica_shares(2, "cpu", gpus=None, threads=None, cpu_count=8)
-    assert a.args == ("--threads", "4", "--threads-batch", "4", "--cpu-range", "0-3")
-    assert b.args == ("--threads", "4", "--threads-batch", "4", "--cpu-range", "4-7")
+    a, b = hosts.replica_shares(2, "cpu", gpus=None, threads=None, cpus=list(range(8)))
+    assert a.args == b.args == ("--threads", "4", "--threads-batch", "4")
+    assert (a.cores, b.cores) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    # A container's cores need not start at 0 or be contiguous.
+    a, b = hosts.replica_shares(2, "cpu", gpus=None, threads=None, cpus=[2, 3, 6, 7])
+    assert (a.cores, b.cores, b.label) == ((2, 3), (6, 7), "threads 2, cores 6,7")
     # More threads than cores: no pinning (they would overlap), the count as asked.
-    (c, *_) = hosts.replica_shares(3, "cpu", gpus=None, threads=4, cpu_count=8)
-    assert c.args == ("--threads", "4", "--threads-batch", "4")
+    (c, *_) = hosts.replica_shares(3, "cpu", gpus=None, threads=4, cpus=list(range(8)))
+    assert c.args == ("--threads", "4", "--threads-batch", "4") and c.cores == ()
+    # Where threads cannot be pinned (macOS), only the split.
+    (d, _) = hosts.replica_shares(2, "cpu", gpus=None, threads=None, cpus=list(range(8)), pin=False)
+    assert d.cores == ()
 
 
 def test_gpu_replicas_get_one_device_each_in_turn():
-    shares = hosts.replica_shares(3, "cuda", gpus=["0", "1"], threads=None, cpu_count=8)
+    shares = hosts.replica_shares(3, "cuda", gpus=["0", "1"], threads=None, cpus=list(range(8)))
     assert [s.env for s in shares] == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"},
                                        {"CUDA_VISIBLE_DEVICES": "0"}]
-    assert hosts.replica_shares(1, "vulkan", gpus=["1"], threads=None, cpu_count=8)[0].env == {"GGML_VK_VISIBLE_DEVICES": "1"}
+    assert hosts.replica_shares(1, "vulkan", gpus=["1"], threads=None, cpus=list(range(8)))[0].env == {"GGML_VK_VISIBLE_DEVICES": "1"}
     with pytest.raises(BonsaiError, match="--gpus=0"):
-        hosts.replica_shares(1, "cpu", gpus=["0"], threads=None, cpu_count=8)
+        hosts.replica_shares(1, "cpu", gpus=["0"], threads=None, cpus=list(range(8)))
     with pytest.raises(BonsaiError, match="give one of them"):
-        hosts.replica_shares(2, "cuda", gpus=["0"], threads=2, cpu_count=8)
+        hosts.replica_shares(2, "cuda", gpus=["0"], threads=2, cpus=list(range(8)))
     with pytest.raises(BonsaiError, match="--gpus='0,x'"):
         hosts.parse_gpus("0,x")
 

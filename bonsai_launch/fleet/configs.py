@@ -15,12 +15,15 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-# How the proxy treats members. Retries go to another member, so with N members a request
-# survives N-1 dead ones; a member that fails once is cooled down for COOLDOWN_S.
-NUM_RETRIES = 3
-ALLOWED_FAILS = 1
+# How the proxy treats members. A member that fails once is cooled down for COOLDOWN_S. LiteLLM
+# (1.103) retries a 500 at once and may pick the same member again: least-busy sees a dead
+# member as idle, and the cooldown is recorded by a failure callback that can run after the
+# retry. Enough immediate retries outlast that race (each one to a dead member fails in
+# milliseconds); the background health check takes the member out within seconds.
+NUM_RETRIES = 8
+ALLOWED_FAILS = 0
 COOLDOWN_S = 30
-HEALTH_CHECK_INTERVAL_S = 10
+HEALTH_CHECK_INTERVAL_S = 5
 REQUEST_TIMEOUT_S = 600
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"  # the proxy reads the key from its environment, never from the file
 

@@ -83,13 +83,15 @@ class ReplicaShare:
 
     args: tuple[str, ...]
     env: dict[str, str]
-    label: str  # for the user: "GPU 1" or "threads 2, cores 2-3"
+    label: str  # for the user: "GPU 1" or "threads 2, cores 2,3"
+    cores: tuple[int, ...] = ()  # CPU replicas on Linux: the cores its threads are held to
 
 
 def replica_shares(replicas: int, backend: str, *, gpus: list[str] | None, threads: int | None,
-                   cpu_count: int) -> list[ReplicaShare]:
+                   cpus: list[int], pin: bool = True) -> list[ReplicaShare]:
     """GPUs by device list (replica i on gpus[i mod len]), or CPU threads split so replicas do
-    not fight over cores: T threads each, pinned to their own cores when they fit."""
+    not fight over cores: T threads each (default: the usable cores `cpus` split evenly), and,
+    with `pin` (Linux), each replica's threads held to its own cores when they fit."""
     if replicas < 1:
         raise BonsaiError(f"--replicas={replicas} must be at least 1", "e.g. --replicas 2")
     if gpus is not None and threads is not None:
@@ -105,14 +107,46 @@ def replica_shares(replicas: int, backend: str, *, gpus: list[str] | None, threa
         raise BonsaiError(f"--threads-per-replica={threads} must be at least 1", "e.g. --threads-per-replica 4")
     if threads is None and backend not in ("cpu",):
         return [ReplicaShare((), {}, backend) for _ in range(replicas)]  # GPU offload: llama.cpp's defaults
-    t = threads or max(1, cpu_count // replicas)
+    t = threads or max(1, len(cpus) // replicas)
     shares = []
     for i in range(replicas):
         args: tuple[str, ...] = ("--threads", str(t), "--threads-batch", str(t))
         label = f"threads {t}"
-        if t * replicas <= cpu_count:
-            lo, hi = i * t, (i + 1) * t - 1
-            args += ("--cpu-range", f"{lo}-{hi}")
-            label += f", cores {lo}-{hi}"
-        shares.append(ReplicaShare(args, {}, label))
+        own: tuple[int, ...] = ()
+        if pin and t * replicas <= len(cpus):
+            # Held to its own cores by bonsai (pin_threads), not by llama-server's --cpu-mask:
+            # with one thread b11434 computes on its main thread, which that mask never reaches.
+            own = tuple(cpus[i * t:(i + 1) * t])
+            label += f", cores {','.join(map(str, own))}"
+        shares.append(ReplicaShare(args, {}, label, own))
     return shares
+
+
+def pin_threads(pid: int, cores: tuple[int, ...]) -> bool:
+    """Hold every thread of `pid` to `cores` (Linux). Threads it starts later inherit the
+    affinity of the thread that starts them. False where that is not possible."""
+    import os
+
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return False
+    done = False
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+            done = True
+        except OSError:  # a thread that just ended
+            pass
+    return done
+
+
+def usable_cpus() -> list[int]:
+    """The cores this process may run on (a container's cpuset), in order."""
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))

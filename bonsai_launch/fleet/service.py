@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,8 @@ def _launch_replica(member: MemberState, status: Status):
     status(f"{member.name}: starting llama-server on port {plan.port} ({member.share})")
     launched = supervisor.launch(plan, detach=True, spec_fallback=False,
                                  on_status=lambda s: status(f"{member.name}: {s}"))
+    if member.cores:
+        hosts.pin_threads(launched.server.pid, tuple(member.cores))
     member.instance = launched.instance.name
     member.pid = launched.server.pid
     member.url = plan.base_url
@@ -106,14 +109,15 @@ def _local_alive(member: MemberState) -> bool:
 
 def _replica_members(opts: UpOptions, backend: str) -> list[MemberState]:
     shares = hosts.replica_shares(opts.replicas, backend, gpus=opts.gpus, threads=opts.threads,
-                                  cpu_count=os.cpu_count() or 1)
+                                  cpus=hosts.usable_cpus(), pin=sys.platform.startswith("linux"))
     members = []
     for i, share in enumerate(shares):
         port = opts.port + 1 + i
         flags = {**opts.flags, "port": port, "host": "127.0.0.1"}
         args = [*share.args, *opts.passthrough]  # the plan adds --metrics, which `fleet ps` reads
         members.append(MemberState(name=f"replica-{i + 1}", url=f"http://127.0.0.1:{port}", local=True,
-                                   flags=flags, args=args, env=dict(share.env), share=share.label))
+                                   flags=flags, args=args, env=dict(share.env), share=share.label,
+                                   cores=list(share.cores)))
     return members
 
 

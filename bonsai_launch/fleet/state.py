@@ -34,6 +34,7 @@ class MemberState:
     args: list[str] = field(default_factory=list)  # local: extra llama-server arguments (threads, cores)
     env: dict[str, str] = field(default_factory=dict)  # local: device selection
     share: str = ""
+    cores: list[int] = field(default_factory=list)  # local CPU replicas: the cores its threads are held to
     argv: list[str] = field(default_factory=list)  # local: the llama-server command line, for llama-swap
 
 
