@@ -17,8 +17,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from bonsai_launch.cli._options import (CtxOpt, FamilyOpt, JsonOpt, Kv4Opt, NglOpt, ProfileOpt, SizeOpt, SpecNmaxOpt,
-                                        SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._options import (CtxOpt, FamilyOpt, JsonOpt, Kv4Opt, NglOpt, ParallelOpt, ProfileOpt, SizeOpt,
+                                        SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 
 app = typer.Typer(name="fleet", no_args_is_help=True, add_completion=False,
                   help="Replicas of a profile behind the LiteLLM proxy (least-busy routing, retries, failover).",
@@ -36,7 +36,7 @@ HostsOpt = Annotated[Optional[Path], typer.Option("--hosts", help="Fleet file li
 def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt = None,
        replicas: ReplicasOpt = None, gpus: GpusOpt = None, threads_per_replica: ThreadsOpt = None,
        port: ProxyPortOpt = 4000, hosts: HostsOpt = None, speculative: SpecOpt = None, spec_type: SpecTypeOpt = None,
-       spec_nmax: SpecNmaxOpt = None, ctx_size: CtxOpt = None, ngl: NglOpt = None, kv4: Kv4Opt = None,
+       spec_nmax: SpecNmaxOpt = None, parallel: ParallelOpt = None, ctx_size: CtxOpt = None, ngl: NglOpt = None, kv4: Kv4Opt = None,
        remote_wait: RemoteWaitOpt = 60.0, json_output: JsonOpt = False) -> None:
     """Start replicas and the proxy; return once the proxy and every member answer.
 
@@ -50,7 +50,7 @@ def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None,
     from bonsai_launch.fleet.service import up as fleet_up
 
     flags = {"profile": profile, "family": family, "size": size, "speculative": speculative, "spec_type": spec_type,
-             "spec_nmax": spec_nmax, "ctx": ctx_size, "ngl": ngl, "kv4": kv4}
+             "spec_nmax": spec_nmax, "parallel": parallel, "ctx": ctx_size, "ngl": ngl, "kv4": kv4}
     opts = UpOptions(flags={k: v for k, v in flags.items() if v is not None}, replicas=replicas,
                      gpus=fleet_hosts.parse_gpus(gpus), threads=threads_per_replica, port=port, hosts_file=hosts,
                      passthrough=tuple(ctx.args), remote_wait_s=remote_wait)
