@@ -17,7 +17,8 @@ from bonsai_launch.fleet.configs import MASTER_KEY_ENV
 from bonsai_launch.fleet.state import ProxyState
 from bonsai_launch.server_process import ServerProcess
 
-INSTALL_HINT = "pip install 'bonsai-launch[fleet]'  (installs the LiteLLM proxy, litellm[proxy])"
+INSTALL_HINT = ("pip install 'bonsai-launch[fleet]' (in a checkout: pip install -e '.[fleet]'); "
+                "it installs the LiteLLM proxy, litellm[proxy]")
 READY_TIMEOUT = 180.0  # the proxy imports a lot: ~10 s on an idle 2-core machine
 
 
