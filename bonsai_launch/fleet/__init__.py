@@ -9,5 +9,6 @@ Modules, one job each:
 - probe: one member's health, in-flight requests and speculative acceptance;
 - service: up, ps and down, over the existing supervisor (each replica is a detached
   `bonsai start`, registered for `bonsai ps`);
+- latency: what the proxy adds per request (run in a quiet window);
 - export: vLLM/SGLang command lines.
 """
