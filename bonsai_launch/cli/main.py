@@ -18,6 +18,8 @@ from bonsai_launch.cli import build as build_cmd
 from bonsai_launch.cli import config as config_cmd
 from bonsai_launch.cli import convert_drafter as convert_drafter_cmd
 from bonsai_launch.cli import doctor as doctor_cmd
+from bonsai_launch.cli import export as export_cmd
+from bonsai_launch.cli import fleet as fleet_cmd
 from bonsai_launch.cli import inspect as inspect_cmd
 from bonsai_launch.cli import models as models_cmd
 from bonsai_launch.cli import pull as pull_cmd
@@ -84,6 +86,8 @@ app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_o
 app.command("chat", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(chat_cmd.command)
 app.command("tune", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(tune_cmd.command)
 app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench_cmd.command)
+app.add_typer(fleet_cmd.app, name="fleet")
+app.command("export")(export_cmd.command)
 
 
 def run() -> None:
