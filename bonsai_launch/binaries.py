@@ -17,9 +17,10 @@ from pathlib import Path
 
 from bonsai_launch.capabilities import Capabilities, backend_from_devices, parse_devices, parse_help_full, parse_version
 from bonsai_launch.errors import BonsaiError
+from bonsai_launch.llama_options import parse_option_table
 from bonsai_launch.paths import bonsai_home
 
-PROBE_SCHEMA = 1
+PROBE_SCHEMA = 2  # 2: the option table
 
 
 def find_server(explicit: str | None) -> Path | None:
@@ -53,13 +54,15 @@ def _run(binary: Path, *args: str) -> str:
 
 
 def probe_uncached(binary: Path) -> Capabilities:
-    flags, spec_types, removed = parse_help_full(_run(binary, "--help"))
+    help_text = _run(binary, "--help")
+    flags, spec_types, removed = parse_help_full(help_text)
     if not flags:
         raise BonsaiError(f"{binary} --help lists no options: it does not look like llama-server",
                           "point BONSAI_LLAMA_SERVER at a llama-server binary, or run `bonsai build`")
     version, build = parse_version(_run(binary, "--version"))
     devices = parse_devices(_run(binary, "--list-devices")) if "--list-devices" in flags else ()
-    return Capabilities(str(binary), version, build, backend_from_devices(devices), spec_types, flags, devices, removed)
+    return Capabilities(str(binary), version, build, backend_from_devices(devices), spec_types, flags, devices, removed,
+                        parse_option_table(help_text))
 
 
 def probe(binary: Path) -> Capabilities:

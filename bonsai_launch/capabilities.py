@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from bonsai_launch.llama_options import OptionTable
+
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 _SPEC_TYPES = re.compile(r"\b(none(?:,\s*[a-z0-9][\w-]*)+)")
 _VERSION = re.compile(r"version:\s*(\d+)\s*\(([^)]*)\)")
@@ -26,6 +28,7 @@ class Capabilities:
     flags: frozenset[str] = frozenset()
     devices: tuple[str, ...] = ()
     removed_flags: frozenset[str] = frozenset()  # listed by --help but rejected ("has been removed")
+    options: OptionTable | None = None  # every option with its spellings and value count
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags
@@ -40,6 +43,7 @@ class Capabilities:
             "flags": sorted(self.flags),
             "devices": list(self.devices),
             "removed_flags": sorted(self.removed_flags),
+            "options": self.options.to_text() if self.options is not None else None,
         }
 
     @classmethod
@@ -53,6 +57,7 @@ class Capabilities:
             flags=frozenset(data.get("flags", ())),
             devices=tuple(data.get("devices", ())),
             removed_flags=frozenset(data.get("removed_flags", ())),
+            options=OptionTable.from_text(data["options"]) if data.get("options") else None,
         )
 
 

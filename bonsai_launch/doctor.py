@@ -120,7 +120,8 @@ def _explicit_server(report: Report) -> None:
         from bonsai_launch.binaries import find_server
 
         caps = probe(find_server(explicit))
-        report.llama_server = {"path": explicit, **caps.to_json(), "flags": len(caps.flags)}
+        report.llama_server = {"path": explicit, **caps.to_json(), "flags": len(caps.flags),
+                               "options": len(caps.options.options) if caps.options else 0}
         if "draft-dspark" not in caps.spec_types:
             report.problems.append(Problem("warning", f"BONSAI_LLAMA_SERVER={explicit} does not know draft-dspark "
                                                       "(DSpark drafters need it)",

@@ -86,6 +86,16 @@ def model_files(selection: Selection, model: str | None, drafter: str | None) ->
     return ModelFiles(model_path, drafter_path, mmproj_path, unavailable)
 
 
+def option_table(capabilities):
+    """llama-server's option table: the probed binary's, else the pinned build's (the one
+    `bonsai start` builds when none is built yet)."""
+    from bonsai_launch.llama_options import pinned_table
+
+    if capabilities is not None and capabilities.options is not None:
+        return capabilities.options
+    return pinned_table()
+
+
 def gather_plan(
     flags: Mapping[str, Any],
     model: str | None = None,
@@ -102,6 +112,7 @@ def gather_plan(
     from bonsai_launch import hardware
     from bonsai_launch.binaries import probe
     from bonsai_launch.gguf_info import inspect_gguf
+    from bonsai_launch.passthrough import parse as parse_passthrough
     from bonsai_launch.plan import PlanInputs, build_plan
 
     selection = select(flags, env)
@@ -118,6 +129,7 @@ def gather_plan(
         drafter_info = inspect_gguf(files.drafter)
     mmproj = files.mmproj if files.mmproj is not None and files.mmproj.is_file() else None
     capabilities = probe(binary) if binary is not None else None
+    args = parse_passthrough(passthrough, option_table(capabilities))
     inputs = PlanInputs(
         settings=selection.settings,
         model=target,
@@ -127,7 +139,7 @@ def gather_plan(
         drafter=drafter_info,
         mmproj=mmproj,
         capabilities=capabilities,
-        passthrough=tuple(passthrough),
+        passthrough=args,
         drafter_unavailable=files.drafter_unavailable,
     )
     return build_plan(inputs)

@@ -9,6 +9,7 @@ with tables of cases.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import shlex
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from bonsai_launch.capabilities import Capabilities
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.gguf_info import GGUFInfo, check_pair
 from bonsai_launch.hardware import Hardware
+from bonsai_launch.passthrough import Passthrough, fold_settings, split_known
 from bonsai_launch.profiles import Profile
 from bonsai_launch.settings import Settings
 
@@ -29,6 +31,12 @@ RAM_TIERS: tuple[tuple[float, int], ...] = ((11, 8192), (23, 16384), (35, 32768)
 GPU_MARGIN_BYTES = 1 * GIB  # compute buffers and the CUDA context
 MIN_CTX = 2048
 SLOW_VISION_BACKENDS = ("cpu", "metal", "vulkan")
+DEFAULT_UBATCH, DEFAULT_BATCH = 512, 2048  # llama-server's defaults for -ub and -b
+# Plan flags a passthrough argument may not repeat, with the bonsai setting to use instead.
+PLAN_FLAG_SETTINGS = {"--cache-type-k": "BONSAI_KV4", "--cache-type-v": "BONSAI_KV4",
+                      "--spec-draft-type-k": "BONSAI_KV4", "--spec-draft-type-v": "BONSAI_KV4",
+                      "--mmproj": "BONSAI_VISION (the profile's projector)", "--mmproj-offload": "BONSAI_MMPROJ_CPU",
+                      "--image-max-tokens": "BONSAI_IMAGE_MAX_TOKENS"}
 
 
 @dataclass(frozen=True)
@@ -61,10 +69,19 @@ class LaunchPlan:
     backend: str
     speculative: SpecPlan | None
     mmproj: str | None = None
+    model_name: str = ""  # what clients put in "model" (llama-server's --alias)
+    slots: int | None = None  # -np; None: llama-server's own default
+    from_passthrough: tuple[str, ...] = ()  # plan values that came from arguments after --
 
     @property
     def binary(self) -> str:
         return self.argv[0]
+
+    @property
+    def api_key(self) -> str | None:
+        """The key bonsai's own clients send (the first, when several are set)."""
+        keys = self.env.get("LLAMA_API_KEY")
+        return keys.split(",")[0].strip() if keys else None
 
     @property
     def base_url(self) -> str:
@@ -76,7 +93,7 @@ class LaunchPlan:
         return {
             "argv": list(self.argv),
             "command": shlex.join(self.argv),
-            "env": {k: ("***" if "KEY" in k else v) for k, v in self.env.items()},
+            "env": {k: "***" for k in self.env},  # the plan's environment holds only secrets
             "reasons": [{"flag": r.flag, "value": r.value, "why": r.why} for r in self.reasons],
             "warnings": list(self.warnings),
             "profile": self.profile,
@@ -86,6 +103,10 @@ class LaunchPlan:
             "port": self.port,
             "url": self.base_url,
             "ctx": self.ctx,
+            "slots": self.slots,
+            "model_name": self.model_name,
+            "api_key_required": "LLAMA_API_KEY" in self.env,
+            "from_passthrough": list(self.from_passthrough),
             "ngl": self.ngl,
             "backend": self.backend,
             "speculative": None if self.speculative is None else {
@@ -107,7 +128,7 @@ class PlanInputs:
     drafter: GGUFInfo | None = None
     mmproj: Path | None = None
     capabilities: Capabilities | None = None  # None: not probed (dry run without a binary)
-    passthrough: tuple[str, ...] = ()
+    passthrough: Passthrough = Passthrough()  # arguments after --, parsed (bonsai_launch.passthrough)
     drafter_unavailable: str | None = None  # why the profile's drafter cannot be used here
 
 
@@ -150,21 +171,6 @@ class _Builder:
         self.reasons.append(Reason(flag, "" if value is None else str(value), why))
 
 
-def _passthrough_value(args: tuple[str, ...], *names: str) -> int | None:
-    """The last integer value given to any of `names` in the pass-through arguments."""
-    found = None
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                found = args[i + 1]
-            elif arg.startswith(name + "="):
-                found = arg.split("=", 1)[1]
-    try:
-        return int(found) if found is not None else None
-    except ValueError:
-        return None
-
-
 def _backend(inputs: PlanInputs) -> str:
     if inputs.capabilities is not None:
         return inputs.capabilities.backend
@@ -175,30 +181,54 @@ def _backend(inputs: PlanInputs) -> str:
     return "cpu"
 
 
+def check_host(settings: Settings) -> None:
+    """Where it listens: one TCP address; beyond loopback only with the opt-in and a key."""
+    host = settings["host"]
+    origin = "-- --host" if settings.source("host") == "passthrough" else "BONSAI_HOST"
+    if "," in host or host.endswith(".sock"):
+        raise BonsaiError(f"{origin}={host!r}: bonsai serves on one TCP address (it checks and reports that address)",
+                          "give one address, e.g. 127.0.0.1, or run a second server for another address")
+    if not is_loopback(host) and not settings["allow_remote"]:
+        raise BonsaiError(f"{origin}={host!r} is not a loopback address and remote access is not allowed",
+                          "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
+    if not is_loopback(host) and not settings.get("api_key"):
+        raise BonsaiError(f"{origin}={host!r} is reachable from the network but no API key is set",
+                          "set BONSAI_API_KEY, or let `bonsai start` generate one")
+
+
+def _why(s: Settings, key: str, default_why: str) -> str:
+    source = s.source(key)
+    return {"passthrough": "from the arguments after --", "flag": "set by flag", "env": "set by environment",
+            "profile": "set by the profile"}.get(source, default_why)
+
+
 def build_plan(inputs: PlanInputs) -> LaunchPlan:
+    passthrough = inputs.passthrough
+    passthrough.check_refused()
+    # Owned options after -- count as the matching settings, so every rule below applies once.
+    inputs = dataclasses.replace(inputs, settings=fold_settings(inputs.settings, passthrough))
     s = inputs.settings
     caps = inputs.capabilities
     profile = inputs.profile
     b = _Builder(inputs.binary)
     backend = _backend(inputs)
 
-    # Where it listens. A server reachable from the network is an explicit choice.
+    check_host(s)
     host, port = s["host"], s["port"]
-    if not is_loopback(host) and not s["allow_remote"]:
-        raise BonsaiError(f"BONSAI_HOST={host!r} is not a loopback address and remote access is not allowed",
-                          "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
     env: dict[str, str] = {}
-    if not is_loopback(host):
-        if not s.get("api_key"):
-            raise BonsaiError(f"BONSAI_HOST={host!r} is reachable from the network but no API key is set",
-                              "set BONSAI_API_KEY, or let `bonsai start` generate one")
-        # Through the environment, so the key never shows in `ps` output.
+    if s.get("api_key"):
+        # Enforced whatever the host (loopback is shared by every user of the machine); through
+        # the environment, so the key never shows in `ps` output.
         env["LLAMA_API_KEY"] = s["api_key"]
-        b.reasons.append(Reason("LLAMA_API_KEY", "***", "remote access requires an API key"))
+        b.reasons.append(Reason("LLAMA_API_KEY", "***", f"an API key is required ({_why(s, 'api_key', 'generated')})"))
 
+    model_name = passthrough.plan_value("alias") or (profile.name if profile else inputs.model.path.stem)
     b.add("-m", inputs.model.path, f"model{' of profile ' + profile.name if profile else ''}")
-    b.add("--host", host, "loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1")
-    b.add("--port", port, f"from {s.source('port')}")
+    b.add("--alias", model_name, "from the arguments after --" if passthrough.plan_value("alias")
+          else "the name clients see in /v1/models and put in \"model\"")
+    b.add("--host", host, "loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1 "
+          + f"({_why(s, 'host', 'default')})")
+    b.add("--port", port, f"from {s.source('port')}" if s.source("port") != "passthrough" else "from the arguments after --")
 
     # GPU layers: the user's choice, else everything on a usable GPU.
     if s.get("ngl") is not None:
@@ -221,6 +251,9 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         ctx_why = f"set explicitly ({s.source('ctx')})"
         if spec and s.source("ctx") == "profile" and ctx < SPECULATIVE_MIN_CTX:
             ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
+        elif spec and ctx < SPECULATIVE_MIN_CTX:
+            b.warnings.append(f"context {ctx} ({_why(s, 'ctx', 'explicit').replace('set by', 'set by the')}) is below "
+                              f"{SPECULATIVE_MIN_CTX}, the floor bonsai uses with speculation: long answers will run out of context")
     else:
         ceiling = profile.max_auto_ctx if profile else 131072
         if inputs.model.context_length:
@@ -241,14 +274,29 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
             ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
     b.add("-c", ctx, ctx_why)
 
+    slots = passthrough.plan_int("slots")
+    ubatch, batch = passthrough.plan_int("ubatch"), passthrough.plan_int("batch")
     if spec:
-        b.add("-np", 1, "speculation: one slot, as the DSpark fork runs it")
-        n_max = spec.n_max or 0
-        for names, label in ((("-ub", "--ubatch-size"), "-ub"), (("-b", "--batch-size"), "-b")):
-            given = _passthrough_value(inputs.passthrough, *names)
-            if given is not None and given < n_max + 1:
-                raise BonsaiError(f"{label} {given} is smaller than slots x (n-max + 1) = {n_max + 1}",
-                                  f"raise {label} to at least {n_max + 1}; llama-server aborts on the first draft otherwise")
+        if slots is None:
+            slots = 1
+            b.add("-np", 1, "speculation: one slot, as the DSpark fork runs it")
+        else:
+            b.add("-np", slots, "from the arguments after --")
+        # Hard limit: llama-server aborts (SIGABRT) on the first draft otherwise.
+        need = slots * ((spec.n_max or 0) + 1)
+        for given, default, label in ((ubatch, DEFAULT_UBATCH, "-ub"), (batch, DEFAULT_BATCH, "-b")):
+            value = given if given is not None else default
+            if value < need:
+                where = "" if given is not None else " (llama-server's default)"
+                raise BonsaiError(f"{label} {value}{where} is smaller than slots x (n-max + 1) = {slots} x {(spec.n_max or 0) + 1} = {need}",
+                                  f"raise {label} to at least {need} (-- {label} {need}) or use fewer slots; "
+                                  "llama-server aborts on the first draft otherwise")
+    elif slots is not None:
+        b.add("-np", slots, "from the arguments after --")
+    if ubatch is not None:
+        b.add("-ub", ubatch, "from the arguments after --")
+    if batch is not None:
+        b.add("-b", batch, "from the arguments after --")
 
     if s["kv4"]:
         _require_flag(caps, "--cache-type-k", "BONSAI_KV4=1")
@@ -265,14 +313,34 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         b.add("--verbose", None, "BONSAI_LLAMA_VERBOSE=1")
     b.add("--metrics", None, "expose /metrics so `bonsai verify` and `bonsai bench` can read speculative counters")
 
-    if profile:
-        b.argv.extend(profile.server_args)
-        if profile.server_args:
-            b.reasons.append(Reason("profile", " ".join(profile.server_args), f"sampling and chat settings of profile {profile.name}"))
-    if inputs.passthrough:
-        b.argv.extend(inputs.passthrough)
-        b.reasons.append(Reason("--", " ".join(inputs.passthrough), "passed through unchanged (last value wins in llama-server)"))
+    rest = passthrough.rest()
+    table = passthrough.table
+    planned = {table.canonical(r.flag): r for r in b.reasons if r.flag.startswith("-")} if table else {}
+    given = {a.canonical for a in rest}
+    for arg in rest:
+        # Never twice in the argv: llama-server would take the last value, unseen by the plan.
+        if arg.canonical in planned and arg.canonical != "--metrics":
+            r = planned[arg.canonical]
+            setting = PLAN_FLAG_SETTINGS.get(arg.canonical, "the bonsai setting behind it")
+            raise BonsaiError(f"-- {arg.shown} conflicts with {r.flag} {r.value}, which bonsai sets ({r.why})",
+                              f"use {setting} instead")
+    if profile and profile.server_args:
+        # The profile's server arguments are defaults: an argument after -- replaces them.
+        kept = [w for name, words in split_known(profile.server_args, table) if name not in given for w in words]
+        b.argv.extend(kept)
+        if kept:
+            b.reasons.append(Reason("profile", " ".join(kept), f"sampling and chat settings of profile {profile.name}"))
+    passed = [w for a in rest if not (a.canonical == "--metrics" and "--metrics" in planned) for w in a.argv]
+    if passed:
+        b.argv.extend(passed)
+        b.reasons.append(Reason("--", " ".join(passed), "passed through to llama-server"))
+    secrets = passthrough.secret_env()
+    env.update(secrets)
+    for name in secrets:
+        b.reasons.append(Reason(name, "***", "a secret from the arguments after --, moved to the environment"))
 
+    from_passthrough = tuple(sorted({k for k, r in s.values.items() if r.source == "passthrough"}
+                                    | {n for n in ("slots", "ubatch", "batch", "alias") if passthrough.plan_value(n)}))
     return LaunchPlan(
         argv=tuple(str(a) for a in b.argv),
         env=env,
@@ -287,6 +355,9 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         backend=backend,
         speculative=spec,
         mmproj=str(mmproj) if mmproj else None,
+        model_name=model_name,
+        slots=slots,
+        from_passthrough=from_passthrough,
     )
 
 

@@ -20,6 +20,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from bonsai_launch.cli._passthrough import passthrough_args
+
 from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
 
 ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
@@ -104,6 +106,7 @@ def command(
     from bonsai_launch.bench.pipeline import Target, quick_options, run_bench
     from bonsai_launch.bench.runner import BenchOptions, parse_config_names
     from bonsai_launch.cli._output import emit_json
+    from bonsai_launch.client import first_key
     from bonsai_launch.errors import BonsaiError
     from bonsai_launch.paths import bonsai_home
     from bonsai_launch.settings import resolve
@@ -134,13 +137,13 @@ def command(
     flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl}
     settings = resolve(flags)
     if url:
-        if ctx.args or model or drafter or configs:
+        if passthrough_args(ctx) or model or drafter or configs:
             raise BonsaiError("--url measures running servers: --model, --drafter, --configs and llama-server "
                               "arguments do not apply", "drop them, or leave out --url to launch servers")
-        target = Target(url=url, baseline_url=baseline_url, api_key=api_key or settings.get("api_key"))
+        target = Target(url=url, baseline_url=baseline_url, api_key=first_key(api_key or settings.get("api_key")))
     else:
         binary = prepare_launch(flags, model, drafter, options.configs)
-        target = Target(flags=flags, model=model, drafter=drafter, passthrough=tuple(ctx.args), binary=binary)
+        target = Target(flags=flags, model=model, drafter=drafter, passthrough=passthrough_args(ctx), binary=binary)
     out_dir = out or (bonsai_home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
 
     with _ProgressListener(enabled=True) as listener:

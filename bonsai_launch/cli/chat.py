@@ -16,6 +16,8 @@ import sys
 
 import typer
 
+from bonsai_launch.cli._passthrough import passthrough_args
+
 from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, ModelOpt, NglOpt, ProfileOpt, SizeOpt,
                                         SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 from bonsai_launch.cli.start import start_flags
@@ -52,7 +54,7 @@ def command(
     stop_signals = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
     with supervisor.SignalForwarder(stop_signals) as forwarder:
         try:
-            with server_for(flags, model, drafter, tuple(ctx.args), url=url, api_key=api_key,
+            with server_for(flags, model, drafter, passthrough_args(ctx), url=url, api_key=api_key,
                             spec_fallback=spec_fallback, forwarder=forwarder) as target:
                 err.print(f"chatting with {target.name} ({target.base_url}); /reset clears history, /exit leaves",
                           style="dim")

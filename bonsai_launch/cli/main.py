@@ -28,6 +28,7 @@ from bonsai_launch.cli import ps as ps_cmd
 from bonsai_launch.cli import run as run_cmd
 from bonsai_launch.cli import stop as stop_cmd
 from bonsai_launch.cli import verify as verify_cmd
+from bonsai_launch.cli._passthrough import PassthroughCommand
 from bonsai_launch.errors import BonsaiError
 
 app = typer.Typer(
@@ -47,14 +48,14 @@ app.command("pull")(pull_cmd.command)
 app.command("models")(models_cmd.command)
 app.command("rm")(rm_cmd.command)
 app.command("inspect")(inspect_cmd.command)
-app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(start_cmd.command)
+app.command("start", cls=PassthroughCommand)(start_cmd.command)
 app.command("ps")(ps_cmd.command)
 app.command("logs")(logs_cmd.command)
 app.command("stop")(stop_cmd.command)
 app.command("verify")(verify_cmd.command)
-app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_cmd.command)
-app.command("chat", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(chat_cmd.command)
-app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench_cmd.command)
+app.command("run", cls=PassthroughCommand)(run_cmd.command)
+app.command("chat", cls=PassthroughCommand)(chat_cmd.command)
+app.command("bench", cls=PassthroughCommand)(bench_cmd.command)
 
 
 def run() -> None:

@@ -22,7 +22,8 @@ def format_uptime(seconds: float) -> str:
 
 
 def command(json_output: JsonOpt = False) -> None:
-    """List running servers: profile, port, pid, uptime, whether speculation is live.
+    """List running servers: profile, bind address, whether an API key is required, pid,
+    uptime, whether speculation is live.
 
     State files of servers that are gone are removed, never trusted."""
     from bonsai_launch import instances
@@ -36,16 +37,19 @@ def command(json_output: JsonOpt = False) -> None:
     if not live:
         out.print("no servers running (start one with `bonsai start --detach`)")
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "PROFILE", "PORT", "PID", "UPTIME", "SPECULATIVE", "MODE"):
+    for col in ("NAME", "PROFILE", "ADDRESS", "API KEY", "PID", "UPTIME", "SPECULATIVE", "MODE"):
         table.add_column(col, no_wrap=True)
     for i in live:
         if i.speculative:
             spec = f"yes ({i.spec_type})"
         else:
             spec = "no (not live, fallback)" if i.spec_type else "no"
-        table.add_row(i.name, i.profile or "-", str(i.port), str(i.pid), format_uptime(i.uptime), spec,
+        # The real bind address (0.0.0.0 is every interface), not the URL bonsai talks to.
+        address = escape(f"[{i.host}]:{i.port}" if ":" in i.host else f"{i.host}:{i.port}")
+        table.add_row(i.name, i.profile or "-", address, "required" if i.api_key_required else "none", str(i.pid), format_uptime(i.uptime), spec,
                       "detached" if i.detached else "foreground")
     out.print(table)

@@ -19,6 +19,8 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
+from bonsai_launch.cli._passthrough import passthrough_args
+
 from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt,
                                         SizeOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 from bonsai_launch.cli.start import start_flags
@@ -51,7 +53,9 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
     from bonsai_launch.server_process import free_port
     from bonsai_launch.settings import resolve
 
-    key = api_key or resolve(flags).get("api_key")
+    from bonsai_launch.client import first_key
+
+    key = first_key(api_key or resolve(flags).get("api_key"))
     if url:
         yield Target(url, key, False, url)
         return
@@ -72,7 +76,7 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
     try:
         if launched.proof is not None:
             sys.stderr.write(launched.proof.summary() + "\n")
-        yield Target(plan.base_url, plan.env.get("LLAMA_API_KEY") or key, True, launched.instance.name)
+        yield Target(plan.base_url, plan.api_key or key, True, launched.instance.name)
     finally:
         supervisor.shutdown(launched)
 
@@ -124,7 +128,7 @@ def command(
     err = console(stderr=True)
     with supervisor.SignalForwarder() as forwarder:
         try:
-            with server_for(flags, model, drafter, tuple(ctx.args), url=url, api_key=api_key,
+            with server_for(flags, model, drafter, passthrough_args(ctx), url=url, api_key=api_key,
                             spec_fallback=spec_fallback, forwarder=forwarder) as target:
                 result = client.StreamResult()
                 reasoning = (lambda piece: err.print(piece, style="dim", end="")) if not json_output else None
