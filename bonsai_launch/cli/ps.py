@@ -22,7 +22,7 @@ def format_uptime(seconds: float) -> str:
 
 
 def command(json_output: JsonOpt = False) -> None:
-    """List running servers: profile, bind address, whether an API key is required, pid,
+    """List running servers: profile, bind address, whether an API key is required (KEY), pid,
     uptime, whether speculation is live.
 
     State files of servers that are gone are removed, never trusted."""
@@ -41,7 +41,7 @@ def command(json_output: JsonOpt = False) -> None:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "PROFILE", "ADDRESS", "API KEY", "PID", "UPTIME", "SPECULATIVE", "MODE"):
+    for col in ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE"):
         table.add_column(col, no_wrap=True)
     for i in live:
         if i.speculative:
@@ -50,6 +50,8 @@ def command(json_output: JsonOpt = False) -> None:
             spec = "no (not live, fallback)" if i.spec_type else "no"
         # The real bind address (0.0.0.0 is every interface), not the URL bonsai talks to.
         address = escape(f"[{i.host}]:{i.port}" if ":" in i.host else f"{i.host}:{i.port}")
-        table.add_row(i.name, i.profile or "-", address, "required" if i.api_key_required else "none", str(i.pid), format_uptime(i.uptime), spec,
-                      "detached" if i.detached else "foreground")
+        table.add_row(i.name, i.profile or "-", address, "yes" if i.api_key_required else "no", str(i.pid),
+                      format_uptime(i.uptime), spec, "detached" if i.detached else "foreground")
+    if not out.is_terminal:
+        out.width = max(out.width, 160)  # piped into a script or a file: never cut a row short
     out.print(table)
