@@ -222,12 +222,14 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         env["LLAMA_API_KEY"] = s["api_key"]
         b.reasons.append(Reason("LLAMA_API_KEY", "***", f"an API key is required ({_why(s, 'api_key', 'generated')})"))
 
-    model_name = passthrough.plan_value("alias") or (profile.name if profile else inputs.model.path.stem)
+    alias = passthrough.plan_value("alias")
+    # llama-server keeps aliases in a sorted set and serves the first as the model's name.
+    model_name = min(a.strip() for a in alias.split(",")) if alias else (profile.name if profile else inputs.model.path.stem)
     b.add("-m", inputs.model.path, f"model{' of profile ' + profile.name if profile else ''}")
     b.add("--alias", model_name, "from the arguments after --" if passthrough.plan_value("alias")
           else "the name clients see in /v1/models and put in \"model\"")
-    b.add("--host", host, "loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1 "
-          + f"({_why(s, 'host', 'default')})")
+    b.add("--host", host, ("loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1")
+          + f" ({_why(s, 'host', 'default')})")
     b.add("--port", port, f"from {s.source('port')}" if s.source("port") != "passthrough" else "from the arguments after --")
 
     # GPU layers: the user's choice, else everything on a usable GPU.

@@ -110,3 +110,12 @@ def test_typo_never_starts_a_server(llama_server, tiny):
     done = bonsai(["start", "--model", tiny["target"], "--cxt", "4096"], server=llama_server)
     assert done.returncode == 2 and "unknown option --cxt (did you mean --ctx?)" in done.stderr
     assert never_spawned()
+
+
+def test_run_starts_its_temporary_server_on_the_port_after_dashdash(llama_server, tiny):
+    port = free_port()
+    done = bonsai(["run", "--model", tiny["target"], "-n", "4", "--json", "Hello", "--", "--port", port, "-t", "1"],
+                  server=llama_server)
+    data = json_out(done)
+    assert data["server"] == f"http://127.0.0.1:{port}"
+    assert instances.running() == []  # the temporary server is gone

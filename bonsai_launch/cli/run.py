@@ -48,7 +48,7 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
     """A server to talk to: --url, else the running server of the profile, else a temporary
     one (started like `bonsai start`, with its checks and speculation proof; always stopped)."""
     from bonsai_launch import instances, supervisor
-    from bonsai_launch.cli.start import prepare_plan
+    from bonsai_launch.cli.start import launch_settings, prepare_plan
     from bonsai_launch.launch_inputs import select
     from bonsai_launch.server_process import free_port
     from bonsai_launch.settings import resolve
@@ -64,7 +64,7 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
         if running is not None:
             yield Target(running.base_url, key, False, running.name)
             return
-    if flags.get("port") is None and not resolve(flags).is_explicit("port"):
+    if flags.get("port") is None and not launch_settings(flags, passthrough, None).is_explicit("port"):
         flags = {**flags, "port": free_port()}  # a temporary server must not fight over 8080
     plan, generated = prepare_plan(flags, model, drafter, passthrough)
 

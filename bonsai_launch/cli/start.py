@@ -5,7 +5,7 @@ Examples:
     BONSAI_SPECULATIVE=1 bonsai start --profile demo
     bonsai start --profile ternary-27b --dry-run --json
     bonsai start --model T.gguf --drafter D.gguf --speculative --dry-run --format powershell
-    bonsai start --profile demo -- --threads 2      # arguments after -- go to llama-server
+    bonsai start --profile demo -- --threads 2      # arguments after -- go to llama-server (checked)
     bonsai start --profile demo --detach            # keep serving in the background (`bonsai stop`)
     bonsai start --model T.gguf --drafter D.gguf --speculative --spec-fallback
 """
@@ -52,7 +52,8 @@ def command(
     """Launch llama-server for a profile (or local GGUFs) with the right flags.
 
     Waits until it serves, proves speculative decoding is live when it is on, and stops the
-    server on Ctrl+C. Arguments after -- go to llama-server unchanged."""
+    server on Ctrl+C. Arguments after -- go to llama-server, read as it reads them: those bonsai
+    plans (--host, --port, -c, -np, -ub, -b, --spec-*, --api-key) count as the matching setting."""
     from bonsai_launch.errors import BonsaiError
 
     if shell_format not in ("posix", "powershell"):
