@@ -220,17 +220,20 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         # Enforced whatever the host (loopback is shared by every user of the machine); through
         # the environment, so the key never shows in `ps` output.
         env["LLAMA_API_KEY"] = s["api_key"]
-        b.reasons.append(Reason("LLAMA_API_KEY", "***", f"an API key is required ({_why(s, 'api_key', 'generated')})"))
+        b.reasons.append(Reason("LLAMA_API_KEY", "***",
+                                f"an API key is required ({_why(s, 'api_key', 'generated')})"))
 
     alias = passthrough.plan_value("alias")
     # llama-server keeps aliases in a sorted set and serves the first as the model's name.
-    model_name = min(a.strip() for a in alias.split(",")) if alias else (profile.name if profile else inputs.model.path.stem)
+    model_name = (min(a.strip() for a in alias.split(",")) if alias
+                  else profile.name if profile else inputs.model.path.stem)
     b.add("-m", inputs.model.path, f"model{' of profile ' + profile.name if profile else ''}")
     b.add("--alias", model_name, "from the arguments after --" if passthrough.plan_value("alias")
           else "the name clients see in /v1/models and put in \"model\"")
     b.add("--host", host, ("loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1")
           + f" ({_why(s, 'host', 'default')})")
-    b.add("--port", port, f"from {s.source('port')}" if s.source("port") != "passthrough" else "from the arguments after --")
+    b.add("--port", port, f"from {s.source('port')}" if s.source("port") != "passthrough"
+          else "from the arguments after --")
 
     # GPU layers: the user's choice, else everything on a usable GPU.
     if s.get("ngl") is not None:
@@ -254,8 +257,9 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         if spec and s.source("ctx") == "profile" and ctx < SPECULATIVE_MIN_CTX:
             ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
         elif spec and ctx < SPECULATIVE_MIN_CTX:
-            b.warnings.append(f"context {ctx} ({_why(s, 'ctx', 'explicit').replace('set by', 'set by the')}) is below "
-                              f"{SPECULATIVE_MIN_CTX}, the floor bonsai uses with speculation: long answers will run out of context")
+            b.warnings.append(f"context {ctx} ({_why(s, 'ctx', 'explicit').replace('set by', 'set by the')}) is "
+                              f"below {SPECULATIVE_MIN_CTX}, the floor bonsai uses with speculation: "
+                              "long answers will run out of context")
     else:
         ceiling = profile.max_auto_ctx if profile else 131072
         if inputs.model.context_length:
@@ -285,12 +289,14 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         else:
             b.add("-np", slots, "from the arguments after --")
         # Hard limit: llama-server aborts (SIGABRT) on the first draft otherwise.
-        need = slots * ((spec.n_max or 0) + 1)
+        per_slot = (spec.n_max or 0) + 1
+        need = slots * per_slot
         for given, default, label in ((ubatch, DEFAULT_UBATCH, "-ub"), (batch, DEFAULT_BATCH, "-b")):
             value = given if given is not None else default
             if value < need:
                 where = "" if given is not None else " (llama-server's default)"
-                raise BonsaiError(f"{label} {value}{where} is smaller than slots x (n-max + 1) = {slots} x {(spec.n_max or 0) + 1} = {need}",
+                raise BonsaiError(f"{label} {value}{where} is smaller than slots x (n-max + 1) = "
+                                  f"{slots} x {per_slot} = {need}",
                                   f"raise {label} to at least {need} (-- {label} {need}) or use fewer slots; "
                                   "llama-server aborts on the first draft otherwise")
     elif slots is not None:
