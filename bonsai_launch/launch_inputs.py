@@ -6,6 +6,7 @@ and the pure plan. It reads headers and probes hardware but starts nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,7 +113,7 @@ def gather_plan(
     from bonsai_launch import hardware
     from bonsai_launch.binaries import probe
     from bonsai_launch.gguf_info import inspect_gguf
-    from bonsai_launch.passthrough import parse as parse_passthrough
+    from bonsai_launch.passthrough import inherited_env_warnings, parse as parse_passthrough
     from bonsai_launch.plan import PlanInputs, build_plan
 
     selection = select(flags, env)
@@ -142,4 +143,6 @@ def gather_plan(
         passthrough=args,
         drafter_unavailable=files.drafter_unavailable,
     )
-    return build_plan(inputs)
+    plan = build_plan(inputs)
+    inherited = inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
+    return dataclasses.replace(plan, warnings=plan.warnings + tuple(inherited)) if inherited else plan

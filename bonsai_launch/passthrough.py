@@ -20,7 +20,7 @@ Nothing here touches processes or disk: `parse` and the folding are pure.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.llama_options import Option, OptionTable, closest
@@ -212,3 +212,18 @@ def split_known(words: Sequence[str], table: OptionTable | None) -> list[tuple[s
         out.append((option.canonical, tuple(words[i:i + 1 + option.values])))
         i += 1 + option.values
     return out
+
+
+def inherited_env_warnings(environ: Mapping[str, str], table: OptionTable) -> list[str]:
+    """llama-server also reads its options from LLAMA_ARG_* variables (and LLAMA_API_KEY), which
+    bonsai's processes inherit: one set for an option bonsai plans would bypass the plan where
+    the argv does not override it (-ub with speculation, an API key bonsai's clients never send)."""
+    owned = {**SETTING_OPTIONS, **PLAN_OPTIONS}
+    warnings = []
+    for opt in table.options:
+        if opt.env and opt.canonical in owned and environ.get(opt.env):
+            key = owned[opt.canonical]
+            instead = f"use {setting_name(key)}" if key in BY_KEY else f"pass `-- {opt.canonical} VALUE`"
+            warnings.append(f"{opt.env} is set in the environment: llama-server reads it behind bonsai's plan; "
+                            f"unset it and {instead}")
+    return warnings

@@ -214,3 +214,12 @@ def test_every_owned_flag_appears_once_and_equals_the_plan_json():
 
 def test_pinned_table_loads():
     assert pinned_table().lookup("-np").canonical == "--parallel"
+
+
+def test_llama_server_variables_that_bypass_the_plan_are_warned_about():
+    from bonsai_launch.passthrough import inherited_env_warnings
+
+    found = inherited_env_warnings({"LLAMA_ARG_UBATCH": "4", "LLAMA_API_KEY": "x", "LLAMA_ARG_THREADS": "2"}, TABLE)
+    assert len(found) == 2
+    assert any(w.startswith("LLAMA_ARG_UBATCH is set") and "-- --ubatch-size" in w for w in found)
+    assert any(w.startswith("LLAMA_API_KEY is set") and "BONSAI_API_KEY" in w for w in found)
