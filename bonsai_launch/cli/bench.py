@@ -20,9 +20,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from bonsai_launch.cli._passthrough import passthrough_args
-
 from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
+from bonsai_launch.cli._passthrough import passthrough_args
 
 ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
 PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled suite.")]

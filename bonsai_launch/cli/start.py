@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import typer
 
-from bonsai_launch.cli._passthrough import passthrough_args
-
 from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
+from bonsai_launch.cli._passthrough import passthrough_args
                                         Kv4Opt, ModelOpt, NglOpt, PortOpt, ProfileOpt, SizeOpt, SpecFallbackOpt,
                                         SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 
