@@ -20,8 +20,8 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt,
-from bonsai_launch.cli._passthrough import passthrough_args
                                         SizeOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._passthrough import passthrough_args
 from bonsai_launch.cli.start import start_flags
 
 PromptArg = Annotated[str, typer.Argument(help="The prompt to answer.")]

@@ -15,9 +15,9 @@ from __future__ import annotations
 import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
-from bonsai_launch.cli._passthrough import passthrough_args
                                         Kv4Opt, ModelOpt, NglOpt, PortOpt, ProfileOpt, SizeOpt, SpecFallbackOpt,
                                         SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._passthrough import passthrough_args
 
 
 def start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4) -> dict:
