@@ -50,6 +50,12 @@ REFUSED: dict[str, str] = {
     "--spec-draft-model": "bonsai's --drafter PATH",
     "--spec-draft-ngl": "--ngl / BONSAI_NGL (the drafter's GPU layers follow the target's)",
     "--api-key-file": "BONSAI_API_KEY (or `-- --api-key KEY`): bonsai's own clients must know the key",
+    # Another model source than the plan's file:
+    "--hf-repo": "bonsai's --model PATH or --profile NAME (`bonsai pull` fetches a profile's files)",
+    "--hf-file": "bonsai's --model PATH or --profile NAME (`bonsai pull` fetches a profile's files)",
+    "--model-url": "bonsai's --model PATH or --profile NAME (`bonsai pull` fetches a profile's files)",
+    "--docker-repo": "bonsai's --model PATH or --profile NAME (`bonsai pull` fetches a profile's files)",
+    "--spec-draft-hf": "bonsai's --drafter PATH",
     "--help": _EXITS_AT_ONCE, "--version": _EXITS_AT_ONCE, "--list-devices": _EXITS_AT_ONCE,
     "--cache-list": _EXITS_AT_ONCE, "--completion-bash": _EXITS_AT_ONCE,
 }
@@ -127,9 +133,18 @@ class Passthrough:
         for a in self.args:
             if a.canonical in REFUSED:
                 raise BonsaiError(f"-- {a.shown}: bonsai sets {a.canonical} itself", f"use {REFUSED[a.canonical]}")
+            if _is_preset(a.option):
+                raise BonsaiError(f"-- {a.spelled}: a llama-server preset that picks its own model or speculation",
+                                  "use bonsai's --profile/--model and BONSAI_SPECULATIVE=1 (with BONSAI_SPEC_TYPE)")
             if a.option.removed:
                 raise BonsaiError(f"-- {a.spelled}: llama-server has removed this option and exits when it is given",
                                   "see `llama-server --help` for its replacement (--spec-draft-n-max, --spec-ngram-*)")
+
+
+def _is_preset(option: Option) -> bool:
+    """`--spec-default` (turns on ngram-mod) and the model presets (`--fim-qwen-7b-spec`,
+    `--gpt-oss-20b-default`...): switches that set the model or speculation behind the plan."""
+    return option.values == 0 and option.canonical.endswith(("-default", "-spec"))
 
 
 def _is_number(word: str) -> bool:

@@ -154,6 +154,9 @@ def test_other_secrets_move_to_their_environment_variable():
     (("--api-key-file", "/keys"), "BONSAI_API_KEY"),
     (("--help",), "directly"),
     (("--draft-max", "4"), "removed"),
+    (("-hf", "org/repo"), "--model PATH"),
+    (("--spec-default",), "BONSAI_SPECULATIVE=1"),
+    (("--fim-qwen-7b-spec",), "preset"),
 ])
 def test_options_bonsai_sets_itself_are_refused_with_the_setting_to_use(words, hint):
     with pytest.raises(BonsaiError) as err:
