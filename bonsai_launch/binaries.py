@@ -18,18 +18,31 @@ from pathlib import Path
 from bonsai_launch.capabilities import Capabilities, backend_from_devices, parse_devices, parse_help_full, parse_version
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.llama_options import parse_option_table
-from bonsai_launch.paths import bonsai_home
+from bonsai_launch.paths import bonsai_home, exe_name
 
 PROBE_SCHEMA = 2  # 2: the option table
 
 
-def find_server(explicit: str | None) -> Path | None:
+def resolve_explicit(explicit: str, platform: str | None = None) -> Path | None:
+    """BONSAI_LLAMA_SERVER as users write it: the binary, or on Windows the binary without
+    `.exe` (as PowerShell lets them type it). None when no such file exists. A folder is
+    BONSAI_LLAMA_BIN's job (server_choice.explicit_binary)."""
+    path = Path(explicit).expanduser()
+    if path.is_file():
+        return path
+    with_exe = path.with_name(exe_name(path.name, platform))
+    return with_exe if with_exe.is_file() else None
+
+
+def find_server(explicit: str | None, platform: str | None = None) -> Path | None:
     """The binary to run: `explicit` (BONSAI_LLAMA_SERVER) if given, else the installed build
     for the detected backend, else None when nothing is built yet."""
     if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise BonsaiError(f"BONSAI_LLAMA_SERVER={explicit!r} is not a file", "point it at a llama-server binary or unset it")
+        path = resolve_explicit(explicit, platform)
+        if path is None:
+            raise BonsaiError(f"BONSAI_LLAMA_SERVER={explicit!r} is not a file",
+                              f"point it at a {exe_name('llama-server', platform)} binary (BONSAI_LLAMA_BIN at its "
+                              "folder), or unset it")
         return path
     from bonsai_launch.build.builder import find_installed
 
@@ -42,15 +55,28 @@ def _cache_file(binary: Path) -> Path:
 
 
 def _run(binary: Path, *args: str) -> str:
+    """Output of `binary ARGS`. UTF-8 whatever the locale (Windows' is often cp1252; device
+    names are UTF-8); text mode turns Windows' CRLF into plain newlines."""
     try:
         done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL, errors="replace")
+                              stdin=subprocess.DEVNULL, encoding="utf-8", errors="replace")
     except subprocess.TimeoutExpired:
         raise BonsaiError(f"{binary} {' '.join(args)} did not finish in 60 s",
                           "point BONSAI_LLAMA_SERVER at a working llama-server") from None
     except OSError as exc:
         raise BonsaiError(f"{binary} cannot be run ({exc})", "point BONSAI_LLAMA_SERVER at a working llama-server") from None
-    return done.stdout + done.stderr
+    output = done.stdout + done.stderr
+    if done.returncode != 0 and not output.strip():
+        # Nothing printed: it did not even start (a missing DLL or shared library, a crash).
+        from bonsai_launch.server_process import exit_hint
+
+        code = done.returncode
+        shown = f"{code:#x}" if code >= 0xC0000000 else str(code)
+        hint = exit_hint(code)
+        raise BonsaiError(f"{binary} {' '.join(args)} exited with code {shown} and printed nothing"
+                          + (f" ({hint})" if hint else ""),
+                          "run it by hand to see why, or point BONSAI_LLAMA_SERVER at a working llama-server")
+    return output
 
 
 def probe_uncached(binary: Path) -> Capabilities:

@@ -120,10 +120,20 @@ def parse_devices(text: str) -> tuple[str, ...]:
     return tuple(devices)
 
 
+# Device names llama.cpp gives each backend (`CUDA0`, `ROCm0`, `MTL0`, `Vulkan0`). Metal's
+# never says "metal": matching the word alone took a Metal build for a CPU one (-ngl 0).
+_DEVICE_PREFIXES = (("cuda", "cuda"), ("rocm", "hip"), ("hip", "hip"), ("mtl", "metal"), ("metal", "metal"),
+                    ("vulkan", "vulkan"))
+
+
 def backend_from_devices(devices: tuple[str, ...]) -> str:
+    names = [d.split(":", 1)[0].strip().lower() for d in devices]
+    for prefix, backend in _DEVICE_PREFIXES:
+        if any(name.startswith(prefix) for name in names):
+            return backend
     joined = " ".join(devices).lower()
-    for needle, backend in (("cuda", "cuda"), ("rocm", "hip"), ("hip", "hip"), ("metal", "metal"), ("vulkan", "vulkan")):
-        if needle in joined:
+    for needle, backend in _DEVICE_PREFIXES:
+        if needle != "mtl" and needle in joined:
             return backend
     return "cpu"
 

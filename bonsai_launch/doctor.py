@@ -51,14 +51,14 @@ def _toolchain(report: Report, hw) -> Any:
     report.toolchain = tools.to_json()
     add = report.problems.append
     if not tools.cc.found or not tools.cxx.found:
-        add(Problem("error", "no C/C++ compiler found", toolchain.compiler_hint()))
+        add(Problem("error", "no C/C++ compiler found", toolchain.compiler_hint(hw.os)))
     if not tools.cmake.found or not tools.ninja.found:
         add(Problem("error", "the cmake/ninja PyPI packages are missing", "pip install cmake ninja"))
     if not tools.ccache.found:
-        add(Problem("warning", "ccache is not installed: every rebuild compiles from scratch", toolchain.INSTALL_HINTS["ccache"]))
+        add(Problem("warning", "ccache is not installed: every rebuild compiles from scratch", toolchain.hint("ccache", hw.os)))
     if hw.gpus and not tools.nvcc.found:
         add(Problem("warning", f"an NVIDIA GPU ({hw.gpus[0].name}) is present but nvcc is not: builds are CPU-only",
-                    toolchain.INSTALL_HINTS["cuda"]))
+                    toolchain.hint("cuda", hw.os)))
     try:
         choice = toolchain.choose_backend("auto", hw, tools)
         report.backend = {"backend": choice.backend, "reason": choice.reason, "cmake_flags": list(choice.cmake_flags)}
@@ -79,10 +79,21 @@ def _builds(report: Report) -> None:
     except Exception as exc:
         report.problems.append(Problem("error", f"the llama.cpp pin cannot be read: {exc}", "reinstall bonsai-launch"))
         pinned, patches_id = None, None
+    from bonsai_launch.build_choice import kind_of_manifest, runnable_profiles
+
+    try:
+        from bonsai_launch.profiles import load_all
+
+        profiles = list(load_all().values())
+    except Exception:  # reported by _models
+        profiles = []
     for key_dir, m in installed_builds(builds_dir()):
         caps = m.get("capabilities", {})
+        kind = kind_of_manifest(m)
         report.builds.append({
             "key": m.get("key"), "backend": m.get("backend"), "version": m.get("version"),
+            "flavour": kind.flavour, "fork_release": kind.release, "kind": kind.label(),
+            "profiles": runnable_profiles(kind, profiles),
             "build_number": caps.get("build_number"),
             "source": m.get("source", {}).get("spec"),
             "is_pin": bool(pinned) and m.get("source", {}).get("identity") == pinned.sha256,
@@ -92,7 +103,7 @@ def _builds(report: Report) -> None:
             "spec_types": caps.get("spec_types", []), "devices": caps.get("devices", []), "path": str(key_dir),
         })
     wanted = report.backend.get("backend", "cpu")
-    mine = [b for b in report.builds if b["backend"] == wanted]
+    mine = [b for b in report.builds if b["backend"] == wanted and b["flavour"] == "mainline"]
     if not mine:
         report.problems.append(Problem("warning", f"no llama-server is built for {wanted}",
                                        "run `bonsai build` (or let `bonsai start` build it; a cold CPU build takes about 12 minutes on 2 cores)"))
@@ -113,22 +124,27 @@ def _explicit_server(report: Report) -> None:
 
     from bonsai_launch.binaries import probe
 
-    explicit = os.environ.get("BONSAI_LLAMA_SERVER", "").strip()
-    if not explicit:
+    # BONSAI_LLAMA_SERVER names the binary, BONSAI_LLAMA_BIN (the reference's setting) its folder.
+    name = next((n for n in ("BONSAI_LLAMA_SERVER", "BONSAI_LLAMA_BIN") if os.environ.get(n, "").strip()), None)
+    if name is None:
         return
+    explicit = os.environ[name].strip()
     try:
-        from bonsai_launch.binaries import find_server
+        from bonsai_launch.server_choice import explicit_binary
+        from bonsai_launch.settings import resolve
 
-        caps = probe(find_server(explicit))
-        report.llama_server = {"path": explicit, **caps.to_json(), "flags": len(caps.flags),
+        found = explicit_binary(resolve())
+        assert found is not None
+        caps = probe(found[0])
+        report.llama_server = {"path": str(found[0]), "setting": name, **caps.to_json(), "flags": len(caps.flags),
                                "options": len(caps.options.options) if caps.options else 0}
         if "draft-dspark" not in caps.spec_types:
-            report.problems.append(Problem("warning", f"BONSAI_LLAMA_SERVER={explicit} does not know draft-dspark "
+            report.problems.append(Problem("warning", f"{name}={explicit} does not know draft-dspark "
                                                       "(DSpark drafters need it)",
-                                           "unset BONSAI_LLAMA_SERVER to use `bonsai build`'s binary"))
+                                           f"unset {name} to use `bonsai build`'s binary"))
     except Exception as exc:
-        report.llama_server = {"path": explicit, "error": str(exc)}
-        report.problems.append(Problem("error", f"BONSAI_LLAMA_SERVER={explicit} cannot be used: {exc}",
+        report.llama_server = {"path": explicit, "setting": name, "error": str(exc)}
+        report.problems.append(Problem("error", f"{name}={explicit} cannot be used: {exc}",
                                        "point it at a working llama-server or unset it"))
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bonsai_launch import process_control
 from bonsai_launch.errors import BonsaiError
+from bonsai_launch.log_files import open_read_shared, replace_retrying
 from bonsai_launch.paths import run_dir
 from bonsai_launch.server_process import RESEND_AFTER
 
@@ -62,7 +62,7 @@ def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    replace_retrying(tmp, path)  # Windows: a reader may hold the old file for a moment
 
 
 def process_create_time(pid: int) -> float | None:
@@ -120,7 +120,8 @@ def unregister(name: str, pid: int | None = None) -> None:
 
 def load(path: Path) -> Instance | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_read_shared(path) as f:  # never blocks a writer's replace on Windows
+            data = json.loads(f.read().decode("utf-8"))
         data.pop("uptime_s", None)
         data["argv"] = tuple(data.get("argv") or ())
         known = Instance.__dataclass_fields__
@@ -215,10 +216,15 @@ def _supervisor(inst: Instance):
         return None
 
 
-def stop(inst: Instance, timeout: float = 10.0) -> bool:
-    """SIGTERM the server's group, wait (bounded), then SIGKILL. True when it is gone."""
+def stop(inst: Instance, timeout: float = 10.0, control: process_control.ProcessControl | None = None) -> bool:
+    """Ask the server to exit, wait (bounded), then end it. True when it is gone.
+
+    POSIX: SIGTERM to its group, SIGKILL at the end. Windows: TerminateProcess, since a
+    console event may only be sent to a group started in our own console (process_control).
+    """
     import psutil
 
+    control = control or process_control.current()
     if not _matches(inst):
         unregister(inst.name)
         return True
@@ -227,31 +233,20 @@ def stop(inst: Instance, timeout: float = 10.0) -> bool:
         supervisor = _supervisor(inst)
         if supervisor is not None:
             # A foreground `bonsai start` watches this server: ask it to stop, so it exits 0
-            # as for Ctrl+C instead of reporting a server that died.
+            # as for Ctrl+C instead of reporting a server that died. (On Windows this is
+            # TerminateProcess of that bonsai; its Job Object then ends the server.)
             supervisor.terminate()
             if _wait_gone(proc, timeout + 5):
                 unregister(inst.name)
                 return True
             # else fall through and stop the server ourselves
-        if sys.platform == "win32":
-            proc.terminate()
-        else:
-            try:
-                os.killpg(inst.pid, signal.SIGTERM)  # servers run in their own group (pgid == pid)
-            except (ProcessLookupError, PermissionError):
-                proc.terminate()
+        sent = control.request_stop(inst.pid, shares_console=False)
         resend = min(timeout, RESEND_AFTER)
-        if not _wait_gone(proc, resend) and timeout > resend:
+        if sent and not _wait_gone(proc, resend) and timeout > resend:
             # A SIGTERM that lands just as llama-server finishes loading can be lost: resend.
-            proc.terminate()
-        if not _wait_gone(proc, max(0.0, timeout - resend)):
-            if sys.platform != "win32":
-                try:
-                    os.killpg(inst.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    proc.kill()
-            else:
-                proc.kill()
+            control.request_stop(inst.pid, shares_console=False)
+        if not sent or not _wait_gone(proc, max(0.0, timeout - resend)):
+            control.force_stop(inst.pid)
             if not _wait_gone(proc, 5):
                 return False
     except psutil.NoSuchProcess:

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from bonsai_launch.build_choice import BuildKind, choose_file, wanted_flavour, why_no_file
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.paths import profile_models_dir
-from bonsai_launch.profiles import Profile, get_profile, profile_name_for
+from bonsai_launch.profiles import Profile, get_profile, load_all, profile_name_for
 from bonsai_launch.settings import Settings, resolve
 
 
@@ -24,6 +25,16 @@ class Selection:
 
     profile: Profile
     settings: Settings
+
+    @property
+    def flavour(self) -> str:
+        """The llama.cpp flavour to run: BONSAI_LAYOUT, else what the profile's weights need."""
+        return wanted_flavour(self.profile, self.settings.get("layout"))
+
+    @property
+    def names_model(self) -> bool:
+        """The user chose the model (profile, family or size), so its sampling applies to --model too."""
+        return any(self.settings.is_explicit(k) for k in ("profile", "family", "size"))
 
 
 def select(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Selection:
@@ -56,22 +67,61 @@ def local_path(profile: Profile, file_name: str) -> Path:
     return profile_models_dir(profile.name) / file_name
 
 
-def model_files(selection: Selection, model: str | None, drafter: str | None) -> ModelFiles:
-    """The files to launch: explicit paths win, else the profile's files for the layout."""
-    profile, s = selection.profile, selection.settings
-    layout = s["layout"]
+def explicit_model(selection: Selection, model: str | None) -> tuple[str, str] | None:
+    """The user's own weights and where they were named: --model, else BONSAI_GGUF."""
     if model:
-        model_path = Path(model).expanduser()
+        return model, "--model"
+    if selection.settings.get("gguf"):
+        return selection.settings["gguf"], "BONSAI_GGUF"
+    return None
+
+
+def explicit_mmproj(selection: Selection) -> tuple[str, str] | None:
+    """The user's own projector (--mmproj or BONSAI_MMPROJ) and where it was named."""
+    s = selection.settings
+    if not s.get("mmproj"):
+        return None
+    return s["mmproj"], "--mmproj" if s.source("mmproj") == "flag" else "BONSAI_MMPROJ"
+
+
+def _check_known_file(path: Path, origin: str, kind: BuildKind) -> None:
+    """A file the catalog knows by name (a legacy group-128 file, a fork-only file on a mainline
+    build) is refused with the reason, before llama-server fails on it with a bare type error."""
+    from bonsai_launch.build_choice import cannot_load
+
+    for profile in load_all().values():
+        for entry in profile.files:
+            if entry.name == path.name and (why := cannot_load(entry, kind)):
+                raise BonsaiError(f"{origin}={str(path)!r} cannot run on this {kind.label()}: {why}",
+                                  f"use a file this build loads (`bonsai models` lists which build each needs)")
+
+
+def model_files(selection: Selection, model: str | None, drafter: str | None,
+                kind: BuildKind | None = None) -> ModelFiles:
+    """The files to launch: explicit paths win, else the profile's files for the build's kind."""
+    profile, s = selection.profile, selection.settings
+    kind = kind or BuildKind(selection.flavour)
+    layout = kind.flavour
+    named = explicit_model(selection, model)
+    if named:
+        model_path = Path(named[0]).expanduser()
+        if named[1] == "BONSAI_GGUF" and not model_path.is_file():
+            raise BonsaiError(f"BONSAI_GGUF={named[0]!r} is not a file", "point it at a local .gguf file or unset it")
+        _check_known_file(model_path, named[1], kind)
     else:
-        entry = profile.file("model", layout)
+        entry = choose_file(profile, "model", kind)
         if entry is None:
-            raise BonsaiError(f"profile {profile.name} has no {layout} weights file",
-                              "set BONSAI_LAYOUT to another layout or pass --model PATH")
+            raise BonsaiError(why_no_file(profile, "model", kind),
+                              "run it on a build that loads one (`bonsai models` shows which; BONSAI_LAYOUT "
+                              "picks mainline or fork, BONSAI_LLAMA_SERVER/BONSAI_LLAMA_BIN a binary), or pass --model PATH")
         model_path = local_path(profile, entry.name)
 
+    # The profile's own drafter and projector go with its weights, or with the user's weights
+    # when the user named the model (profile, family or size); never with an unrelated --model.
+    profile_applies = not named or selection.names_model
     drafter_path: Path | None = Path(drafter).expanduser() if drafter else None
     unavailable = None
-    if drafter_path is None and profile.has_role("drafter"):
+    if drafter_path is None and profile.has_role("drafter") and profile_applies:
         entry = profile.file("drafter", layout)
         if entry is None:
             others = [f.name for f in profile.files if f.role == "drafter"]
@@ -81,9 +131,18 @@ def model_files(selection: Selection, model: str | None, drafter: str | None) ->
             drafter_path = local_path(profile, entry.name)
 
     mmproj_path = None
-    entry = profile.file("mmproj", layout)
-    if entry is not None and s["vision"]:
-        mmproj_path = local_path(profile, entry.name)
+    named_mmproj = explicit_mmproj(selection)
+    if named_mmproj:
+        mmproj_path = Path(named_mmproj[0]).expanduser()
+        if not mmproj_path.is_file():
+            raise BonsaiError(f"{named_mmproj[1]}={named_mmproj[0]!r} is not a file",
+                              "point it at a local vision projector .gguf file or unset it")
+        if not s["vision"]:
+            raise BonsaiError(f"{named_mmproj[1]} is set but BONSAI_VISION is off", "unset one of them")
+    else:
+        entry = choose_file(profile, "mmproj", kind) if profile_applies else None
+        if entry is not None and s["vision"]:
+            mmproj_path = local_path(profile, entry.name)
     return ModelFiles(model_path, drafter_path, mmproj_path, unavailable)
 
 
@@ -115,9 +174,12 @@ def gather_plan(
     from bonsai_launch.gguf_info import inspect_gguf
     from bonsai_launch.passthrough import inherited_env_warnings, parse as parse_passthrough
     from bonsai_launch.plan import PlanInputs, build_plan
+    from bonsai_launch.server_choice import kind_of_binary
 
     selection = select(flags, env)
-    files = model_files(selection, model, drafter)
+    # One of our builds knows its kind; any other binary is taken to be what the profile needs.
+    kind = (kind_of_binary(binary) if binary is not None else None) or BuildKind(selection.flavour)
+    files = model_files(selection, model, drafter, kind)
     if not files.model.is_file():
         raise BonsaiError(f"model file {files.model} is not present",
                           f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH")
@@ -128,7 +190,7 @@ def gather_plan(
             raise BonsaiError(f"drafter file {files.drafter} is not present",
                               f"run `bonsai pull --profile {selection.profile.name}` or pass --drafter PATH")
         drafter_info = inspect_gguf(files.drafter)
-    mmproj = files.mmproj if files.mmproj is not None and files.mmproj.is_file() else None
+    mmproj_file = files.mmproj if files.mmproj is not None and files.mmproj.is_file() else None
     capabilities = probe(binary) if binary is not None else None
     args = parse_passthrough(passthrough, option_table(capabilities))
     inputs = PlanInputs(
@@ -136,13 +198,40 @@ def gather_plan(
         model=target,
         hardware=hardware.detect(),
         binary=str(binary) if binary is not None else "llama-server",
-        profile=selection.profile if not model or selection.settings.is_explicit("profile") else None,
+        # An explicit family/size/profile keeps its sampling for the user's own weights too.
+        profile=selection.profile if not explicit_model(selection, model) or selection.names_model else None,
         drafter=drafter_info,
-        mmproj=mmproj,
+        mmproj=mmproj_file,
         capabilities=capabilities,
         passthrough=args,
         drafter_unavailable=files.drafter_unavailable,
     )
     plan = build_plan(inputs)
-    inherited = inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
-    return dataclasses.replace(plan, warnings=plan.warnings + tuple(inherited)) if inherited else plan
+    notes = _selection_warnings(selection, model, kind, binary)
+    notes += inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
+    if notes:
+        plan = dataclasses.replace(plan, warnings=plan.warnings + tuple(notes))
+    return plan
+
+
+def _selection_warnings(selection: Selection, model: str | None, kind: BuildKind, binary: Path | None) -> list[str]:
+    """Explicit settings that lost to another, and doubts about the build: said, never silent."""
+    from bonsai_launch.server_choice import kind_of_binary
+
+    s, profile, notes = selection.settings, selection.profile, []
+    if s.is_explicit("profile"):
+        for key, env in (("family", "BONSAI_FAMILY"), ("size", "BONSAI_MODEL")):
+            wanted = profile.family if key == "family" else profile.size
+            if s.is_explicit(key) and str(s[key]).lower() != wanted.lower():
+                notes.append(f"{env}={s[key]} is ignored: profile {profile.name} ({profile.family} {profile.size}) "
+                             "was chosen by --profile/BONSAI_PROFILE")
+    if model and s.get("gguf") and Path(model).expanduser() != Path(s["gguf"]).expanduser():
+        notes.append(f"BONSAI_GGUF={s['gguf']} is ignored: --model {model} wins")
+    if explicit_model(selection, model) and selection.names_model and choose_file(profile, "model", kind) is None:
+        # The user's own weights, for a model none of whose files this build loads (Bonsai 2 on mainline).
+        notes.append(f"none of profile {profile.name}'s weights load on a {kind.label()} ({binary or 'not built yet'}); "
+                     "your file may not load either")
+    if binary is not None and kind_of_binary(binary) is None and kind.flavour == "fork" and not s.is_explicit("layout"):
+        notes.append(f"{binary} was not built by bonsai: taken to be a PrismML fork build, which profile "
+                     f"{profile.name} needs (set BONSAI_LAYOUT=fork to say so and silence this)")
+    return notes

@@ -1,18 +1,40 @@
-"""Where bonsai keeps its caches. Everything lives under BONSAI_HOME (default ~/.cache/bonsai)."""
+"""Where bonsai keeps its caches, and what its binaries are called on this system.
+
+Everything lives under BONSAI_HOME. Its default: Linux and macOS $XDG_CACHE_HOME/bonsai or
+~/.cache/bonsai (where huggingface_hub keeps its cache too); Windows %LOCALAPPDATA%\bonsai,
+found by platformdirs (which asks Windows for the folder when the variable is missing).
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+
+def default_home(platform: str | None = None) -> Path:
+    """BONSAI_HOME when the variable is not set. `platform` (a sys.platform value) is for tests."""
+    if (platform or sys.platform) == "win32":
+        from platformdirs.windows import Windows
+
+        # user_data_dir without an author and not roaming: %LOCALAPPDATA%\bonsai. Local, not
+        # roaming: builds and models are large and belong to this machine.
+        return Path(Windows(appname="bonsai", appauthor=False, roaming=False).user_data_dir)
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "bonsai"
 
 
 def bonsai_home() -> Path:
     value = os.environ.get("BONSAI_HOME", "").strip()
     if value:
         return Path(value).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "bonsai"
+    return default_home()
+
+
+def exe_name(stem: str, platform: str | None = None) -> str:
+    """The file name of a program: `llama-server` here, `llama-server.exe` on Windows."""
+    return stem + ".exe" if (platform or sys.platform) == "win32" and not stem.lower().endswith(".exe") else stem
 
 
 def sources_dir() -> Path:

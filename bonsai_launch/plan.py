@@ -36,7 +36,8 @@ DEFAULT_UBATCH, DEFAULT_BATCH = 512, 2048  # llama-server's defaults for -ub and
 PLAN_FLAG_SETTINGS = {"--cache-type-k": "BONSAI_KV4", "--cache-type-v": "BONSAI_KV4",
                       "--spec-draft-type-k": "BONSAI_KV4", "--spec-draft-type-v": "BONSAI_KV4",
                       "--mmproj": "BONSAI_VISION (the profile's projector)", "--mmproj-offload": "BONSAI_MMPROJ_CPU",
-                      "--image-max-tokens": "BONSAI_IMAGE_MAX_TOKENS"}
+                      "--image-max-tokens": "BONSAI_IMAGE_MAX_TOKENS",
+                      "--chat-template-kwargs": "BONSAI_REASONING_EFFORT"}
 
 
 @dataclass(frozen=True)
@@ -321,6 +322,12 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         b.add("--verbose", None, "BONSAI_LLAMA_VERBOSE=1")
     b.add("--metrics", None, "expose /metrics so `bonsai verify` and `bonsai bench` can read speculative counters")
 
+    if s.get("reasoning_effort"):
+        from bonsai_launch.profiles import reasoning_effort_kwargs
+
+        b.add("--chat-template-kwargs", reasoning_effort_kwargs(profile, s["reasoning_effort"]),
+              f"BONSAI_REASONING_EFFORT ({s.source('reasoning_effort')}), through the chat template")
+
     rest = passthrough.rest()
     table = passthrough.table
     planned = {table.canonical(r.flag): r for r in b.reasons if r.flag.startswith("-")} if table else {}
@@ -416,6 +423,8 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
         if s.get("spec_nmax") is not None and s["spec_nmax"] != block:
             raise BonsaiError(f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} "
                               f"({drafter.path.name})", "unset BONSAI_SPEC_NMAX: n-max always equals the block size")
+        if inputs.profile and inputs.profile.drafter_warning:
+            b.warnings.append(inputs.profile.drafter_warning)
         b.add("-md", drafter.path, "speculation: the drafter")
         b.add("--spec-type", needed, f"the drafter is a {drafter.drafter.kind} model")
         b.add("--spec-draft-n-max", block, f"the drafter's block size, read from {drafter.path.name}")
@@ -445,7 +454,7 @@ def _vision(inputs: PlanInputs, backend: str, b: _Builder) -> Path | None:
             if s.is_explicit(key):
                 b.warnings.append(f"{env} is set but no vision projector is loaded; it has no effect")
         return None
-    b.add("--mmproj", inputs.mmproj, "vision projector of the profile")
+    b.add("--mmproj", inputs.mmproj, f"vision projector ({s.source('mmproj')})" if s.get("mmproj") else "vision projector of the profile")
     if s["mmproj_cpu"]:
         b.add("--no-mmproj-offload", None, "BONSAI_MMPROJ_CPU=1")
     if s.get("image_max_tokens") is not None:
@@ -458,11 +467,8 @@ def _vision(inputs: PlanInputs, backend: str, b: _Builder) -> Path | None:
 def render_command(argv: tuple[str, ...] | list[str], shell: str = "posix", env: dict[str, str] | None = None) -> str:
     """The command line to paste into a shell: POSIX sh or PowerShell."""
     if shell == "powershell":
-        def quote(arg: str) -> str:
-            if arg and all(c.isalnum() or c in "-_./:=\\+," for c in arg):
-                return arg
-            return "'" + arg.replace("'", "''") + "'"
-        prefix = "".join(f"$env:{k} = {quote(v)}; " for k, v in (env or {}).items())
-        return prefix + "& " + " ".join(quote(a) for a in argv)
+        from bonsai_launch import powershell
+
+        return powershell.render(argv, env)
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
     return prefix + shlex.join(argv)

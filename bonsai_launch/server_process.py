@@ -1,27 +1,26 @@
 """One llama-server child process: spawn, wait until it serves, stop it, read its log.
 
-This is the edge where processes live. The child gets its own process group so a signal
-meant for it never hits `bonsai` (and Ctrl+C in the terminal reaches only us, who then
-forward it). On Linux the child is also tied to our life with PR_SET_PDEATHSIG, so even a
-`kill -9` of bonsai leaves no orphaned server behind.
+This is the edge where processes live. How a child is started, stopped and tied to
+bonsai's life differs per operating system; process_control.py holds those differences
+behind one interface (own process group, polite stop, forced stop, no orphan when bonsai
+dies), and this module uses only that interface.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections import deque
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from bonsai_launch import process_control
 from bonsai_launch.errors import ActionFailed
+from bonsai_launch.log_files import open_append_shared, open_read_shared
 
 POLL_INTERVAL = 0.02  # /health is cheap (~1 ms); polling often keeps the launcher's added latency low
-_PR_SET_PDEATHSIG = 1
-RESEND_AFTER = 2.0  # seconds before a lost SIGTERM is sent again
+RESEND_AFTER = 2.0  # seconds before a lost stop request is sent again
 
 
 # What a fatal signal usually means for llama-server, to put next to the log tail.
@@ -32,24 +31,38 @@ _SIGNAL_HINTS = {
     9: "SIGKILL: killed from outside, often by the out-of-memory killer",
     11: "segmentation fault",
 }
+# The same for Windows, where a crash is an NTSTATUS exit code instead of a signal.
+_NTSTATUS_HINTS = {
+    0xC000001D: _SIGNAL_HINTS[4],
+    0xC0000005: "access violation (the Windows segmentation fault)",
+    0xC0000409: "stack buffer overrun or abort(): a GGML_ASSERT may have failed; the log lines below say which",
+    0xC000013A: "ended by a console Ctrl+C/Ctrl+Break",
+    0xC0000017: "out of memory",
+    0xC0000135: "a DLL it needs was not found: for a CUDA build, put the CUDA toolkit's bin folder on PATH",
+}
 
 
-def _die_with_parent() -> None:
-    """preexec_fn (Linux): ask the kernel to SIGTERM the child when bonsai dies."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except Exception:  # best effort: the process group still lets us stop it normally
-        pass
+def exit_hint(code: int) -> str | None:
+    """A short explanation of a fatal exit code (POSIX signal or Windows NTSTATUS)."""
+    if code < 0:
+        return _SIGNAL_HINTS.get(-code)
+    if code >= 0xC0000000:
+        return _NTSTATUS_HINTS.get(code)
+    if code > 128:
+        return _SIGNAL_HINTS.get(code - 128)
+    return None
 
 
 class ServerProcess:
     """A running llama-server. Create it with `spawn`; always end it with `stop`."""
 
-    def __init__(self, popen: subprocess.Popen, base_url: str, log_path: Path, argv: Sequence[str]) -> None:
+    def __init__(self, popen: subprocess.Popen, base_url: str, log_path: Path, argv: Sequence[str],
+                 control: process_control.ProcessControl | None = None,
+                 guard: process_control.Guard | None = None, detached: bool = False) -> None:
         self._popen = popen
+        self.control = control or process_control.current()
+        self._guard = guard
+        self.detached = detached  # started to outlive bonsai (on Windows: without a console)
         self.pid: int = popen.pid
         self.base_url = base_url
         self.log_path = log_path
@@ -58,32 +71,31 @@ class ServerProcess:
 
     @classmethod
     def spawn(cls, argv: Sequence[str], *, env: Mapping[str, str] | None, log_path: Path,
-              base_url: str, die_with_parent: bool = True) -> "ServerProcess":
+              base_url: str, die_with_parent: bool = True,
+              control: process_control.ProcessControl | None = None) -> "ServerProcess":
         """Start `argv` with stdout and stderr appended to `log_path`.
 
-        `env` holds extra variables layered over ours (LLAMA_API_KEY, for instance), so a
-        key never shows on the command line. `die_with_parent=False` is for detached servers,
-        which must outlive the `bonsai start --detach` that spawned them.
+        `argv` is a list handed to the OS as it is: no shell, no quoting. `env` holds extra
+        variables layered over ours (LLAMA_API_KEY, for instance), so a key never shows on
+        the command line. `die_with_parent=False` is for detached servers, which must
+        outlive the `bonsai start --detach` that spawned them.
         """
+        control = control or process_control.current()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = dict(os.environ)
         if env:
             full_env.update(env)
-        kwargs: dict = {}
-        if sys.platform == "win32":
-            kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
-        else:
-            kwargs["start_new_session"] = True
-            if die_with_parent and sys.platform.startswith("linux"):
-                kwargs["preexec_fn"] = _die_with_parent
-        with open(log_path, "ab") as log:
+        with open_append_shared(log_path) as log:
             try:
                 popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=full_env, close_fds=True, **kwargs)
+                                         env=full_env, close_fds=True,
+                                         **control.popen_options(die_with_parent=die_with_parent,
+                                                                 detached=not die_with_parent))
             except OSError as exc:
                 raise ActionFailed(f"cannot run {argv[0]}: {exc}",
                                    "run `bonsai build`, or point BONSAI_LLAMA_SERVER at a working llama-server") from None
-        return cls(popen, base_url, log_path, argv)
+        guard = control.guard(popen, die_with_parent=die_with_parent)
+        return cls(popen, base_url, log_path, argv, control, guard, detached=not die_with_parent)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -102,7 +114,7 @@ class ServerProcess:
 
     def log_tail(self, n: int = 30) -> list[str]:
         try:
-            with open(self.log_path, "rb") as f:
+            with open_read_shared(self.log_path) as f:
                 # Logs can be large (verbose mode): read only the end.
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
@@ -156,11 +168,15 @@ class ServerProcess:
 
     def _exit_message(self, code: int, when: str) -> str:
         tail = self.log_tail(30)
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        if code < 0 or code > 128:
-            hint = _SIGNAL_HINTS.get(-code if code < 0 else code - 128)
-            if hint:
-                how += f" ({hint})"
+        if code < 0:
+            how = f"was killed by signal {-code}"
+        elif code >= 0xC0000000:
+            how = f"exited with code {code:#x}"
+        else:
+            how = f"exited with code {code}"
+        hint = exit_hint(code)
+        if hint:
+            how += f" ({hint})"
         body = "\n".join("  " + line for line in tail) if tail else "  (the log is empty)"
         return f"llama-server {how} {when}; last log lines:\n{body}"
 
@@ -171,38 +187,33 @@ class ServerProcess:
 
     # -- stopping ----------------------------------------------------------------------------
 
-    def send_signal(self, sig: int) -> None:
-        """Signal the whole group (llama-server has no children today, but a wrapper might)."""
+    def request_stop(self) -> bool:
+        """Ask the server (and its group) to exit: SIGTERM, or CTRL_BREAK_EVENT on Windows."""
         if self._popen.poll() is not None:
-            return
-        try:
-            if sys.platform == "win32":
-                self._popen.send_signal(sig)
-            else:
-                os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+            return True
+        return self.control.request_stop(self.pid, shares_console=not self.detached)
+
+    def kill(self) -> None:
+        """End the server now: SIGKILL to its group, or TerminateProcess on Windows."""
+        if self._popen.poll() is None:
+            self.control.force_stop(self.pid, self._popen)
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM to the group, wait up to `timeout`, then SIGKILL. Returns the exit code."""
+        """Ask politely, wait up to `timeout`, then end it. Returns the exit code."""
         if self._popen.poll() is None:
-            term = signal.SIGTERM if sys.platform != "win32" else signal.CTRL_BREAK_EVENT  # type: ignore[attr-defined]
-            self.send_signal(term)
-            code = self.wait(min(timeout, RESEND_AFTER))
-            if code is None and timeout > RESEND_AFTER:
+            sent = self.request_stop()
+            code = self.wait(min(timeout, RESEND_AFTER)) if sent else None
+            if sent and code is None and timeout > RESEND_AFTER:
                 # llama-server (b11434) loses a SIGTERM that arrives between /health turning 200
                 # and its task loop starting; a second one always ends it.
-                self.send_signal(term)
+                self.request_stop()
                 code = self.wait(timeout - RESEND_AFTER)
             if code is None:
-                if sys.platform == "win32":
-                    self._popen.kill()
-                else:
-                    try:
-                        os.killpg(self.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                self.kill()
                 self.wait(5.0)
+        if self._popen.poll() is not None and self._guard is not None:
+            self._guard.release()  # only once the server is gone: a Job Object's close would end it
+            self._guard = None
         return self._popen.poll()
 
 

@@ -49,6 +49,7 @@ class Setting:
     minimum: int | None = None
     maximum: int | None = None
     default_text: str = ""  # how the default reads in docs when it is detected, not fixed
+    refused: tuple[tuple[str, str], ...] = ()  # (value, why): known values that are refused, with the reason
 
     def allowed(self) -> str:
         """What values are accepted, in words, for error messages and the docs."""
@@ -69,17 +70,27 @@ _PULL = ("pull", "start", "run", "models")
 SETTINGS: tuple[Setting, ...] = (
     Setting("BONSAI_PROFILE", "profile", "str", "Profile to use (overrides BONSAI_FAMILY/BONSAI_MODEL), e.g. ternary-27b, bonsai-8b, demo.",
             _START + ("pull", "models", "rm"), default_text="<family>-<size>"),
-    Setting("BONSAI_FAMILY", "family", "choice", "Bonsai model family: ternary (2-bit ternary weights) or bonsai (1-bit).",
-            _START + ("pull",), default="ternary", choices=("ternary", "bonsai")),
-    Setting("BONSAI_MODEL", "size", "choice", "Bonsai model size within the family.",
+    Setting("BONSAI_FAMILY", "family", "choice", "Bonsai model family: ternary (2-bit ternary weights), bonsai (1-bit) or bonsai2 (Bonsai 2, needs a PrismML fork build). With --model/BONSAI_GGUF it still picks the profile's sampling.",
+            _START + ("pull",), default="ternary", choices=("ternary", "bonsai", "bonsai2")),
+    Setting("BONSAI_MODEL", "size", "choice", "Bonsai model size within the family (bonsai2 comes only in 27B).",
             _START + ("pull",), default="27B", choices=("27B", "8B", "4B", "1.7B")),
-    Setting("BONSAI_LAYOUT", "layout", "choice", "Which weight files to use: mainline (loads in upstream llama.cpp) or fork (PrismML fork layout).",
-            _START + _PULL, default="mainline", choices=("mainline", "fork")),
+    Setting("BONSAI_LAYOUT", "layout", "choice", "Which llama.cpp build to run, and so which weight files: mainline (upstream, the pinned build) or fork (PrismML's fork, `bonsai build --source prismml`).",
+            _START + _PULL, choices=("mainline", "fork"),
+            default_text="auto: mainline, or fork when the profile's weights need it"),
+    Setting("BONSAI_LLAMA_BIN", "llama_bin", "path", "A folder holding llama-server (as the reference launcher's BONSAI_LLAMA_BIN); set it or BONSAI_LLAMA_SERVER, not both.",
+            ("start", "run", "bench", "doctor", "config"), default_text="none"),
+    Setting("BONSAI_GGUF", "gguf", "path", "Run this local GGUF, like --model (the flag wins); BONSAI_FAMILY/BONSAI_MODEL/BONSAI_PROFILE still choose the sampling.",
+            _START, default_text="the profile's weights"),
+    Setting("BONSAI_MMPROJ", "mmproj", "path", "Use this local vision projector GGUF, like --mmproj (the flag wins).",
+            _START, default_text="the profile's projector"),
+    Setting("BONSAI_REASONING_EFFORT", "reasoning_effort", "choice", "Reasoning effort passed through the chat template (--chat-template-kwargs) for profiles that take one (bonsai2-27b); medium is fastest, unset keeps the template's default (xhigh).",
+            _START, choices=("medium", "high", "xhigh"), default_text="the template's (xhigh)",
+            refused=(("low", "Bonsai 2 does not support low reasoning effort; medium is the fastest supported"),)),
     Setting("BONSAI_TOKEN", "token", "secret", "Hugging Face read token for private repos (else .bonsai_token, then HF_TOKEN/login).",
             _PULL),
     Setting("BONSAI_HOST", "host", "str", "Address llama-server binds; anything but loopback needs BONSAI_ALLOW_REMOTE=1.",
             _START, default="127.0.0.1"),
-    Setting("BONSAI_PORT", "port", "int", "Port llama-server listens on.",
+    Setting("BONSAI_PORT", "port", "int", "Port llama-server listens on. PORT (the reference launcher's name) is read when BONSAI_PORT is unset.",
             _START, default=8080, minimum=1, maximum=65535),
     Setting("BONSAI_CTX", "ctx", "int", "Context size in tokens; 0 or unset sizes it from RAM and free GPU memory (never -c 0).",
             _START, default=0, minimum=0, maximum=1_048_576, default_text="0 (auto)"),
@@ -106,12 +117,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BONSAI_API_KEY", "api_key", "secret", "API key llama-server requires from clients, on loopback too (several: comma-separated; bonsai's clients send the first); generated and printed once when a remote host is allowed and none is set.",
             _START + ("verify", "chat")),
     Setting("BONSAI_HOME", "home", "path", "Root of bonsai's caches: sources, builds, models, logs.",
-            ("build", "pull", "start", "run", "doctor", "models", "config"), default_text="~/.cache/bonsai"),
+            ("build", "pull", "start", "run", "doctor", "models", "config"),
+            default_text="~/.cache/bonsai (%LOCALAPPDATA%\\bonsai on Windows)"),
     Setting("BONSAI_MODELS_DIR", "models_dir", "path", "Where models are stored (default BONSAI_HOME/models).",
             _PULL + ("rm",), default_text="$BONSAI_HOME/models"),
     Setting("BONSAI_PROFILES_DIR", "profiles_dir", "path", "An extra folder of profile YAML files; its profiles override built-in ones of the same name.",
             _START + ("pull", "models"), default_text="none"),
-    Setting("BONSAI_LLAMA_SERVER", "llama_server", "path", "Use this existing llama-server binary instead of one built by `bonsai build`.",
+    Setting("BONSAI_LLAMA_SERVER", "llama_server", "path", "Use this existing llama-server binary (on Windows .exe may be left out) instead of one built by `bonsai build`.",
             ("start", "run", "bench", "doctor", "config"), default_text="the build for the detected backend"),
 )
 
@@ -129,6 +141,10 @@ def parse_value(setting: Setting, raw: Any, origin: str) -> Any:
 
     def refuse(problem: str) -> BonsaiError:
         return BonsaiError(f"{origin}={raw!r} {problem}; allowed: {setting.allowed()}")
+
+    for value, why in setting.refused:
+        if text.lower() == value:
+            raise refuse(f"is refused ({why})")
 
     if setting.kind == "bool":
         if isinstance(raw, bool):
@@ -198,6 +214,9 @@ def read_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         if raw is None or raw.strip() == "":
             continue
         parsed[setting.key] = parse_value(setting, raw, setting.env)
+    # The reference launcher reads PORT; BONSAI_PORT wins when both are set.
+    if "port" not in parsed and (env.get("PORT") or "").strip():
+        parsed["port"] = parse_value(BY_KEY["port"], env["PORT"], "PORT")
     return parsed
 
 

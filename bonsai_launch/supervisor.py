@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from bonsai_launch import client, instances
+from bonsai_launch import client, instances, process_control
 from bonsai_launch.errors import ActionFailed, BonsaiError
+from bonsai_launch.log_files import open_read_shared
 from bonsai_launch.paths import logs_dir
 from bonsai_launch.plan import LaunchPlan, SpecPlan
 from bonsai_launch.server_process import ServerProcess
@@ -38,7 +39,7 @@ PROOF_PROMPT = ("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 2) + "
 PROOF_TOKENS = 16
 STOP_TIMEOUT = 10.0
 _LOG_PREFIX = re.compile(r"^\s*[\d.]+\s+[A-Z]\s+(?:\S+\s+)?(?:[\w:~<>]+:\s+)?")
-_HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+_HANDLED_SIGNALS = process_control.current().stop_signals()  # SIGINT/SIGTERM/SIGHUP; SIGINT/SIGBREAK on Windows
 
 
 # -- before spawning ---------------------------------------------------------------------------
@@ -177,7 +178,7 @@ class SignalForwarder:
             self.received = signum
             raise StopRequested(signum)
         if self.server is not None:
-            self.server.send_signal(getattr(signal, "SIGKILL", signal.SIGTERM))
+            self.server.kill()
 
     def __enter__(self) -> "SignalForwarder":
         if threading.current_thread() is threading.main_thread():
@@ -295,7 +296,7 @@ def follow(path: Path, *, offset: int = 0, alive: Callable[[], bool] | None = No
            poll: float = 0.2) -> Iterator[str]:
     """Yield lines of a growing log file from byte `offset` (like `tail -f`) until `alive()`
     turns false; then the rest of the file is yielded."""
-    with open(path, "rb") as f:
+    with open_read_shared(path) as f:  # Windows: the next start may still rotate the log
         f.seek(offset)
         buffer = b""
         while True:

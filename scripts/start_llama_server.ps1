@@ -23,15 +23,17 @@ function Find-Bonsai {
     foreach ($py in @("py", "python3", "python")) {
         $found = Get-Command $py -CommandType Application -ErrorAction SilentlyContinue | Select-Object -First 1
         if ($found) {
-            & $found.Source -c "import bonsai_launch" 2>$null
+            & $found.Source -c "import bonsai_launch" 2>$null | Out-Null  # the answer is the exit code, not output
             if ($LASTEXITCODE -eq 0) { return @($found.Source, "-m", "bonsai_launch") }
         }
     }
     return $null
 }
 
-$bonsai = Find-Bonsai
-if (-not $bonsai) {
+# @(...): PowerShell unrolls a returned array, so a one-element answer (bonsai.exe on PATH)
+# would arrive as a plain string, and $bonsai[0] would be its first letter.
+$bonsai = @(Find-Bonsai | Where-Object { $_ })
+if ($bonsai.Count -eq 0) {
     [Console]::Error.WriteLine("error: bonsai is not installed (no 'bonsai' command on PATH, no python with bonsai_launch)")
     [Console]::Error.WriteLine("  install it:            pip install 'bonsai-launch[demo]'")
     [Console]::Error.WriteLine("  or from this checkout: pip install '.[demo]'")

@@ -31,11 +31,22 @@ def _find_real_server() -> Path | None:
 REAL_SERVER = _find_real_server()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test that uses the real llama-server is a `server` test even where the marker was
+    forgotten, so the fast lane (`pytest -m "not server and not slow"`, run on macOS and
+    Windows in CI) never needs a build. tryfirst: before -m deselects anything."""
+    for item in items:
+        if "llama_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("server") is None:
+            item.add_marker(pytest.mark.server)
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory, monkeypatch):
     """A fresh BONSAI_HOME per test and no BONSAI_* variables from the outside."""
     for key in _BONSAI_VARS:
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("PORT", raising=False)  # read as BONSAI_PORT's fallback
     home = tmp_path_factory.mktemp("bonsai_home")
     monkeypatch.setenv("BONSAI_HOME", str(home))
     return home

@@ -347,7 +347,8 @@ def tiny_files(folder: Path) -> dict[str, bytes]:
     read = lambda p: Path(p).read_bytes()  # noqa: E731
     return {
         "Ternary-Bonsai-27B-Q2_g64.gguf": read(target),
-        "Ternary-Bonsai-27B-Q2_0.gguf": read(fork_target),
+        "Ternary-Bonsai-27B-PQ2_0.gguf": read(fork_target),
+        "Ternary-Bonsai-27B-Q2_0.gguf": read(fork_target) + b"\0" * 32,  # legacy group-128: never fetched
         "Ternary-Bonsai-27B-dspark-Q4_1.gguf": read(drafter),
         "Ternary-Bonsai-27B-mmproj-BF16.gguf": read(mmproj),
         "Ternary-Bonsai-27B-mmproj-Q8_0.gguf": read(mmproj) + b"\0" * 64,

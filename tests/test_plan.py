@@ -246,4 +246,4 @@ def test_vision_projector_and_cap_on_cpu():
 def test_render_posix_and_powershell():
     argv = ("/bin/llama-server", "--chat-template-kwargs", '{"enable_thinking": false}', "it's")
     assert render_command(argv) == "/bin/llama-server --chat-template-kwargs '{\"enable_thinking\": false}' 'it'\"'\"'s'"
-    assert render_command(argv, "powershell") == "& /bin/llama-server --chat-template-kwargs '{\"enable_thinking\": false}' 'it''s'"
+    assert render_command(argv, "powershell") == "& '/bin/llama-server' --chat-template-kwargs '{\"enable_thinking\": false}' 'it''s'"

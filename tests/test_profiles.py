@@ -29,7 +29,7 @@ def test_27b_profiles_have_drafter_and_projector():
 def test_ternary_has_mainline_and_fork_layouts():
     p = get_profile("ternary-8b")
     assert p.file("model", "mainline").name == "Ternary-Bonsai-8B-Q2_0_g64.gguf"
-    assert p.file("model", "fork").name == "Ternary-Bonsai-8B-Q2_0.gguf"
+    assert p.file("model", "fork").name == "Ternary-Bonsai-8B-PQ2_0.gguf"
     assert get_profile("ternary-27b").file("model", "mainline").name == "Ternary-Bonsai-27B-Q2_g64.gguf"
 
 

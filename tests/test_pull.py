@@ -20,7 +20,7 @@ from bonsai_launch.pull import ensure_profile_files, pull_profile, wanted_files
 from fake_hub import BONSAI_8B, GOOD_TOKEN, TERNARY_27B, hub, tiny_repo_files  # noqa: F401  (fixtures)
 from cli_runner import run_cli as bonsai
 
-FORK_FILES = ["Ternary-Bonsai-27B-Q2_0.gguf", "Ternary-Bonsai-27B-dspark-Q4_1.gguf", "Ternary-Bonsai-27B-mmproj-BF16.gguf"]
+FORK_FILES = ["Ternary-Bonsai-27B-PQ2_0.gguf", "Ternary-Bonsai-27B-dspark-Q4_1.gguf", "Ternary-Bonsai-27B-mmproj-BF16.gguf"]
 MAINLINE_MODEL = "Ternary-Bonsai-27B-Q2_g64.gguf"
 MMPROJ = "Ternary-Bonsai-27B-mmproj-BF16.gguf"
 
@@ -54,7 +54,7 @@ def test_mainline_pull_skips_the_fork_only_drafter_and_says_so(hub):
     assert [f.name for f in result.files] == [MAINLINE_MODEL, MMPROJ]
     assert any("no drafter for the mainline layout" in n for n in result.notes)
     files, _ = wanted_files(get_profile("ternary-27b"), "fork", want_drafter=False, want_vision=False)
-    assert [f.name for f in files] == ["Ternary-Bonsai-27B-Q2_0.gguf"]
+    assert [f.name for f in files] == ["Ternary-Bonsai-27B-PQ2_0.gguf"]
 
 
 def test_cut_off_download_resumes_with_a_range_request(hub):
@@ -273,7 +273,7 @@ def test_drafter_that_does_not_fit_its_target_names_the_file_to_replace(hub, tmp
     hub.repos[TERNARY_27B].files["Ternary-Bonsai-27B-dspark-Q4_1.gguf"].content = wrong.read_bytes()
     with pytest.raises(ActionFailed) as err:
         ternary("fork")
-    assert "the drafter Ternary-Bonsai-27B-dspark-Q4_1.gguf does not fit the target Ternary-Bonsai-27B-Q2_0.gguf" in err.value.message
+    assert "the drafter Ternary-Bonsai-27B-dspark-Q4_1.gguf does not fit the target Ternary-Bonsai-27B-PQ2_0.gguf" in err.value.message
     assert "embedding size 32" in err.value.message
     assert err.value.fix.startswith(f"replace {model_store.folder('ternary-27b') / 'Ternary-Bonsai-27B-dspark-Q4_1.gguf'}")
 

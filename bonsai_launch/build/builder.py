@@ -23,9 +23,9 @@ from bonsai_launch.build.patches import load_series, series_hash
 from bonsai_launch.build.pin import load_pin
 from bonsai_launch.build.source import SourceTree, parse_source, prepare
 from bonsai_launch.errors import BonsaiError
-from bonsai_launch.paths import bonsai_home, builds_dir
+from bonsai_launch.paths import bonsai_home, builds_dir, exe_name
 
-EXE = ".exe" if os.name == "nt" else ""
+EXE = exe_name("")  # ".exe" on Windows
 COLD_CPU_NOTE = "a cold CPU build takes about 12 minutes on 2 cores (seconds with a warm ccache)"
 COLD_GPU_NOTE = "a cold GPU build takes longer than a CPU one (tens of minutes on a few cores)"
 
@@ -58,6 +58,7 @@ class BuildPlan:
     cmake: Path
     ninja: Path
     key_dir: Path
+    vcvars: str | None = None  # Windows without a developer prompt: build inside this .bat's environment
 
     @property
     def work_dir(self) -> Path:
@@ -90,9 +91,10 @@ def default_jobs(backend: str) -> int:
     return max(1, min(cpus, available // per_job))
 
 
-def _key(material: dict[str, Any], backend: str) -> str:
+def _key(material: dict[str, Any], backend: str, name: str = "") -> str:
+    """`cpu-42dcf22328ae`; a named source's builds read as theirs: `cpu-prismml-0a1b2c3d4e5f`."""
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{backend}-{digest}"
+    return f"{backend}-{name}-{digest}" if name else f"{backend}-{digest}"
 
 
 def _hardware(requested: str, tools: toolchain.Toolchain):
@@ -117,8 +119,11 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     spec = parse_source(request.source, pin)
     tools = toolchain.detect(versions=False)
     if not tools.cc.found or not tools.cxx.found:
-        raise BonsaiError("no C/C++ compiler was found (looked for $CC/$CXX, cc, c++, gcc, g++, clang)",
-                          toolchain.compiler_hint())
+        import platform
+
+        looked = {"Windows": "$CC/$CXX, cl, clang-cl, gcc, clang, Visual Studio via vswhere",
+                  "Darwin": "$CC/$CXX, the Xcode command line tools"}.get(platform.system(), "$CC/$CXX, cc, c++, gcc, g++, clang")
+        raise BonsaiError(f"no C/C++ compiler was found (looked for {looked})", toolchain.compiler_hint())
     cmake, ninja = toolchain.cmake_exe(), toolchain.ninja_exe()
     if cmake is None or ninja is None:
         raise BonsaiError("the cmake and ninja PyPI packages are not installed in bonsai's environment",
@@ -137,9 +142,10 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     patches_id = series_hash(series)
     material = {"source": source.identity, "patches": patches_id, "backend": choice.backend,
                 "flags": cmake_build.key_flags(flags), "compiler": compiler, "targets": list(request.targets)}
-    key = _key(material, choice.backend)
+    key = _key(material, choice.backend, spec.name)
     return BuildPlan(key, choice.backend, choice.reason, source, patches_id, tuple(flags), tuple(request.targets),
-                     request.jobs or default_jobs(choice.backend), compiler, cmake, ninja, builds_dir() / key)
+                     request.jobs or default_jobs(choice.backend), compiler, cmake, ninja, builds_dir() / key,
+                     tools.vcvars.path)
 
 
 def current_install(plan: BuildPlan) -> dict[str, Any] | None:
@@ -154,10 +160,13 @@ def current_install(plan: BuildPlan) -> dict[str, Any] | None:
     return data
 
 
-def build_env() -> dict[str, str]:
+def build_env(vcvars: str | None = None) -> dict[str, str]:
     """cmake and ninja from the PyPI packages first on PATH; ccache paths relative to BONSAI_HOME
-    so the cache is shared between build folders (and with an earlier build of the same tree)."""
+    so the cache is shared between build folders (and with an earlier build of the same tree).
+    On Windows without a developer prompt, `vcvars` (vcvars64.bat) supplies MSVC's environment."""
     env = dict(os.environ)
+    if vcvars:
+        env.update(toolchain.msvc_environment(vcvars))
     dirs = [str(p.parent) for p in (toolchain.cmake_exe(), toolchain.ninja_exe()) if p is not None]
     env["PATH"] = os.pathsep.join(dict.fromkeys(dirs + env.get("PATH", "").split(os.pathsep)))
     env.setdefault("CCACHE_BASEDIR", str(bonsai_home().resolve()))
@@ -186,7 +195,7 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
             if existing is not None:  # another bonsai built it while we waited for the lock
                 return BuildResult(existing, Path(existing["binaries"]["llama-server"]), True, plan.key_dir)
         _announce(plan, console)
-        env = build_env()
+        env = build_env(plan.vcvars)
         src, work = plan.source.path.resolve(), plan.work_dir.resolve()
         timings: dict[str, float] = {}
         with open(plan.log_path, "w") as log:
@@ -251,42 +260,71 @@ def detected_backend() -> str:
         return "cpu"
 
 
-def find_installed(backend: str = "auto") -> Path | None:
-    """The installed llama-server for `backend` (auto: the detected one), or None.
+def fork_sources() -> list:
+    """The pin's named sources that are PrismML's fork (GitPin), pinned by tag and commit."""
+    return [a for a in load_pin().alternatives.values() if a.flavour == "fork"]
 
-    Prefers a build of the current pin with the current patch series, then any build of the
-    pin, then the newest build of that backend.
+
+def _builds_of(backend: str, flavour: str) -> list[dict[str, Any]]:
+    """Installed builds for a backend whose llama.cpp is of `flavour` (mainline or fork), newest first."""
+    from bonsai_launch.build_choice import kind_of_manifest
+
+    return [m for _d, m in installed_builds(builds_dir())
+            if m.get("backend") == backend and kind_of_manifest(m).flavour == flavour]
+
+
+def find_installed(backend: str = "auto", flavour: str = "mainline") -> Path | None:
+    """The installed llama-server for `backend` (auto: the detected one) and llama.cpp flavour, or None.
+
+    Mainline: prefers a build of the current pin with the current patch series, then any build
+    of the pin, then the newest build of that backend. Fork: the pinned fork release first.
     """
     backend = detected_backend() if backend == "auto" else backend
-    candidates = [m for _d, m in installed_builds(builds_dir()) if m.get("backend") == backend]
+    candidates = _builds_of(backend, flavour)
     if not candidates:
         return None
     try:
-        pinned, patches_id = load_pin().default.sha256, series_hash(load_series())
+        pin = load_pin()
+        pinned, patches_id = pin.default.sha256, series_hash(load_series())
+        fork_commits = {a.commit for a in pin.alternatives.values() if a.flavour == "fork" and a.commit}
     except BonsaiError:
-        pinned, patches_id = None, None
+        pinned, patches_id, fork_commits = None, None, set()
 
     def rank(m: dict[str, Any]) -> int:
-        of_pin = m.get("source", {}).get("identity") == pinned
+        identity = m.get("source", {}).get("identity")
+        if flavour == "fork":
+            return 1 if identity in fork_commits else 0
+        of_pin = identity == pinned
         return 2 if of_pin and m.get("patches_hash") == patches_id else 1 if of_pin else 0
 
     best = max(candidates, key=rank)  # max keeps the first (newest) of equal rank
     return Path(best["binaries"]["llama-server"])
 
 
-def ensure_server(backend: str = "auto", *, console=None) -> Path:
+def ensure_server(backend: str = "auto", *, console=None, flavour: str = "mainline") -> Path:
     """The llama-server to launch for `backend`, building it first when none fits.
 
     An up-to-date build of the pin wins. Without one, a build the user made on purpose from
     another source (a git ref, a folder) for this backend is used as it is. Otherwise the pin
-    is built now, which is announced with how long it takes.
+    is built now, which is announced with how long it takes. A fork build (`flavour="fork"`)
+    is any installed fork build, else the pinned fork release (`--source prismml`), built now.
     """
     if console is None:
         from bonsai_launch.cli._output import console as make_console
 
         console = make_console(stderr=True)
     wanted = detected_backend() if backend == "auto" else backend
-    mine = [data for _key_dir, data in installed_builds(builds_dir()) if data.get("backend") == wanted]
+    if flavour == "fork":
+        found = find_installed(wanted, "fork")
+        if found is not None:
+            return found
+        forks = fork_sources()
+        if not forks:
+            raise BonsaiError("vendor/llama.cpp/pin.toml names no PrismML fork source", "reinstall bonsai-launch")
+        console.print(f"no PrismML fork llama-server is built for {wanted} yet: building {forks[0].ref} now "
+                      f"(--source {forks[0].name})")
+        return build(BuildRequest(backend=wanted, source=forks[0].name), console=console).server
+    mine = _builds_of(wanted, "mainline")
     pinned = [data for data in mine if data.get("source", {}).get("kind") == "pin"]
     if not pinned and mine:
         return Path(mine[0]["binaries"]["llama-server"])

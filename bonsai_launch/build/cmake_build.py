@@ -2,14 +2,15 @@
 
 The compiler runs in its own process group so that Ctrl+C (which reaches only bonsai) stops
 every compiler it started, not just ninja; the build folder is left as ninja left it, so the
-next run continues incrementally. Nothing here installs anything.
+next run continues incrementally. How a group is started and stopped on each system lives in
+process_control.py (Windows: a console Ctrl+Break to the group, then a Job Object ends what
+is left). Nothing here installs anything.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import time
 from collections import deque
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
+from bonsai_launch import process_control
 from bonsai_launch.errors import ActionFailed
 
 TARGETS = ("llama-server", "llama-speculative-simple", "llama-bench")
@@ -72,23 +74,24 @@ def parse_step(line: str) -> tuple[int, int, str] | None:
     return (int(m.group(1)), int(m.group(2)), m.group(3)) if m else None
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGINT, then SIGTERM, then SIGKILL to the whole process group (ninja and compilers)."""
-    for sig, wait in ((signal.SIGINT, 3.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
+def _stop_group(proc: subprocess.Popen, control: process_control.ProcessControl) -> None:
+    """Interrupt (what Ctrl+C sends), ask to stop, then end the whole group (ninja and compilers)."""
+    for send, wait in ((control.interrupt, 3.0), (control.request_stop, 3.0)):
+        if not send(proc.pid):
+            continue
         try:
             proc.wait(timeout=wait)
             break
         except subprocess.TimeoutExpired:
             continue
+    else:
+        control.force_stop(proc.pid, proc)
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
     # Compilers in the group may outlive ninja by a moment; make sure none is left.
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    control.end_leftovers(proc.pid)
 
 
 def _pty_lines(master: int):
@@ -112,7 +115,8 @@ def _pty_lines(master: int):
         os.close(master)
 
 
-def _spawn(argv: list[str], cwd: Path | None, env: dict[str, str], line_buffered: bool):
+def _spawn(argv: list[str], cwd: Path | None, env: dict[str, str], line_buffered: bool,
+           control: process_control.ProcessControl):
     """Start argv in its own process group; returns (process, iterator of output lines).
 
     ninja writes its `[n/N]` lines through stdio, which a pipe fully buffers: the progress
@@ -120,13 +124,14 @@ def _spawn(argv: list[str], cwd: Path | None, env: dict[str, str], line_buffered
     still prints plain lines) makes it line-buffered. Compilers are unaffected: ninja always
     captures their output through its own pipes.
     """
+    group = control.popen_options(die_with_parent=True)
     if line_buffered and os.name == "posix":
         import pty
 
         master, slave = pty.openpty()
         try:
             proc = subprocess.Popen(argv, cwd=cwd, env={**env, "TERM": "dumb"}, stdout=slave, stderr=slave,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, **group)
         except BaseException:
             os.close(master)
             raise
@@ -134,8 +139,7 @@ def _spawn(argv: list[str], cwd: Path | None, env: dict[str, str], line_buffered
             os.close(slave)
         return proc, _pty_lines(master)
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
-                            start_new_session=True)
+                            stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1, **group)
     assert proc.stdout is not None
     return proc, proc.stdout
 
@@ -145,7 +149,9 @@ def run_logged(argv: list[str], *, cwd: Path | None, env: dict[str, str], log: T
     """Run argv in its own process group, copy every output line to `log`, return the exit code."""
     log.write("$ " + " ".join(argv) + "\n")
     log.flush()
-    proc, lines = _spawn(argv, cwd, env, line_buffered)
+    control = process_control.current()
+    proc, lines = _spawn(argv, cwd, env, line_buffered, control)
+    guard = control.guard(proc, die_with_parent=True)
     try:
         for line in lines:
             log.write(line)
@@ -153,11 +159,12 @@ def run_logged(argv: list[str], *, cwd: Path | None, env: dict[str, str], log: T
                 on_line(line.rstrip("\n"))
         return proc.wait()
     except BaseException:  # Ctrl+C or anything else: leave no compiler running
-        _stop_group(proc)
+        _stop_group(proc, control)
         log.write("\n[interrupted: bonsai stopped the build's process group]\n")
         log.flush()
         raise
     finally:
+        guard.release()
         if proc.stdout is not None:
             proc.stdout.close()
         close = getattr(lines, "close", None)

@@ -53,9 +53,14 @@ def install_binaries(work_bin: Path, key_dir: Path, targets: tuple[str, ...]) ->
         for t in targets:
             shutil.copy2(work_bin / t, new / t)
         final = key_dir / "bin"
-        if final.exists():
-            os.replace(final, old)
-        os.replace(new, final)
+        try:
+            if final.exists():
+                os.replace(final, old)
+            os.replace(new, final)
+        except PermissionError as exc:
+            # Windows: a folder whose llama-server.exe is running cannot be renamed.
+            raise ActionFailed(f"cannot replace {final} ({exc.strerror or exc}): a llama-server from it is probably running",
+                               "stop it (`bonsai ps`, `bonsai stop`) and build again") from None
     finally:
         shutil.rmtree(new, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)

@@ -33,10 +33,16 @@ class SdistPin:
 
 @dataclass(frozen=True)
 class GitPin:
+    """A named git source. A pinned one names a release tag and the commit the tag must
+    resolve to (checked after the clone), never a branch that moves under the user."""
+
     name: str
     url: str
-    ref: str
+    ref: str  # the tag (or, for an unpinned source, any ref)
     note: str = ""
+    commit: str = ""  # 40 hex digits the ref must resolve to; "" for an unpinned source
+    flavour: str = "mainline"  # "fork" for PrismML's fork: decides which weight files it loads
+    release: int | None = None  # the fork's release number (prism-b10743-... -> 10743)
 
 
 @dataclass(frozen=True)
@@ -70,5 +76,29 @@ def load_pin(path: Path | None = None) -> PinFile:
     alternatives = {}
     for name, entry in (data.get("sources") or {}).items():
         if entry.get("kind") == "git":
-            alternatives[name] = GitPin(name, entry["url"], entry.get("ref", "HEAD"), entry.get("note", ""))
+            alternatives[name] = _git_pin(name, entry, path)
     return PinFile(default, alternatives, path)
+
+
+def _git_pin(name: str, entry: dict, path: Path) -> GitPin:
+    where = f"{path}: [sources.{name}]"
+    if "tag" in entry and "ref" in entry:
+        raise BonsaiError(f"{where} has both tag and ref", "pin a release tag (tag) and its commit (commit)")
+    commit = str(entry.get("commit", "")).lower()
+    if "tag" in entry and not commit:
+        raise BonsaiError(f"{where} names tag {entry['tag']!r} without the commit it must resolve to",
+                          "add commit = \"<40 hex digits>\"")
+    if commit and (len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit)):
+        raise BonsaiError(f"{where}: commit {commit!r} is not 40 hex digits", "write the full commit id")
+    flavour = entry.get("flavour", "mainline")
+    if flavour not in ("mainline", "fork"):
+        raise BonsaiError(f"{where}: flavour {flavour!r} is not known", "allowed: mainline, fork")
+    release = entry.get("release")
+    if release is not None and (isinstance(release, bool) or not isinstance(release, int)):
+        raise BonsaiError(f"{where}: release {release!r} is not a number", "e.g. release = 10743")
+    try:
+        url = entry["url"]
+    except KeyError:
+        raise BonsaiError(f"{where} lacks 'url'", "see vendor/llama.cpp/README.md") from None
+    return GitPin(name, url, entry.get("tag") or entry.get("ref", "HEAD"), entry.get("note", ""),
+                  commit, flavour, release)

@@ -34,6 +34,10 @@ class SourceSpec:
     url: str = ""
     ref: str = ""
     path: Path | None = None
+    commit: str = ""  # the commit `ref` must resolve to (a pinned source); "" to take what it names
+    name: str = ""  # the pin's name for a named source (`prismml`): part of its build key
+    flavour: str = "mainline"  # "fork": PrismML's fork (which weight files its builds load)
+    release: int | None = None  # the fork's release number, when known
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,13 @@ class SourceTree:
     build_number: int | None = None
     commit: str = ""
     patches: tuple[str, ...] = field(default=())
+    flavour: str = "mainline"
+    release: int | None = None
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "spec": self.spec, "path": str(self.path), "identity": self.identity,
                 "version": self.version, "build_number": self.build_number, "commit": self.commit,
-                "patches": list(self.patches)}
+                "patches": list(self.patches), "flavour": self.flavour, "release": self.release}
 
 
 def parse_source(text: str | None, pin: PinFile) -> SourceSpec:
@@ -63,7 +69,8 @@ def parse_source(text: str | None, pin: PinFile) -> SourceSpec:
     text = text.strip()
     if text in pin.alternatives:
         alt = pin.alternatives[text]
-        return SourceSpec("git", text, alt.url, alt.ref)
+        return SourceSpec("git", text, alt.url, alt.ref, commit=alt.commit, name=alt.name,
+                          flavour=alt.flavour, release=alt.release)
     if text.startswith("git+") or text.endswith(".git") or "://" in text:
         url = text[4:] if text.startswith("git+") else text
         scheme, sep, rest = url.partition("://")
@@ -73,12 +80,25 @@ def parse_source(text: str | None, pin: PinFile) -> SourceSpec:
             host, path = rest.split("/", 1)
             path, ref = path.rsplit("@", 1)
             url = f"{scheme}://{host}/{path}"
+        # A ref of the fork a pin names (another release tag, say) builds a fork, not mainline.
+        fork = next((a for a in pin.alternatives.values() if a.flavour == "fork" and _same_repo(a.url, url)), None)
+        if fork is not None:
+            from bonsai_launch.build_choice import release_of_tag
+
+            return SourceSpec("git", text, url, ref or "HEAD", flavour="fork", release=release_of_tag(ref))
         return SourceSpec("git", text, url, ref or "HEAD")
     path = Path(text).expanduser()
     if not path.is_dir():
         raise BonsaiError(f"--source {text!r} is neither a folder, a git URL nor a known source name",
                           f"pass a llama.cpp folder, git+URL@REF, or one of: pin, {', '.join(pin.alternatives) or '-'}")
     return SourceSpec("local", text, path=path.resolve())
+
+
+def _same_repo(a: str, b: str) -> bool:
+    def norm(url: str) -> str:
+        return url.strip().rstrip("/").removesuffix(".git").lower()
+
+    return norm(a) == norm(b)
 
 
 def _read_stamp(folder: Path) -> dict | None:
@@ -185,32 +205,93 @@ def prepare_pin(pin: SdistPin, series: tuple[Patch, ...], *, console=None) -> So
 # ---------------------------------------------------------------- git
 
 
-def _git(*args: str, cwd: Path | None = None) -> str:
+# Git never prompts (no terminal to answer) and gives up on a stalled transfer.
+GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_HTTP_LOW_SPEED_LIMIT": "1000", "GIT_HTTP_LOW_SPEED_TIME": "30"}
+REMOTE_CHECK_SECONDS = 20
+
+
+def _git_exe() -> str:
     git = shutil.which("git")
     if not git:
         raise BonsaiError("a git source needs git, which is not installed", "install git (sudo apt install git)")
-    done = subprocess.run([git, *args], cwd=cwd, capture_output=True, text=True)
+    return git
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _git(*args: str, cwd: Path | None = None, timeout: float | None = None) -> str:
+    try:
+        done = subprocess.run([_git_exe(), *args], cwd=cwd, capture_output=True, text=True,
+                              env={**os.environ, **GIT_ENV}, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ActionFailed(f"git {args[0]} got no answer in {timeout:.0f} s",
+                           "check the network, or build from the pin (`bonsai build`)") from None
     if done.returncode != 0:
-        raise ActionFailed(f"git {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}",
+        raise ActionFailed(f"git {' '.join(args)} failed: {_last_line(done.stderr) or done.returncode}",
                            "check the URL and ref (the network reaches package registries only on some machines)")
     return done.stdout.strip()
+
+
+class RemoteUnreachable(ActionFailed):
+    """The remote of a git source did not answer (no network, unknown host, refused)."""
+
+    def __init__(self, url: str, what: str, reason: str) -> None:
+        super().__init__(f"cannot reach {url} for {what} ({reason}); nothing was downloaded",
+                         "run it where that host is reachable, or build from the pin: `bonsai build`")
+        self.reason = reason
+
+
+def check_remote(url: str, ref: str, what: str) -> str:
+    """Ask the remote for `ref` before cloning: seconds to learn that the network is missing or
+    the ref does not exist, instead of a clone that fails (or hangs) later. Returns the commit
+    the ref names there ("" when the remote only knows it as a commit id)."""
+    try:
+        listing = _git("ls-remote", url, ref, f"refs/tags/{ref}^{{}}", timeout=REMOTE_CHECK_SECONDS)
+    except ActionFailed as exc:
+        raise RemoteUnreachable(url, what, exc.message.split(" failed: ", 1)[-1].removeprefix("fatal: ")) from None
+    commits = {}
+    for line in listing.splitlines():
+        sha, _, name = line.partition("\t")
+        commits[name] = sha
+    # An annotated tag lists its tag object and, peeled (^{}), the commit it points at.
+    for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
+        if name in commits:
+            return commits[name]
+    if ref != "HEAD" and not all(c in "0123456789abcdef" for c in ref.lower()):
+        raise ActionFailed(f"{url} has no tag or branch {ref!r} ({what}); nothing was downloaded",
+                           "check the ref, or the tag in vendor/llama.cpp/pin.toml")
+    return ""
+
+
+def _refuse_commit(spec: SourceSpec, got: str) -> ActionFailed:
+    return ActionFailed(f"{spec.url} tag {spec.ref} resolves to commit {got[:12]}, but the pin says {spec.commit[:12]}: "
+                        "refused (the tag was moved or re-pointed); nothing was kept",
+                        "check vendor/llama.cpp/pin.toml against the fork's release page")
 
 
 def prepare_git(spec: SourceSpec, series: tuple[Patch, ...], *, force: bool = False) -> SourceTree:
     """A clone per (url, ref), made once; `--force` clones again to follow a moving branch."""
     patches_id = series_hash(series)
-    ident = hashlib.sha256(f"{spec.url}@{spec.ref}#{patches_id}".encode()).hexdigest()[:12]
+    pinned = f"#{spec.commit}" if spec.commit else ""  # unpinned sources keep the folder they had
+    ident = hashlib.sha256(f"{spec.url}@{spec.ref}#{patches_id}{pinned}".encode()).hexdigest()[:12]
     slug = spec.url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "repo"
     final = sources_dir() / f"git-{slug}-{ident}"
 
     def tree_of(stamp: dict) -> SourceTree:
         return SourceTree("git", spec.text, final, stamp["commit"], stamp["commit"] + patches_id,
                           f"{spec.ref}@{stamp['commit'][:10]}", stamp.get("build_number"), stamp["commit"],
-                          tuple(p.name for p in series))
+                          tuple(p.name for p in series), spec.flavour, spec.release)
 
     stamp = _read_stamp(final)
-    if stamp and stamp.get("kind") == "git" and not force:
+    if stamp and stamp.get("kind") == "git" and not force and (not spec.commit or stamp.get("commit") == spec.commit):
         return tree_of(stamp)
+    what = f"`bonsai build --source {spec.name or spec.text}`"
+    remote_commit = check_remote(spec.url, spec.ref, what)
+    if spec.commit and remote_commit and remote_commit != spec.commit:
+        raise _refuse_commit(spec, remote_commit)
     with _lock(sources_dir()):
         tmp = sources_dir() / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -227,6 +308,8 @@ def prepare_git(spec: SourceSpec, series: tuple[Patch, ...], *, force: bool = Fa
             else:
                 _git(*args, spec.url, str(tmp))
             commit = _git("rev-parse", "HEAD", cwd=tmp)
+            if spec.commit and commit != spec.commit:  # what was cloned, not what the remote said
+                raise _refuse_commit(spec, commit)
             count = _git("rev-list", "--count", "HEAD", cwd=tmp)
             if not (tmp / "CMakeLists.txt").is_file():
                 raise ActionFailed(f"{spec.url}@{spec.ref} has no top-level CMakeLists.txt", "is it a llama.cpp repository?")

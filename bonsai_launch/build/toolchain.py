@@ -4,7 +4,16 @@ cmake and ninja come from their PyPI packages (dependencies of bonsai), so a mac
 just a C/C++ compiler can build. The backend is chosen from what is installed and visible:
 CUDA needs nvcc and an NVIDIA GPU (or an explicit architecture list), Metal needs macOS on
 Apple Silicon, Vulkan its SDK, HIP hipconfig. Asking for a backend whose toolchain is
-missing fails at once with the exact thing to install.
+missing fails at once with the exact thing to install, for the system at hand:
+
+- Windows: MSVC with Ninja. cl.exe is used from a developer prompt when one is open;
+  otherwise vswhere finds Visual Studio (or its Build Tools) and the build runs inside
+  the environment of its vcvars64.bat, so no developer prompt is needed. CUDA (nvcc.exe,
+  CUDA_PATH) and Vulkan (VULKAN_SDK) build with MSVC too; HIP is built on Linux only.
+- macOS: the Xcode command line tools (`xcode-select -p`; without them /usr/bin/cc is
+  only a stub that offers to install them). Metal needs nothing more: llama.cpp embeds its
+  shader source and compiles it at run time. llama.cpp turns Metal on by default on every
+  Mac, so a CPU build there passes -DGGML_METAL=OFF.
 """
 
 from __future__ import annotations
@@ -20,15 +29,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bonsai_launch.errors import BonsaiError
+from bonsai_launch.paths import exe_name
 
 BACKENDS = ("auto", "cpu", "cuda", "metal", "vulkan", "hip")
 
-INSTALL_HINTS = {
+INSTALL_HINTS = {  # Linux wording; hint() picks the one for another system
     "compiler": {
         "Linux": "install a C/C++ compiler: `sudo apt install build-essential` (Debian/Ubuntu) or "
                  "`sudo dnf install gcc-c++` (Fedora)",
         "Darwin": "install the Xcode command line tools: `xcode-select --install`",
-        "Windows": "install Visual Studio Build Tools with the \"Desktop development with C++\" workload",
     },
     "cuda": "install the CUDA toolkit so that `nvcc` is on PATH: `sudo apt install nvidia-cuda-toolkit` "
             "(Debian/Ubuntu) or NVIDIA's installer from https://developer.nvidia.com/cuda-downloads; "
@@ -40,6 +49,45 @@ INSTALL_HINTS = {
     "metal": "Metal builds need macOS on Apple Silicon; use --backend cpu or vulkan here",
     "ccache": "optional, makes rebuilds take seconds: `sudo apt install ccache` or `brew install ccache`",
 }
+
+# Where another system needs other words (platform.system() names).
+SYSTEM_HINTS = {
+    "Windows": {
+        "compiler": "install Visual Studio 2022 Build Tools with the \"Desktop development with C++\" workload "
+                    "(`winget install Microsoft.VisualStudio.2022.BuildTools --override \"--add "
+                    "Microsoft.VisualStudio.Workload.VCTools --includeRecommended\"`); bonsai finds it with vswhere, "
+                    "no developer prompt needed",
+        "cuda": "install the CUDA toolkit from https://developer.nvidia.com/cuda-downloads after Visual Studio "
+                "(so it adds its MSVC integration); it sets CUDA_PATH. Open a new terminal afterwards",
+        "vulkan": "install the Vulkan SDK from https://vulkan.lunarg.com/sdk/home (it sets VULKAN_SDK); "
+                  "open a new terminal afterwards",
+        "hip": "bonsai builds HIP (ROCm) on Linux only; on Windows use --backend vulkan for AMD GPUs",
+        "metal": "Metal builds need macOS on Apple Silicon; use --backend cuda, vulkan or cpu here",
+        "ccache": "optional, makes rebuilds take seconds: `winget install Ccache.Ccache` or `choco install ccache`",
+        "msvc_cuda": "CUDA on Windows compiles with MSVC (cl.exe): install Visual Studio Build Tools with the "
+                     "\"Desktop development with C++\" workload",
+    },
+    "Darwin": {
+        "cuda": "CUDA does not exist on macOS; Apple Silicon builds --backend metal",
+        "vulkan": "install the Vulkan SDK (MoltenVK) from https://vulkan.lunarg.com/sdk/home and set VULKAN_SDK, "
+                  "or use --backend metal on Apple Silicon",
+        "hip": "bonsai builds HIP (ROCm) on Linux only",
+        "metal": "Metal builds need Apple Silicon; this Intel Mac builds --backend cpu",
+        "ccache": "optional, makes rebuilds take seconds: `brew install ccache`",
+    },
+}
+
+
+def hint(topic: str, system: str | None = None) -> str:
+    """The install hint for `topic` ("compiler", "cuda", "vulkan", ...) on `system`."""
+    system = system or platform.system()
+    special = SYSTEM_HINTS.get(system, {}).get(topic)
+    if special:
+        return special
+    if topic == "compiler":
+        return INSTALL_HINTS["compiler"].get(system, INSTALL_HINTS["compiler"]["Linux"])
+    return INSTALL_HINTS[topic]
+
 
 # Compute capability -> CMAKE_CUDA_ARCHITECTURES entry; Blackwell consumer parts need the
 # arch-specific variant. Everything else is major*10+minor.
@@ -68,9 +116,14 @@ class Toolchain:
     hipconfig: Tool
     glslc: Tool
     git: Tool
+    # System-specific, found only there: Visual Studio's vcvars64.bat when cl.exe is not on
+    # PATH (Windows), the Xcode command line tools folder (macOS).
+    vcvars: Tool = Tool("vcvars64.bat", None)
+    xcode_clt: Tool = Tool("xcode-select", None)
 
     def to_json(self) -> dict:
-        return {k: asdict(v) for k, v in self.__dict__.items()}
+        system_only = ("vcvars", "xcode_clt")
+        return {k: asdict(v) for k, v in self.__dict__.items() if k not in system_only or v.found}
 
 
 @dataclass(frozen=True)
@@ -149,9 +202,10 @@ def find_nvcc() -> str | None:
     found = _which_env("CUDACXX", "nvcc")
     if found:
         return found
+    nvcc = exe_name("nvcc")
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and Path(home, "bin", "nvcc").is_file():
-            return str(Path(home, "bin", "nvcc"))
+        if home and Path(home, "bin", nvcc).is_file():
+            return str(Path(home, "bin", nvcc))
     return None
 
 
@@ -166,15 +220,112 @@ def nvcc_version(nvcc: str) -> str | None:
 
 def find_glslc() -> str | None:
     sdk = os.environ.get("VULKAN_SDK", "").strip()
-    if sdk and Path(sdk, "bin", "glslc").is_file():
-        return str(Path(sdk, "bin", "glslc"))
+    glslc = exe_name("glslc")
+    for folder in ("bin", "Bin"):  # the Windows SDK says Bin
+        if sdk and Path(sdk, folder, glslc).is_file():
+            return str(Path(sdk, folder, glslc))
     return shutil.which("glslc")
 
 
-def detect(versions: bool = True) -> Toolchain:
-    """Every tool the build may use. `versions=False` skips running them (fast path)."""
-    cc = _which_env("CC", "cc", "gcc", "clang")
-    cxx = _which_env("CXX", "c++", "g++", "clang++")
+# -- Windows: MSVC -------------------------------------------------------------------------------
+
+def _vswhere() -> Path | None:
+    base = os.environ.get("ProgramFiles(x86)") or os.environ.get("ProgramFiles") or r"C:\Program Files (x86)"
+    path = Path(base, "Microsoft Visual Studio", "Installer", "vswhere.exe")
+    return path if path.is_file() else None
+
+
+@functools.lru_cache(maxsize=1)
+def find_vcvars(run=subprocess.run) -> str | None:
+    """vcvars64.bat of the newest Visual Studio (or Build Tools) with the C++ x64 tools."""
+    vswhere = _vswhere()
+    if vswhere is None:
+        return None
+    try:
+        done = run([str(vswhere), "-latest", "-products", "*", "-requires",
+                    "Microsoft.VisualStudio.Component.VC.Tools.x86.x64", "-property", "installationPath"],
+                   capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    install = (done.stdout or "").strip().splitlines()
+    if not install:
+        return None
+    vcvars = Path(install[0].strip(), "VC", "Auxiliary", "Build", "vcvars64.bat")
+    return str(vcvars) if vcvars.is_file() else None
+
+
+def msvc_cl_from_vcvars(vcvars: str) -> str | None:
+    """The newest Hostx64/x64 cl.exe beside vcvars64.bat (for the build key), without running it."""
+    tools = Path(vcvars).parents[2] / "Tools" / "MSVC"
+    found = sorted(tools.glob("*/bin/Hostx64/x64/cl.exe"), key=lambda p: [int(x) if x.isdigit() else 0
+                                                                           for x in p.parts[-5].split(".")])
+    return str(found[-1]) if found else None
+
+
+def msvc_environment(vcvars: str, run=subprocess.run) -> dict[str, str]:
+    """The environment vcvars64.bat makes (PATH, INCLUDE, LIB, ...), read back from `set`.
+
+    This one command is a cmd.exe line, not an argv list: cmd is the only thing that can
+    run a .bat and report the environment it leaves behind.
+    """
+    line = f'cmd.exe /d /s /c ""{vcvars}" >nul 2>&1 && set"'
+    try:
+        done = run(line, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BonsaiError(f"running {vcvars} failed ({exc})", hint("compiler", "Windows")) from None
+    if done.returncode != 0:
+        raise BonsaiError(f"{vcvars} failed (exit {done.returncode})", hint("compiler", "Windows"))
+    env = {}
+    for entry in (done.stdout or "").splitlines():
+        name, sep, value = entry.partition("=")
+        if sep and name:
+            env[name] = value
+    if "INCLUDE" not in {k.upper() for k in env}:
+        raise BonsaiError(f"{vcvars} did not set up a compiler environment (no INCLUDE)", hint("compiler", "Windows"))
+    # Say which compiler to use: CMake would otherwise take the first it finds on PATH.
+    env["CC"] = env["CXX"] = "cl"
+    return env
+
+
+def is_msvc(compiler: str | None) -> bool:
+    return bool(compiler) and Path(str(compiler)).name.lower() in ("cl", "cl.exe", "clang-cl", "clang-cl.exe")
+
+
+# -- macOS: Xcode command line tools ---------------------------------------------------------------
+
+def find_xcode_clt(run=subprocess.run) -> str | None:
+    """The developer folder `xcode-select -p` prints, or None when the tools are not installed."""
+    try:
+        done = run(["xcode-select", "-p"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    path = (done.stdout or "").strip()
+    return path if done.returncode == 0 and path else None
+
+
+def detect(versions: bool = True, system: str | None = None) -> Toolchain:
+    """Every tool the build may use. `versions=False` skips running them (fast path).
+    `system` (a platform.system() name) is for tests of another system's branch."""
+    system = system or platform.system()
+    vcvars = xcode = None
+    if system == "Windows":
+        # MSVC first: $CC/$CXX, a developer prompt's cl, then Visual Studio found by vswhere
+        # (a gcc that another program put on PATH must not win over an installed MSVC);
+        # MinGW's gcc or clang only when there is no Visual Studio at all.
+        cc = _which_env("CC", "cl", "clang-cl")
+        cxx = _which_env("CXX", "cl", "clang-cl")
+        if cxx is None:
+            vcvars = find_vcvars()
+            cc = cxx = msvc_cl_from_vcvars(vcvars) if vcvars else None
+        if cxx is None:
+            cc, cxx = shutil.which("gcc") or shutil.which("clang"), shutil.which("g++") or shutil.which("clang++")
+    else:
+        cc = _which_env("CC", "cc", "gcc", "clang")
+        cxx = _which_env("CXX", "c++", "g++", "clang++")
+        if system == "Darwin":
+            xcode = find_xcode_clt()
+            if xcode is None and not (os.environ.get("CC") or os.environ.get("CXX")):
+                cc = cxx = None  # /usr/bin/cc without the tools is a stub that cannot compile
     cm, nj = cmake_exe(), ninja_exe()
     ccache = shutil.which("ccache")
     nvcc = find_nvcc()
@@ -186,7 +337,7 @@ def detect(versions: bool = True) -> Toolchain:
         return _first_line([str(path), *argv_tail]) if (versions and path) else None
 
     return Toolchain(
-        cc=Tool("cc", cc, v(cc)),
+        cc=Tool("cc", cc, v(cc) if not is_msvc(cc) else None),
         cxx=Tool("c++", cxx, compiler_id(cxx) if (versions and cxx) else None),
         cmake=Tool("cmake", str(cm) if cm else None, v(cm)),
         ninja=Tool("ninja", str(nj) if nj else None, v(nj)),
@@ -195,17 +346,28 @@ def detect(versions: bool = True) -> Toolchain:
         hipconfig=Tool("hipconfig", hip, v(hip, ("--version",))),
         glslc=Tool("glslc", glslc, v(glslc)),
         git=Tool("git", git, v(git)),
+        vcvars=Tool("vcvars64.bat", vcvars),
+        xcode_clt=Tool("xcode-select", xcode),
     )
 
 
 @functools.lru_cache(maxsize=8)
 def compiler_id(cxx: str) -> str | None:
-    """`c++ --version`'s first line: part of the build key (a new compiler means a new build)."""
+    """`c++ --version`'s first line: part of the build key (a new compiler means a new build).
+    MSVC's cl.exe has no --version: run bare, its banner ("Microsoft (R) C/C++ Optimizing
+    Compiler Version 19.x for x64") is the first line it prints."""
+    if Path(cxx).name.lower() in ("cl", "cl.exe"):
+        try:  # the banner is on stderr; stdout has only "usage: cl [ option... ] filename..."
+            done = subprocess.run([cxx], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        lines = (done.stderr or "").strip().splitlines()
+        return lines[0].strip() if lines else None
     return _first_line([cxx, "--version"])
 
 
-def compiler_hint() -> str:
-    return INSTALL_HINTS["compiler"].get(platform.system(), INSTALL_HINTS["compiler"]["Linux"])
+def compiler_hint(system: str | None = None) -> str:
+    return hint("compiler", system)
 
 
 def cuda_archs_from_gpus(capabilities: list[str]) -> list[str]:
@@ -244,6 +406,7 @@ def vulkan_sdk_present(tools: Toolchain) -> bool:
     if not tools.glslc.found:
         return False
     sdk = os.environ.get("VULKAN_SDK", "").strip()
+    # Windows and macOS have no system headers: only the SDK (VULKAN_SDK/Include) brings them.
     return bool(sdk) or Path("/usr/include/vulkan/vulkan.h").is_file()
 
 
@@ -254,14 +417,17 @@ def choose_backend(requested: str, hardware, tools: Toolchain, *, cuda_archs: st
     if requested not in BACKENDS:
         raise BonsaiError(f"--backend {requested!r} is not known", "allowed: " + ", ".join(BACKENDS))
     gpu_ccs = [g.compute_capability for g in hardware.gpus if g.compute_capability]
-    macos_arm = hardware.os == "Darwin" and hardware.arch in ("arm64", "aarch64")
+    system = hardware.os
+    macos_arm = system == "Darwin" and hardware.arch in ("arm64", "aarch64")
+    # llama.cpp builds Metal on every Mac unless told not to: say so for every other backend.
+    no_metal = ("-DGGML_METAL=OFF",) if system == "Darwin" else ()
 
     if requested == "auto":
         if tools.nvcc.found and (gpu_ccs or cuda_archs):
             requested, why = "cuda", "nvcc and an NVIDIA GPU found"
         elif macos_arm:
             requested, why = "metal", "macOS on Apple Silicon"
-        elif tools.hipconfig.found and (gpu_targets or _hip_targets()):
+        elif system == "Linux" and tools.hipconfig.found and (gpu_targets or _hip_targets()):
             requested, why = "hip", "ROCm and an AMD GPU found"
         elif vulkan_sdk_present(tools):
             requested, why = "vulkan", "the Vulkan SDK found"
@@ -272,14 +438,17 @@ def choose_backend(requested: str, hardware, tools: Toolchain, *, cuda_archs: st
         why = "--backend " + requested
 
     if requested == "cpu":
-        return BackendChoice("cpu", (), why)
+        return BackendChoice("cpu", no_metal, why)
     if requested == "metal":
         if not macos_arm:
-            raise BonsaiError("--backend metal needs macOS on Apple Silicon", INSTALL_HINTS["metal"])
+            raise BonsaiError("--backend metal needs macOS on Apple Silicon", hint("metal", system))
         return BackendChoice("metal", ("-DGGML_METAL=ON",), why)
     if requested == "cuda":
         if not tools.nvcc.found:
-            raise BonsaiError("--backend cuda needs the CUDA toolkit, but nvcc was not found", INSTALL_HINTS["cuda"])
+            raise BonsaiError("--backend cuda needs the CUDA toolkit, but nvcc was not found", hint("cuda", system))
+        if system == "Windows" and tools.cxx.found and not is_msvc(tools.cxx.path):
+            raise BonsaiError(f"--backend cuda on Windows needs MSVC, but the compiler is {tools.cxx.path}",
+                              hint("msvc_cuda", system))
         if cuda_archs:
             archs = _parse_arch_list(cuda_archs, "--cuda-archs")
         elif gpu_ccs:
@@ -294,9 +463,11 @@ def choose_backend(requested: str, hardware, tools: Toolchain, *, cuda_archs: st
     if requested == "vulkan":
         if not vulkan_sdk_present(tools):
             raise BonsaiError("--backend vulkan needs the Vulkan SDK (glslc and the Vulkan headers), which was not found",
-                              INSTALL_HINTS["vulkan"])
-        return BackendChoice("vulkan", ("-DGGML_VULKAN=ON",), why)
+                              hint("vulkan", system))
+        return BackendChoice("vulkan", ("-DGGML_VULKAN=ON", *no_metal), why)
     # hip
+    if system != "Linux":
+        raise BonsaiError(f"--backend hip is not supported on {system}", hint("hip", system))
     if not tools.hipconfig.found:
         raise BonsaiError("--backend hip needs ROCm, but hipconfig was not found", INSTALL_HINTS["hip"])
     targets = _parse_arch_list(gpu_targets, "--gpu-targets") if gpu_targets else _hip_targets()

@@ -8,12 +8,13 @@ import typer
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of text.")]
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile name (see `bonsai models`); env BONSAI_PROFILE.")]
-FamilyOpt = Annotated[Optional[str], typer.Option("--family", help="ternary or bonsai; env BONSAI_FAMILY.")]
+FamilyOpt = Annotated[Optional[str], typer.Option("--family", help="ternary, bonsai or bonsai2; env BONSAI_FAMILY.")]
 SizeOpt = Annotated[Optional[str], typer.Option("--size", help="27B, 8B, 4B or 1.7B; env BONSAI_MODEL.")]
 
 # Launch options shared by start, run, chat and bench.
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Run this local GGUF instead of the profile's weights.")]
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="Use this local DSpark/DFlash drafter GGUF.")]
+MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", help="Use this local vision projector GGUF; env BONSAI_MMPROJ.")]
 SpecOpt = Annotated[Optional[bool], typer.Option("--speculative/--no-speculative", help="Speculative decoding on/off; env BONSAI_SPECULATIVE.")]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", help="Speculative type; env BONSAI_SPEC_TYPE.")]
 SpecNmaxOpt = Annotated[Optional[int], typer.Option("--spec-nmax", help="Draft length (must equal the drafter's block size); env BONSAI_SPEC_NMAX.")]

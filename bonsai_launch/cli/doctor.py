@@ -45,19 +45,24 @@ def command(json_output: JsonOpt = False) -> None:
         builds = Table(title="builds", title_justify="left")
         for col in ("key", "build", "source", "draft-dspark", "current"):
             builds.add_column(col)
+        builds.add_column("runs profiles", overflow="fold")
         builds.add_column("llama-server", overflow="fold")
         for entry in report.builds:
             number = entry.get("build_number")
             current = entry["is_pin"] and entry["current_patches"]
-            builds.add_row(entry["key"], f"b{number}" if number is not None else "?", entry["source"] or "?",
+            source = (entry["source"] or "?") + (f" ({entry['kind']})" if entry.get("flavour") == "fork" else "")
+            builds.add_row(entry["key"], f"b{number}" if number is not None else "?", source,
                            "[green]yes[/]" if "draft-dspark" in entry["spec_types"] else "[red]no[/]",
-                           "[green]yes[/]" if current else "[yellow]no[/]", entry["llama_server"])
+                           "[green]yes[/]" if current else "[yellow]no[/]",
+                           ", ".join(entry.get("profiles", [])) or "[dim]none[/]", entry["llama_server"])
         out.print(builds)
+        if not any(entry.get("flavour") == "fork" for entry in report.builds):
+            out.print("[dim]no PrismML fork build: bonsai2-27b and PQ2_0 files need one (`bonsai build --source prismml`)[/]")
     else:
         out.print("[bold]builds[/]  none")
     if report.llama_server:
         ls = report.llama_server
-        out.print(f"[bold]BONSAI_LLAMA_SERVER[/]  {ls['path']}: " + (ls.get("error") or ls.get("version") or "?"))
+        out.print(f"[bold]{ls.get('setting', 'BONSAI_LLAMA_SERVER')}[/]  {ls['path']}: " + (ls.get("error") or ls.get("version") or "?"))
     if report.models:
         for m in report.models:
             out.print(f"[bold]model[/]  {m['profile']}: {', '.join(m['files'])} ({_gb(m['bytes'])})"

@@ -15,6 +15,7 @@ from bonsai_launch.cli._options import JsonOpt
 
 def catalog() -> list[dict]:
     from bonsai_launch import model_store
+    from bonsai_launch.build_choice import builds_text
     from bonsai_launch.profiles import load_all
 
     entries = []
@@ -23,7 +24,8 @@ def catalog() -> list[dict]:
         files = []
         for f in profile.files:
             s = model_store.state(profile.name, f.name, records)
-            files.append({"role": f.role, "name": f.name, "layout": f.layout, "present": s.present,
+            files.append({"role": f.role, "name": f.name, "layout": f.layout, "builds": builds_text(f),
+                          "min_fork_release": f.min_fork_release, "note": f.note, "present": s.present,
                           "verified": s.verified, "size": s.size if s.present else f.size,
                           "sha256": s.record.sha256 if s.record else f.sha256,
                           "partial_bytes": s.partial_bytes, "path": str(s.path)})
@@ -50,7 +52,8 @@ def command(json_output: JsonOpt = False) -> None:
     from rich.table import Table
 
     table = Table(title="bonsai profiles",
-                  caption="✓ present, sha256 verified   ? present, not verified   · not downloaded")
+                  caption="✓ present, sha256 verified   ? present, not verified   · not downloaded\n"
+                          "(in brackets: the llama.cpp builds that load the file; fork = `bonsai build --source prismml`)")
     for col in ("profile", "family", "size", "files", "speculation", "on disk"):
         table.add_column(col)
     for entry in entries:
@@ -62,7 +65,7 @@ def command(json_output: JsonOpt = False) -> None:
                 mark, state = "[yellow]?[/]", "not verified"
             else:
                 mark, state = "[dim]·[/]", "partial " + human(f["partial_bytes"]) if f["partial_bytes"] else ""
-            layout = f" [dim]({f['layout']})[/]" if f["layout"] != "any" else ""
+            layout = f" [dim]({f['builds']})[/]"
             size = f" {human(f['size'])}" if f["size"] else ""
             lines.append(f"{mark} {f['role']}: {f['name']}{layout}{size}" + (f" [dim]{state}[/]" if state else ""))
         spec = entry["drafter"] and "drafter" or entry["draft_free_type"] or "-"

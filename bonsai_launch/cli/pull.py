@@ -49,7 +49,7 @@ def command(
     err_console = console(stderr=True)
     try:
         with RichReporter(err_console) as reporter:
-            result = pull_profile(selection.profile, layout=settings["layout"], want_drafter=not no_drafter,
+            result = pull_profile(selection.profile, layout=selection.flavour, want_drafter=not no_drafter,
                                   want_vision=not no_vision and settings["vision"], revision=revision,
                                   reporter=reporter)
     except KeyboardInterrupt:

@@ -48,22 +48,22 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
     one (started like `bonsai start`, with its checks and speculation proof; always stopped)."""
     from bonsai_launch import instances, supervisor
     from bonsai_launch.cli.start import launch_settings, prepare_plan
-    from bonsai_launch.launch_inputs import select
+    from bonsai_launch.client import first_key
+    from bonsai_launch.launch_inputs import explicit_model, select
     from bonsai_launch.server_process import free_port
     from bonsai_launch.settings import resolve
-
-    from bonsai_launch.client import first_key
 
     key = first_key(api_key or resolve(flags).get("api_key"))
     if url:
         yield Target(url, key, False, url)
         return
-    if not model and not drafter:
-        running = instances.for_profile(select(flags).profile.name)
+    selection = select(flags)
+    if not explicit_model(selection, model) and not drafter:  # BONSAI_GGUF counts as --model
+        running = instances.for_profile(selection.profile.name)
         if running is not None:
             yield Target(running.base_url, key, False, running.name)
             return
-    if flags.get("port") is None and not launch_settings(flags, passthrough, None).is_explicit("port"):
+    if flags.get("port") is None and not launch_settings(flags, passthrough).is_explicit("port"):
         flags = {**flags, "port": free_port()}  # a temporary server must not fight over 8080
     plan, generated = prepare_plan(flags, model, drafter, passthrough)
 

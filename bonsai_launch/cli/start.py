@@ -15,8 +15,8 @@ from __future__ import annotations
 import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
-                                        Kv4Opt, ModelOpt, NglOpt, PortOpt, ProfileOpt, SizeOpt, SpecFallbackOpt,
-                                        SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+                                        Kv4Opt, MmprojOpt, ModelOpt, NglOpt, PortOpt, ProfileOpt, SizeOpt,
+                                        SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
 from bonsai_launch.cli._passthrough import passthrough_args
 
 
@@ -34,6 +34,7 @@ def command(
     size: SizeOpt = None,
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
+    mmproj: MmprojOpt = None,
     speculative: SpecOpt = None,
     spec_type: SpecTypeOpt = None,
     spec_nmax: SpecNmaxOpt = None,
@@ -59,6 +60,8 @@ def command(
         raise BonsaiError(f"--format={shell_format!r} is not known", "allowed: posix, powershell")
     flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4)
     passthrough = passthrough_args(ctx)
+    if mmproj:
+        flags["mmproj"] = mmproj  # the flag layer of BONSAI_MMPROJ
     if dry_run:
         show_dry_run(flags, model, drafter, passthrough, shell_format, json_output)
         return
@@ -67,20 +70,27 @@ def command(
 
 
 def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_output: bool) -> None:
-    from bonsai_launch.binaries import find_server
+    from bonsai_launch.build_choice import FORK, FORK_BUILD_COMMAND
     from bonsai_launch.cli._output import emit_json, warn
-    from bonsai_launch.launch_inputs import gather_plan
+    from bonsai_launch.launch_inputs import gather_plan, select
     from bonsai_launch.plan import render_command
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.server_choice import choose_server
 
-    binary = find_server(resolve(flags)["llama_server"])
+    selection = select(flags)
+    choice = choose_server(selection.settings, selection.flavour)
+    binary = choice.path
     plan = gather_plan(flags, model, drafter, passthrough, binary)
     warnings = list(plan.warnings)
-    if binary is None:
+    if binary is None and choice.kind.flavour == FORK:
+        warnings.append(f"no PrismML fork build yet ({selection.profile.name} runs on one here): `bonsai start` "
+                        f"builds it when GitHub is reachable, or run `{FORK_BUILD_COMMAND}`; capabilities not checked")
+    elif binary is None:
         warnings.append("no llama-server is built yet: `bonsai start` builds one; capabilities not checked")
     if json_output:
         data = plan.to_json()
         data["warnings"] = warnings
+        data["build"] = {"flavour": choice.kind.flavour, "fork_release": choice.kind.release,
+                         "from": choice.origin, "built": binary is not None}
         emit_json(data)
         return
     for w in warnings:
@@ -109,8 +119,8 @@ def effective_values(plan) -> str:
 
 # -- the real start ---------------------------------------------------------------------------
 
-def _build_server():
-    """Build llama-server on demand (the pinned llama.cpp, for the detected backend)."""
+def _build_server(flavour: str = "mainline"):
+    """Build llama-server on demand (the pinned llama.cpp, or the pinned fork, for the detected backend)."""
     from bonsai_launch.errors import BonsaiError
 
     try:
@@ -119,7 +129,7 @@ def _build_server():
         raise BonsaiError("no llama-server is built yet", "run `bonsai build`, or set BONSAI_LLAMA_SERVER to a llama-server binary") from None
     from bonsai_launch.cli._output import console
 
-    return ensure_server(backend="auto", console=console(stderr=True))
+    return ensure_server(backend="auto", console=console(stderr=True), flavour=flavour)
 
 
 def _profile_fetcher():
@@ -131,18 +141,18 @@ def _profile_fetcher():
     return ensure_profile_files
 
 
-def launch_settings(flags, passthrough, binary):
-    """The settings with the owned options after -- folded in, for the checks made before any
-    download or build. A passthrough error is left for gather_plan to report."""
-    from bonsai_launch.binaries import probe
+def launch_settings(flags, passthrough):
+    """The settings with the owned options after -- folded in (read with the pinned build's
+    option table), for the checks made before any download or build: host, port, key. A
+    passthrough error is left for gather_plan to report with the real binary's table."""
     from bonsai_launch.errors import BonsaiError
-    from bonsai_launch.launch_inputs import option_table
+    from bonsai_launch.llama_options import pinned_table
     from bonsai_launch.passthrough import fold_settings, parse
     from bonsai_launch.settings import resolve
 
     settings = resolve(flags)
     try:
-        return fold_settings(settings, parse(passthrough, option_table(probe(binary) if binary else None)))
+        return fold_settings(settings, parse(passthrough, pinned_table()))
     except BonsaiError:
         return settings
 
@@ -154,13 +164,12 @@ def prepare_plan(flags, model, drafter, passthrough):
     import os
     import secrets
 
-    from bonsai_launch.binaries import find_server
-    from bonsai_launch.launch_inputs import gather_plan, select
+    from bonsai_launch.build_choice import FORK
+    from bonsai_launch.launch_inputs import explicit_model, gather_plan, select
     from bonsai_launch.plan import check_host, is_loopback
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.server_choice import choose_server, require_fork_source
 
-    binary = find_server(resolve(flags)["llama_server"])
-    settings = launch_settings(flags, passthrough, binary)
+    settings = launch_settings(flags, passthrough)
     env = dict(os.environ)
     generated = None
     if not is_loopback(settings["host"]) and settings["allow_remote"] and not settings.get("api_key"):
@@ -168,16 +177,20 @@ def prepare_plan(flags, model, drafter, passthrough):
         env["BONSAI_API_KEY"] = generated
     if not is_loopback(settings["host"]) and not settings["allow_remote"]:
         check_host(settings)  # the plan's own refusal, before any download or build
-    fetch = None if model else _profile_fetcher()
+    selection = select(flags, env)
+    choice = choose_server(selection.settings, selection.flavour)
+    if choice.path is None and choice.kind.flavour == FORK:
+        require_fork_source(selection.profile.name)  # one line, before any download
+    fetch = None if explicit_model(selection, model) else _profile_fetcher()
     if fetch is not None:
-        selection = select(flags, env)
         s = selection.settings
-        fetch(selection.profile, layout=s["layout"], want_drafter=bool(s["speculative"]) and not drafter,
-              want_vision=bool(s["vision"]), console=None)
+        fetch(selection.profile, layout=choice.kind.flavour, want_drafter=bool(s["speculative"]) and not drafter,
+              want_vision=bool(s["vision"]) and not s.get("mmproj"), console=None)
+    binary = choice.path
     if binary is None:
         # Fail on a bad setting or file now, not after a long build.
         gather_plan(flags, model, drafter, passthrough, None, env=env)
-        binary = _build_server()
+        binary = _build_server(choice.kind.flavour)
     return gather_plan(flags, model, drafter, passthrough, binary, env=env), generated
 
 

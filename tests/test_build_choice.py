@@ -1,0 +1,149 @@
+"""Which file each build runs, per profile: tables over the built-in profiles (pure, no builds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bonsai_launch.build_choice import (FORK, MAINLINE, BuildKind, builds_text, cannot_load, choose_file,
+                                        kind_of_manifest, release_of_tag, runnable_profiles, wanted_flavour,
+                                        why_no_file)
+from bonsai_launch.errors import BonsaiError
+from bonsai_launch.profiles import get_profile, load_all, parse_profile
+from bonsai_launch.settings import resolve
+
+MAIN = BuildKind(MAINLINE)
+FORK_PIN = BuildKind(FORK, 10743)
+FORK_V7 = BuildKind(FORK, 10658)  # the first prism-v7 release
+FORK_OLD = BuildKind(FORK, 9596)  # a prism-v5 era release
+FORK_UNKNOWN = BuildKind(FORK)  # a fork binary whose release we cannot tell
+
+# (profile, build, role, the file chosen or None)
+TABLE = [
+    ("ternary-27b", MAIN, "model", "Ternary-Bonsai-27B-Q2_g64.gguf"),
+    ("ternary-27b", FORK_PIN, "model", "Ternary-Bonsai-27B-PQ2_0.gguf"),
+    ("ternary-27b", FORK_V7, "model", "Ternary-Bonsai-27B-PQ2_0.gguf"),
+    ("ternary-27b", FORK_UNKNOWN, "model", "Ternary-Bonsai-27B-PQ2_0.gguf"),
+    ("ternary-27b", FORK_OLD, "model", None),  # g64 and PQ2_0 need b10658; the legacy file is refused
+    ("ternary-8b", MAIN, "model", "Ternary-Bonsai-8B-Q2_0_g64.gguf"),
+    ("ternary-8b", FORK_PIN, "model", "Ternary-Bonsai-8B-PQ2_0.gguf"),
+    ("ternary-4b", MAIN, "model", "Ternary-Bonsai-4B-Q2_0_g64.gguf"),
+    ("ternary-4b", FORK_PIN, "model", "Ternary-Bonsai-4B-PQ2_0.gguf"),
+    ("ternary-1.7b", MAIN, "model", "Ternary-Bonsai-1.7B-Q2_0_g64.gguf"),
+    ("ternary-1.7b", FORK_PIN, "model", "Ternary-Bonsai-1.7B-PQ2_0.gguf"),
+    ("bonsai2-27b", MAIN, "model", None),
+    ("bonsai2-27b", FORK_PIN, "model", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
+    ("bonsai2-27b", FORK_UNKNOWN, "model", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
+    ("bonsai2-27b", FORK_V7, "model", None),  # older than the release known to load Bonsai 2
+    ("bonsai2-27b", FORK_PIN, "mmproj", "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf"),
+    ("bonsai2-27b", MAIN, "mmproj", None),
+    ("bonsai2-27b", FORK_PIN, "drafter", None),  # no official Bonsai 2 drafter
+    ("bonsai-8b", MAIN, "model", "Bonsai-8B-Q1_0.gguf"),
+    ("bonsai-8b", FORK_PIN, "model", "Bonsai-8B-Q1_0.gguf"),
+    ("bonsai-27b", FORK_PIN, "mmproj", "Bonsai-27B-mmproj-BF16.gguf"),
+    ("ternary-27b", MAIN, "mmproj", "Ternary-Bonsai-27B-mmproj-BF16.gguf"),
+    ("demo", MAIN, "model", "gemma-3-270m-q4_k_m.gguf"),
+    ("demo", FORK_PIN, "model", "gemma-3-270m-q4_k_m.gguf"),
+]
+
+
+@pytest.mark.parametrize("profile,kind,role,expected", TABLE,
+                         ids=[f"{p}-{k.label()}-{r}" for p, k, r, _ in TABLE])
+def test_profile_file_build_table(profile, kind, role, expected):
+    chosen = choose_file(get_profile(profile), role, kind)
+    assert (chosen.name if chosen else None) == expected
+
+
+def test_legacy_group128_files_are_never_chosen_and_say_why():
+    for profile in load_all().values():
+        for entry in profile.files:
+            if entry.layout != "legacy":
+                continue
+            assert entry.name.endswith("-Q2_0.gguf") and "PQ2" not in entry.name
+            for kind in (MAIN, FORK_PIN, FORK_OLD, FORK_UNKNOWN):
+                assert cannot_load(entry, kind) and "prism-v5" in cannot_load(entry, kind)
+                assert choose_file(profile, entry.role, kind) is not entry
+    assert sum(f.layout == "legacy" for p in load_all().values() for f in p.files) == 4  # one per ternary size
+
+
+def test_why_no_file_names_the_fork_build_command():
+    why = why_no_file(get_profile("bonsai2-27b"), "model", MAIN)
+    assert "bonsai build --source prismml" in why and "Ternary-Bonsai-2-27B-PQ2_0.gguf" in why
+    old = why_no_file(get_profile("ternary-27b"), "model", FORK_OLD)
+    assert "b10658 or newer; this build is b9596" in old and "prism-v5" in old
+
+
+@pytest.mark.parametrize("profile,layout,expected", [
+    ("ternary-27b", None, MAINLINE), ("bonsai-27b", None, MAINLINE), ("demo", None, MAINLINE),
+    ("bonsai2-27b", None, FORK), ("ternary-27b", "fork", FORK), ("bonsai2-27b", "mainline", MAINLINE),
+])
+def test_wanted_flavour(profile, layout, expected):
+    assert wanted_flavour(get_profile(profile), layout) == expected
+
+
+def test_default_profile_stays_runnable_on_the_mainline_pin():
+    s = resolve(env={})
+    default = get_profile(f"{s['family']}-{s['size'].lower()}")
+    assert default.name == "ternary-27b" and wanted_flavour(default, s.get("layout")) == MAINLINE
+    assert choose_file(default, "model", MAIN) is not None
+
+
+def test_runnable_profiles_per_build():
+    profiles = list(load_all().values())
+    everything = {p.name for p in profiles}
+    assert set(runnable_profiles(MAIN, profiles)) == everything - {"bonsai2-27b"}
+    assert set(runnable_profiles(FORK_PIN, profiles)) == everything
+    assert "ternary-27b" not in runnable_profiles(FORK_OLD, profiles)
+
+
+def test_builds_text_and_release_numbers():
+    p = get_profile("ternary-27b")
+    assert [builds_text(f) for f in p.files if f.role == "model"] == [
+        "mainline or fork ≥ b10658", "fork ≥ b10658", "legacy: refused"]
+    assert release_of_tag("prism-b10743-adfffbe") == 10743
+    assert release_of_tag("prism") is None and release_of_tag("b11434") is None
+    assert kind_of_manifest({"source": {"kind": "pin"}}) == MAIN  # manifests from before flavours
+    assert kind_of_manifest({"source": {"flavour": "fork", "release": 10743}}) == FORK_PIN
+
+
+def test_bonsai2_profile_matches_the_reference():
+    p = get_profile("bonsai2-27b")
+    assert (p.family, p.size, p.repo) == ("bonsai2", "27B", "prism-ml/Ternary-Bonsai-2-27B-gguf")
+    args = " ".join(p.server_args)
+    assert "--temp 1.0 --top-p 0.95 --top-k 20 --min-p 0.05 --jinja" in args
+    assert [f.name for f in p.files if f.role == "model"] == ["Ternary-Bonsai-2-27B-PQ2_0.gguf",
+                                                              "Ternary-Bonsai-2-27B-PTQ1_0.gguf"]
+    assert p.draft_free_type == "ngram-mod" and not p.has_role("drafter")
+    assert "2%" in p.drafter_warning and p.reasoning_efforts == ("medium", "high", "xhigh")
+
+
+BASE = {"name": "x", "family": "f", "size": "1B", "repo": "o/r"}
+
+
+@pytest.mark.parametrize("entry,expected", [
+    ({"role": "model", "name": "a.gguf", "builds": "fork", "layout": "fork"}, "has both builds and layout"),
+    ({"role": "model", "name": "a.gguf", "builds": "sometimes"}, "builds='sometimes' is not known"),
+    ({"role": "model", "name": "a.gguf", "builds": "mainline", "min_fork_release": 10658}, "min_fork_release is set"),
+    ({"role": "model", "name": "a.gguf", "builds": "fork", "min_fork_release": "new"}, "must be a release number"),
+    ({"role": "model", "name": "a.gguf", "builds": "legacy"}, "is legacy but has no note"),
+])
+def test_bad_builds_fields_are_refused(entry, expected):
+    with pytest.raises(BonsaiError, match=expected):
+        parse_profile({**BASE, "files": [entry]}, Path("x.yaml"))
+
+
+def test_layout_is_still_read_as_the_older_name_of_builds():
+    p = parse_profile({**BASE, "files": [{"role": "model", "name": "a.gguf", "layout": "fork"}]}, Path("x.yaml"))
+    assert p.files[0].layout == "fork"
+
+
+def test_own_weights_on_a_build_that_loads_none_of_the_profiles_files_are_warned_about():
+    from bonsai_launch.launch_inputs import _selection_warnings, select
+
+    bonsai2 = select({"family": "bonsai2"}, env={})
+    assert any("none of profile bonsai2-27b's weights load on a mainline" in w
+               for w in _selection_warnings(bonsai2, "own.gguf", MAIN, None))
+    assert _selection_warnings(bonsai2, "own.gguf", FORK_PIN, None) == []
+    ternary = select({"family": "ternary"}, env={})
+    assert _selection_warnings(ternary, "own.gguf", FORK_PIN, None) == []  # ternary files load on the fork too

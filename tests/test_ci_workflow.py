@@ -1,0 +1,44 @@
+"""The GitHub workflow stays in step with the project: the Pythons it promises, the markers
+the fast lane filters on, and `.ci/run` as the full lane. (It cannot run here; this keeps it
+from drifting until it does.)"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"
+
+
+def _load():
+    return yaml.safe_load(WORKFLOW.read_text()), tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_fast_lane_covers_every_system_and_supported_python():
+    ci, project = _load()
+    matrix = ci["jobs"]["fast"]["strategy"]["matrix"]
+    assert set(matrix["os"]) == {"ubuntu-latest", "macos-latest", "windows-latest"}
+    oldest = re.fullmatch(r">=(\d+\.\d+)", project["project"]["requires-python"]).group(1)
+    assert matrix["python"][0] == oldest and matrix["python"] == ["3.11", "3.12", "3.13"]
+
+
+def test_fast_lane_filters_on_registered_markers():
+    ci, project = _load()
+    runs = " ".join(step.get("run", "") for step in ci["jobs"]["fast"]["steps"])
+    expression = re.search(r'pytest .*-m "([^"]+)"', runs).group(1)
+    registered = {m.split(":")[0] for m in project["tool"]["pytest"]["ini_options"]["markers"]}
+    used = set(re.findall(r"\b(?!not\b|and\b|or\b)(\w+)", expression))
+    assert used == {"server", "slow"} and used <= registered
+    assert "[demo,test]" in runs  # the test extra brings the PowerShell grammar
+
+
+def test_full_lane_is_the_landing_check():
+    ci, _ = _load()
+    runs = [step.get("run", "") for step in ci["jobs"]["full"]["steps"]]
+    assert "bash .ci/run" in runs
+    assert ci["jobs"]["full"]["runs-on"] == "ubuntu-latest"
+    assert (ROOT / ".ci" / "run").is_file()
