@@ -229,7 +229,7 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
     model_name = (min(a.strip() for a in alias.split(",")) if alias
                   else profile.name if profile else inputs.model.path.stem)
     b.add("-m", inputs.model.path, f"model{' of profile ' + profile.name if profile else ''}")
-    b.add("--alias", model_name, "from the arguments after --" if passthrough.plan_value("alias")
+    b.add("--alias", alias or model_name, "from the arguments after --" if alias
           else "the name clients see in /v1/models and put in \"model\"")
     b.add("--host", host, ("loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1")
           + f" ({_why(s, 'host', 'default')})")

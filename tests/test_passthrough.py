@@ -199,6 +199,8 @@ def test_served_model_name_is_the_profile_or_the_file_stem():
     assert plan.to_json()["model_name"] == "ternary-27b"
     plan = plan_for(passthrough=("-a", "my-model"))
     assert plan.model_name == "my-model" and count(plan, "--alias", "-a") == 1
+    plan = plan_for(passthrough=("--alias", "zeta, alpha"))  # every alias is served; the first sorted is the name
+    assert arg(plan, "--alias") == "zeta, alpha" and plan.model_name == "alpha"
 
 
 def test_every_owned_flag_appears_once_and_equals_the_plan_json():
