@@ -15,12 +15,13 @@ import os
 import subprocess
 from pathlib import Path
 
-from bonsai_launch.capabilities import Capabilities, backend_from_devices, parse_devices, parse_help_full, parse_version
+from bonsai_launch.capabilities import (Capabilities, backend_from_devices, parse_devices, parse_help_full,
+                                        parse_shared_drafting, parse_version)
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.llama_options import parse_option_table
 from bonsai_launch.paths import bonsai_home, exe_name
 
-PROBE_SCHEMA = 2  # 2: the option table
+PROBE_SCHEMA = 3  # 2: shared_drafting; 3: the option table
 
 
 def resolve_explicit(explicit: str, platform: str | None = None) -> Path | None:
@@ -88,7 +89,7 @@ def probe_uncached(binary: Path) -> Capabilities:
     version, build = parse_version(_run(binary, "--version"))
     devices = parse_devices(_run(binary, "--list-devices")) if "--list-devices" in flags else ()
     return Capabilities(str(binary), version, build, backend_from_devices(devices), spec_types, flags, devices, removed,
-                        parse_option_table(help_text))
+                        parse_shared_drafting(help_text), parse_option_table(help_text))
 
 
 def probe(binary: Path) -> Capabilities:

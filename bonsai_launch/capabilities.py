@@ -28,6 +28,8 @@ class Capabilities:
     flags: frozenset[str] = frozenset()
     devices: tuple[str, ...] = ()
     removed_flags: frozenset[str] = frozenset()  # listed by --help but rejected ("has been removed")
+    # One draft context drafts for every slot (llama.cpp #22838); None: not probed (older cache).
+    shared_drafting: bool | None = None
     options: OptionTable | None = None  # every option with its spellings and value count
 
     def accepts(self, flag: str) -> bool:
@@ -43,6 +45,7 @@ class Capabilities:
             "flags": sorted(self.flags),
             "devices": list(self.devices),
             "removed_flags": sorted(self.removed_flags),
+            "shared_drafting": self.shared_drafting,
             "options": self.options.to_text() if self.options is not None else None,
         }
 
@@ -57,6 +60,7 @@ class Capabilities:
             flags=frozenset(data.get("flags", ())),
             devices=tuple(data.get("devices", ())),
             removed_flags=frozenset(data.get("removed_flags", ())),
+            shared_drafting=data.get("shared_drafting"),
             options=OptionTable.from_text(data["options"]) if data.get("options") else None,
         )
 
@@ -98,6 +102,18 @@ def parse_help_full(text: str) -> tuple[frozenset[str], frozenset[str], frozense
             if found:
                 spec_types.update(t.strip() for t in found.group(1).split(","))
     return frozenset(flags), frozenset(spec_types), frozenset(removed - flags)
+
+
+def parse_shared_drafting(text: str) -> bool:
+    """Whether `--spec-type` takes a comma-separated list of types. That came with llama.cpp's
+    parallel drafting rework (#22838), which put every slot's drafts in one speculative context;
+    before it, and in the PrismML fork before its rebase, DSpark could not run on several slots."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("--spec-type"):
+            description = " ".join([line, *(x for x in lines[i + 1:i + 4] if x.startswith(" "))])
+            return "comma-separated list" in description
+    return False
 
 
 def parse_version(text: str) -> tuple[str | None, int | None]:

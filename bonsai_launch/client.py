@@ -160,6 +160,20 @@ def completion(base_url: str, prompt: str, n_predict: int = 32, temperature: flo
     return _check(r).json()
 
 
+def post_json(base_url: str, path: str, body: dict[str, Any], api_key: str | None = None,
+              timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
+    """POST a JSON body to base_url + path (for example llama-server's /tokenize)."""
+    import httpx
+
+    url = base(base_url) + path
+    try:
+        with _client(api_key, timeout) as http:
+            r = http.post(url, json=body)
+    except httpx.HTTPError as exc:
+        raise _fail(url, exc) from None
+    return _check(r).json()
+
+
 def chat_completion(base_url: str, messages: list[dict[str, str]], max_tokens: int = 32, temperature: float = 0.0,
                     api_key: str | None = None, model: str | None = None, timeout: float = GENERATE_TIMEOUT,
                     **extra: Any) -> dict[str, Any]:

@@ -183,6 +183,12 @@ def gather_plan(
     if not files.model.is_file():
         raise BonsaiError(f"model file {files.model} is not present",
                           f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH")
+    tuning = None
+    if selection.settings["speculative"] == "auto":
+        from bonsai_launch.tune.auto import apply_auto
+
+        subject = selection.profile.name if not explicit_model(selection, model) or selection.names_model else None
+        selection, tuning = apply_auto(selection, files, binary, subject)  # the measured decision, or plain
     target = inspect_gguf(files.model)
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
@@ -211,6 +217,10 @@ def gather_plan(
     notes += inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
     if notes:
         plan = dataclasses.replace(plan, warnings=plan.warnings + tuple(notes))
+    if tuning is not None:
+        from bonsai_launch.tune.auto import with_tuning
+
+        plan = with_tuning(plan, tuning)
     return plan
 
 

@@ -6,11 +6,11 @@ loopback without the opt-in or a key. Instead, each argument is parsed against l
 own option table (bonsai_launch.llama_options: aliases fold to one name, values are counted as
 llama-server counts them) and sorted into four kinds:
 
-- options a bonsai setting owns (`--host`, `--port`, `-c`, `-ngl`, `--spec-type`,
+- options a bonsai setting owns (`--host`, `--port`, `-c`, `-ngl`, `-np`, `--spec-type`,
   `--spec-draft-n-max`, `--api-key`, `-v`): folded into the settings with the source
   "passthrough", as if the setting had been given, so the plan's rules apply to them once;
-- options the plan sets itself without a setting (`-np`, `-ub`, `-b`, `--alias`): handed to the
-  plan, which places them and applies its rules (slots x (n-max + 1) <= ub and b);
+- options the plan sets itself without a setting (`-ub`, `-b`, `--alias`): handed to the plan,
+  which places them and applies its rules (slots x (draft + 1) <= ub and b, in slots.py);
 - options bonsai must set itself (`-m`, `-md`, `-ngld`, `--api-key-file`, `--help`...):
   refused with the bonsai setting to use;
 - everything else: passed on unchanged, except secrets, which go to the environment.
@@ -36,13 +36,13 @@ SETTING_OPTIONS: dict[str, str] = {
     "--spec-draft-n-max": "spec_nmax",
     "--api-key": "api_key",
     "--verbose": "verbose",
+    "--parallel": "parallel",
 }
 # The bonsai flag for a setting, where there is one (`bonsai start --port`).
 SETTING_FLAGS: dict[str, str] = {"host": "--host", "port": "--port", "ctx": "--ctx", "ngl": "--ngl",
-                                 "spec_type": "--spec-type", "spec_nmax": "--spec-nmax"}
+                                 "spec_type": "--spec-type", "spec_nmax": "--spec-nmax", "parallel": "--parallel"}
 # Options the plan places itself: canonical name -> the plan's name for the value.
-PLAN_OPTIONS: dict[str, str] = {"--parallel": "slots", "--ubatch-size": "ubatch", "--batch-size": "batch",
-                                "--alias": "alias"}
+PLAN_OPTIONS: dict[str, str] = {"--ubatch-size": "ubatch", "--batch-size": "batch", "--alias": "alias"}
 _EXITS_AT_ONCE = "it makes llama-server print and exit: run the llama-server binary with it directly"
 # Options bonsai sets itself, with what to use instead.
 REFUSED: dict[str, str] = {
@@ -121,6 +121,16 @@ class Passthrough:
             raise BonsaiError(f"-- {arg.spelled} {number} must be at least 1", f"for example -- {arg.spelled} 1")
         return number
 
+    def last_int(self, canonical: str) -> int | None:
+        """The last value of an option that passes through (an n-gram draft length), as a number."""
+        for a in reversed(self.args):
+            if a.canonical == canonical and a.values:
+                try:
+                    return int(a.values[0], 10)
+                except ValueError:
+                    return None
+        return None
+
     def secret_env(self) -> dict[str, str]:
         return {a.option.env or a.canonical: a.values[0] for a in self.args if a.canonical in SECRET_OPTIONS}
 
@@ -197,6 +207,8 @@ def fold_settings(settings: Settings, passthrough: Passthrough) -> Settings:
     values = dict(settings.values)
     for key, arg in passthrough.setting_args():
         raw: Any = arg.values[0] if arg.values else True
+        if key == "parallel" and str(raw).strip() == "-1":
+            continue  # llama-server's "auto"; bonsai's plan decides, as with BONSAI_PARALLEL unset
         if key == "ngl" and str(raw).lower() in ("all", "auto"):
             if str(raw).lower() == "auto":
                 continue  # llama-server's default; bonsai's plan decides

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bonsai_launch import prompt_cache
+from bonsai_launch import slots as slot_rules
 from bonsai_launch.capabilities import Capabilities
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.gguf_info import GGUFInfo, check_pair
@@ -23,6 +25,7 @@ from bonsai_launch.hardware import Hardware
 from bonsai_launch.passthrough import Passthrough, fold_settings, split_known
 from bonsai_launch.profiles import Profile
 from bonsai_launch.settings import Settings
+from bonsai_launch.slots import SlotChoice, SlotsPlan
 
 SPECULATIVE_MIN_CTX = 16384
 GIB = 2**30
@@ -31,7 +34,6 @@ RAM_TIERS: tuple[tuple[float, int], ...] = ((11, 8192), (23, 16384), (35, 32768)
 GPU_MARGIN_BYTES = 1 * GIB  # compute buffers and the CUDA context
 MIN_CTX = 2048
 SLOW_VISION_BACKENDS = ("cpu", "metal", "vulkan")
-DEFAULT_UBATCH, DEFAULT_BATCH = 512, 2048  # llama-server's defaults for -ub and -b
 # Plan flags a passthrough argument may not repeat, with the bonsai setting to use instead.
 PLAN_FLAG_SETTINGS = {"--cache-type-k": "BONSAI_KV4", "--cache-type-v": "BONSAI_KV4",
                       "--spec-draft-type-k": "BONSAI_KV4", "--spec-draft-type-v": "BONSAI_KV4",
@@ -70,8 +72,10 @@ class LaunchPlan:
     backend: str
     speculative: SpecPlan | None
     mmproj: str | None = None
+    slots: SlotsPlan | None = None
+    prompt_cache: dict[str, Any] | None = None
+    tuning: dict[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision and its evidence
     model_name: str = ""  # what clients put in "model" (llama-server's --alias)
-    slots: int | None = None  # -np; None: llama-server's own default
     from_passthrough: tuple[str, ...] = ()  # plan values that came from arguments after --
 
     @property
@@ -104,7 +108,6 @@ class LaunchPlan:
             "port": self.port,
             "url": self.base_url,
             "ctx": self.ctx,
-            "slots": self.slots,
             "model_name": self.model_name,
             "api_key_required": "LLAMA_API_KEY" in self.env,
             "from_passthrough": list(self.from_passthrough),
@@ -116,6 +119,9 @@ class LaunchPlan:
                 "drafter": self.speculative.drafter,
                 "draft_ngl": self.speculative.draft_ngl,
             },
+            "slots": self.slots.to_json() if self.slots else None,
+            "prompt_cache": self.prompt_cache,
+            "tuning": self.tuning,
         }
 
 
@@ -249,6 +255,8 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
     b.add("-ngl", ngl, ngl_why)
 
     spec = _speculation(inputs, ngl, b)
+    # -np after -- is folded into BONSAI_PARALLEL's setting (source "passthrough").
+    slot_choice = slot_rules.choose_slots(s.get("parallel"), s.source("parallel"), spec is not None)
 
     # Context: explicit wins; else RAM tier, capped by free GPU memory when offloading.
     ctx_setting = s.get("ctx") or 0
@@ -279,33 +287,29 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
                                       "lower BONSAI_NGL if loading fails")
         if spec and ctx < SPECULATIVE_MIN_CTX:
             ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
+    per_slot_ctx = ctx
+    if slot_choice.count is not None and slot_choice.count > 1:
+        explicit_ctx = ctx_setting > 0 and s.source("ctx") != "profile"
+        minimum, label = ((SPECULATIVE_MIN_CTX, "the speculative minimum per slot") if spec
+                          else (MIN_CTX, "the minimum per slot"))
+        fitted = slot_rules.context_for_slots(slot_choice.count, bool(s["kv_unified"]), minimum, ctx, explicit_ctx, label)
+        ctx_why = fitted.why if fitted.ctx != ctx else f"{ctx_why}; {fitted.why}"
+        ctx, per_slot_ctx = fitted.ctx, fitted.per_slot
+        if fitted.warning:
+            b.warnings.append(fitted.warning)
+        kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
+        limit = gpu_ctx_limit(inputs.hardware, inputs.model.file_size, kv) if ngl > 0 else None
+        if limit is not None and ctx > limit:
+            b.warnings.append(f"{slot_choice.count} slots need a {ctx}-token KV cache, more than the about {limit} tokens "
+                              "free GPU memory holds; use fewer slots, BONSAI_KV_UNIFIED=1 or BONSAI_KV4=1")
     b.add("-c", ctx, ctx_why)
-
-    slots = passthrough.plan_int("slots")
-    ubatch, batch = passthrough.plan_int("ubatch"), passthrough.plan_int("batch")
-    if spec:
-        if slots is None:
-            slots = 1
-            b.add("-np", 1, "speculation: one slot, as the DSpark fork runs it")
-        else:
-            b.add("-np", slots, "from the arguments after --")
-        # Hard limit: llama-server aborts (SIGABRT) on the first draft otherwise.
-        per_slot = (spec.n_max or 0) + 1
-        need = slots * per_slot
-        for given, default, label in ((ubatch, DEFAULT_UBATCH, "-ub"), (batch, DEFAULT_BATCH, "-b")):
-            value = given if given is not None else default
-            if value < need:
-                where = "" if given is not None else " (llama-server's default)"
-                raise BonsaiError(f"{label} {value}{where} is smaller than slots x (n-max + 1) = "
-                                  f"{slots} x {per_slot} = {need}",
-                                  f"raise {label} to at least {need} (-- {label} {need}) or use fewer slots; "
-                                  "llama-server aborts on the first draft otherwise")
-    elif slots is not None:
-        b.add("-np", slots, "from the arguments after --")
-    if ubatch is not None:
-        b.add("-ub", ubatch, "from the arguments after --")
-    if batch is not None:
-        b.add("-b", batch, "from the arguments after --")
+    slots_plan = _slots(inputs, spec, slot_choice, per_slot_ctx, b)
+    if spec is None:
+        # Without speculation no rule sizes them: -ub/-b after -- go to llama-server as given, once.
+        for name, flag in (("ubatch", "-ub"), ("batch", "-b")):
+            given = passthrough.plan_int(name)
+            if given is not None:
+                b.add(flag, given, "from the arguments after --")
 
     if s["kv4"]:
         _require_flag(caps, "--cache-type-k", "BONSAI_KV4=1")
@@ -315,6 +319,13 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
             _require_flag(caps, "--spec-draft-type-k", "BONSAI_KV4=1 with a drafter")
             b.add("--spec-draft-type-k", "q4_0", "BONSAI_KV4=1: the drafter's KV cache too (the reference crashed without it)")
             b.add("--spec-draft-type-v", "q4_0", "BONSAI_KV4=1: the drafter's KV cache too")
+
+    cache, cache_warnings = prompt_cache.cache_flags(s.get("cache_ram"), s.get("ctx_checkpoints"), s.get("cache_idle_slots"),
+                                                     {k: s.source(k) for k in ("cache_ram", "ctx_checkpoints", "cache_idle_slots")})
+    for item in cache:
+        _require_flag(caps, item.flag, item.setting)
+        b.add(item.flag, item.value, item.why)
+    b.warnings.extend(cache_warnings)
 
     mmproj = _vision(inputs, backend, b)
 
@@ -355,7 +366,7 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         b.reasons.append(Reason(name, "***", "a secret from the arguments after --, moved to the environment"))
 
     from_passthrough = tuple(sorted({k for k, r in s.values.items() if r.source == "passthrough"}
-                                    | {n for n in ("slots", "ubatch", "batch", "alias") if passthrough.plan_value(n)}))
+                                    | {n for n in ("ubatch", "batch", "alias") if passthrough.plan_value(n)}))
     return LaunchPlan(
         argv=tuple(str(a) for a in b.argv),
         env=env,
@@ -370,10 +381,55 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         backend=backend,
         speculative=spec,
         mmproj=str(mmproj) if mmproj else None,
+        slots=slots_plan,
+        prompt_cache=prompt_cache.describe(s.get("cache_ram"), s.get("ctx_checkpoints"), s.get("cache_idle_slots")),
         model_name=model_name,
-        slots=slots,
         from_passthrough=from_passthrough,
     )
+
+
+def _slots(inputs: PlanInputs, spec: SpecPlan | None, choice: SlotChoice, per_slot_ctx: int, b: _Builder) -> SlotsPlan:
+    """-np, -kvu and, with speculation, -ub/-b (slots.py has the rules and the facts behind them)."""
+    s, caps, passthrough = inputs.settings, inputs.capabilities, inputs.passthrough
+    if choice.count is None:
+        b.reasons.append(Reason("-np", "auto", choice.why))
+        if s.is_explicit("kv_unified"):
+            b.warnings.append("BONSAI_KV_UNIFIED has no effect without BONSAI_PARALLEL: llama-server's automatic slots "
+                              "already share one KV pool")
+        return SlotsPlan(None, True, None)
+    count = choice.count
+    why = choice.why
+    if spec is not None and count > 1:
+        why += "; speculation on every slot: " + slot_rules.refuse_unless_build_can(
+            caps.shared_drafting if caps else None, caps.binary if caps else inputs.binary, count, spec.spec_type)
+    b.add("-np", count, why)
+    kv_unified = bool(s["kv_unified"]) and count > 1
+    if kv_unified:
+        _require_flag(caps, "-kvu", "BONSAI_KV_UNIFIED=1")
+        b.add("-kvu", None, "BONSAI_KV_UNIFIED=1: the slots share one KV pool")
+    elif s["kv_unified"] and s.is_explicit("kv_unified"):
+        b.warnings.append("BONSAI_KV_UNIFIED=1 has no effect with one slot")
+    if spec is None:
+        return SlotsPlan(count, kv_unified, per_slot_ctx)
+    # The draft length and -ub/-b: the n-gram draft options pass through to llama-server (read
+    # here for the rule); -ub/-b after -- are the plan's to place, once.
+    option_values: dict[str, int] = {}
+    for option, _ in slot_rules.NGRAM_DRAFT_LENGTH.values():
+        value = passthrough.last_int(option) if option else None
+        if option and value is not None:
+            option_values[option] = value
+    draft, _ = slot_rules.draft_length(spec.spec_type, spec.n_max, option_values)
+    given = {"-ub": passthrough.plan_int("ubatch"), "-b": passthrough.plan_int("batch")}
+    sizing = slot_rules.size_batches(count, spec.spec_type, draft, given["-ub"], given["-b"])
+    for flag, added, effective, why in (("-ub", sizing.ubatch_flag, sizing.ubatch, sizing.ubatch_why),
+                                        ("-b", sizing.batch_flag, sizing.batch, sizing.batch_why)):
+        if added is not None:
+            b.add(flag, added, "speculation: " + why)
+        elif given[flag] is not None:
+            b.add(flag, given[flag], "from the arguments after --; speculation: " + why)
+        else:  # llama-server's default: explained, not repeated
+            b.reasons.append(Reason(flag, str(effective), "speculation: " + why))
+    return SlotsPlan(count, kv_unified, per_slot_ctx, draft, sizing.need, sizing.ubatch, sizing.batch)
 
 
 def _require_flag(caps: Capabilities | None, flag: str, setting: str) -> None:
@@ -443,8 +499,29 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
     b.add("--spec-type", draft_free, "draft-free n-gram speculation" + (" (profile default)" if not wanted_type else ""))
     n_max = s.get("spec_nmax")
     if n_max is not None:
-        b.add("--spec-draft-n-max", n_max, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')})")
+        for flag, value in ngram_length_flags(draft_free, n_max):
+            _require_flag(inputs.capabilities, flag, "BONSAI_SPEC_NMAX")
+            b.add(flag, value, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')}): {draft_free} drafts at most {n_max} tokens")
+        if draft_free not in NGRAM_LENGTH_FLAGS:
+            b.warnings.append(f"BONSAI_SPEC_NMAX has no effect on {draft_free}, whose draft length is fixed")
     return SpecPlan(draft_free, n_max)
+
+
+# The n-gram types ignore --spec-draft-n-max (b11434 reads it for draft models only): each has
+# its own length flag. ngram-mod also drops drafts shorter than its n-min (default 48).
+NGRAM_LENGTH_FLAGS = {t: option for t, (option, _default) in slot_rules.NGRAM_DRAFT_LENGTH.items() if option}
+NGRAM_MOD_DEFAULT_N_MIN = 48
+
+
+def ngram_length_flags(spec_type: str, n_max: int) -> list[tuple[str, int]]:
+    """The flags that cap an n-gram type's draft length at n_max."""
+    flag = NGRAM_LENGTH_FLAGS.get(spec_type)
+    if flag is None:
+        return []
+    flags = [(flag, n_max)]
+    if spec_type == "ngram-mod":
+        flags.append(("--spec-ngram-mod-n-min", min(n_max, NGRAM_MOD_DEFAULT_N_MIN)))
+    return flags
 
 
 def _vision(inputs: PlanInputs, backend: str, b: _Builder) -> Path | None:

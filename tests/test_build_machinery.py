@@ -224,6 +224,8 @@ def test_choose_backend():
     assert auto.backend == "cuda" and "-DCMAKE_CUDA_ARCHITECTURES=90" in auto.cmake_flags
     assert toolchain.choose_backend("auto", _hw([h200]), _tools()).backend == "cpu"  # GPU but no nvcc
     assert toolchain.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).backend == "cpu"  # nvcc, no GPU
+    assert toolchain.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).reason.startswith("nvcc found but no NVIDIA GPU")
+    assert toolchain.choose_backend("auto", _hw(), _tools()).reason == "no GPU toolchain found"
     explicit = toolchain.choose_backend("cuda", _hw(), _tools(nvcc="/usr/bin/nvcc"), cuda_archs="86,89")
     assert "-DCMAKE_CUDA_ARCHITECTURES=86;89" in explicit.cmake_flags
     with pytest.raises(BonsaiError, match="--cuda-archs"):

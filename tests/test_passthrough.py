@@ -116,12 +116,17 @@ def test_bad_value_names_the_passthrough_argument():
 
 def test_slots_after_dashdash_obey_the_ubatch_rule():
     plan = plan_for(env={"BONSAI_SPECULATIVE": "1"}, passthrough=("-np", "2", "-ub", "64"))
-    assert plan.slots == 2 and count(plan, "-np", "--parallel") == 1 and arg(plan, "-np") == "2"
+    assert plan.slots.count == 2 and count(plan, "-np", "--parallel") == 1 and arg(plan, "-np") == "2"
     assert arg(plan, "-ub") == "64" and count(plan, "-ub", "--ubatch-size") == 1
-    with pytest.raises(BonsaiError, match=r"-ub 512 \(llama-server's default\) is smaller than slots x \(n-max \+ 1\) = 200 x 5"):
-        plan_for(env={"BONSAI_SPECULATIVE": "1"}, passthrough=("--parallel", "200"))
+    assert plan.to_json()["from_passthrough"] == ["parallel", "ubatch"]
+    plan = plan_for(env={"BONSAI_SPECULATIVE": "1"}, passthrough=("--parallel", "200"))  # sized by the slots rule
+    assert arg(plan, "-ub") == str(200 * 5) and count(plan, "-ub", "--ubatch-size") == 1
+    with pytest.raises(BonsaiError, match=r"-ub 4 is smaller than speculation needs: 1 slot x \(4 draft \+ 1\) = 5"):
+        plan_for(env={"BONSAI_SPECULATIVE": "1"}, passthrough=("--ubatch-size", "4"))
     with pytest.raises(BonsaiError, match=r"-b 4 is smaller"):
         plan_for(env={"BONSAI_SPECULATIVE": "1"}, passthrough=("--batch-size", "4"))
+    plan = plan_for(passthrough=("-ub", "64", "-b", "128"))  # without speculation: as given, once
+    assert arg(plan, "-ub") == "64" and arg(plan, "-b") == "128" and count(plan, "-b", "--batch-size") == 1
 
 
 def test_spec_settings_after_dashdash_go_through_the_drafter_rules():
@@ -213,8 +218,8 @@ def test_every_owned_flag_appears_once_and_equals_the_plan_json():
                            (("-np", "--parallel"), "slots"), (("-ngl", "--gpu-layers"), "ngl")):
         assert count(plan, *spellings) == 1, spellings
         value = next(plan.argv[i + 1] for i, a in enumerate(plan.argv) if a in spellings)
-        assert value == str(data[key]), key
-    assert set(data["from_passthrough"]) == {"host", "port", "ctx", "slots", "ngl"}
+        assert value == str(data[key]["parallel"] if key == "slots" else data[key]), key
+    assert set(data["from_passthrough"]) == {"host", "port", "ctx", "parallel", "ngl"}
 
 
 def test_pinned_table_loads():

@@ -43,7 +43,7 @@ def test_unknown_option_after_dashdash_is_refused_before_running(capsys, model):
 def test_known_llama_server_options_outside_dashdash_fold_like_after_it(capsys, model):
     # -np used to be read by Click as -n plus `-p 2` (the profile).
     data = dry_json(capsys, "--model", model, "-np", "2", "--threads", "2")
-    assert data["slots"] == 2 and data["from_passthrough"] == ["slots"]
+    assert data["slots"]["parallel"] == 2 and data["from_passthrough"] == ["parallel"]
     assert data["argv"].count("-np") == 1 and data["argv"][-2:] == ["--threads", "2"]
 
 

@@ -3,7 +3,7 @@
 Every writer returns the Path it wrote, writes to a temporary name first and renames it into
 place, and produces a file of a few hundred KB that llama-server (upstream b11434) loads in
 milliseconds. Keys and tensor names follow src/llama-model.cpp, src/models/{qwen3,llama,dflash}.cpp
-and src/llama-vocab.cpp of that build (see /work/shared/reference/drafter-gguf.md).
+and src/llama-vocab.cpp of that build (the project's reference notes on the drafter GGUF layout).
 
 Vocabulary: the `"test"` tokenizer (hash tokenizer, no BOS/EOS, so generation runs to
 n_predict; a token detokenizes to its id in hex). Token texts are f"{token_prefix}{i}", so a
@@ -177,20 +177,20 @@ def _attention_kv(arch: str, *, context_length: int, embedding: int, layers: int
 
 
 def _layer_tensors(rng: np.random.Generator, i: int, *, embedding: int, ff: int, heads: int, heads_kv: int,
-                   head_dim: int, qk_norm: bool, constant: bool) -> list[tuple[str, np.ndarray]]:
+                   head_dim: int, qk_norm: bool, constant: bool, scale: float = 0.1) -> list[tuple[str, np.ndarray]]:
     e, q, kv = embedding, head_dim * heads, head_dim * heads_kv
     # constant models zero the projections back into the residual stream, so it never changes
-    wo = _zeros(q, e) if constant else _rand(rng, q, e)
-    down = _zeros(ff, e) if constant else _rand(rng, ff, e)
+    wo = _zeros(q, e) if constant else _rand(rng, q, e, scale=scale)
+    down = _zeros(ff, e) if constant else _rand(rng, ff, e, scale=scale)
     out = [
         (f"blk.{i}.attn_norm.weight", _ones(e)),
-        (f"blk.{i}.attn_q.weight", _rand(rng, e, q)),
-        (f"blk.{i}.attn_k.weight", _rand(rng, e, kv)),
-        (f"blk.{i}.attn_v.weight", _rand(rng, e, kv)),
+        (f"blk.{i}.attn_q.weight", _rand(rng, e, q, scale=scale)),
+        (f"blk.{i}.attn_k.weight", _rand(rng, e, kv, scale=scale)),
+        (f"blk.{i}.attn_v.weight", _rand(rng, e, kv, scale=scale)),
         (f"blk.{i}.attn_output.weight", wo),
         (f"blk.{i}.ffn_norm.weight", _ones(e)),
-        (f"blk.{i}.ffn_gate.weight", _rand(rng, e, ff)),
-        (f"blk.{i}.ffn_up.weight", _rand(rng, e, ff)),
+        (f"blk.{i}.ffn_gate.weight", _rand(rng, e, ff, scale=scale)),
+        (f"blk.{i}.ffn_up.weight", _rand(rng, e, ff, scale=scale)),
         (f"blk.{i}.ffn_down.weight", down),
     ]
     if qk_norm:
@@ -203,8 +203,11 @@ def write_target(path: str | Path, *, arch: str = "qwen3", embedding: int = 64, 
                  vocab: int = 512, ff: int = 128, heads: int = 4, heads_kv: int = 2, head_dim: int = 16,
                  context_length: int = 32768, seed: int = 0, constant_token: int | None = None,
                  tokenizer: str = "test", chat_template: str | None = None,
-                 token_prefix: str = DEFAULT_TOKEN_PREFIX, name: str = "tiny-target") -> Path:
-    """A tiny `qwen3` or `llama` target. `constant_token=k`: it always predicts k."""
+                 token_prefix: str = DEFAULT_TOKEN_PREFIX, name: str = "tiny-target",
+                 layer_scale: float = 0.1) -> Path:
+    """A tiny `qwen3` or `llama` target. `constant_token=k`: it always predicts k.
+    With the default layer_scale the embedding dominates and the model mostly repeats its last
+    token; layer_scale=1.0 makes its greedy output vary with the context (lossless tests)."""
     if arch not in ("qwen3", "llama"):
         raise ValueError(f"unsupported target architecture {arch!r} (qwen3 or llama)")
     rng = _rng(seed)
@@ -223,7 +226,8 @@ def write_target(path: str | Path, *, arch: str = "qwen3", embedding: int = 64, 
     tensors.append(("output_norm.weight", _ones(embedding)))
     for i in range(layers):
         tensors += _layer_tensors(rng, i, embedding=embedding, ff=ff, heads=heads, heads_kv=heads_kv,
-                                  head_dim=head_dim, qk_norm=arch == "qwen3", constant=constant_token is not None)
+                                  head_dim=head_dim, qk_norm=arch == "qwen3", constant=constant_token is not None,
+                                  scale=layer_scale)
     return _write(path, arch, kv, tensors)
 
 

@@ -27,11 +27,37 @@ from bonsai_launch.cli import logs as logs_cmd
 from bonsai_launch.cli import ps as ps_cmd
 from bonsai_launch.cli import run as run_cmd
 from bonsai_launch.cli import stop as stop_cmd
+from bonsai_launch.cli import tune as tune_cmd
 from bonsai_launch.cli import verify as verify_cmd
 from bonsai_launch.cli._passthrough import PassthroughCommand
 from bonsai_launch.errors import BonsaiError
 
+
+def speculative_auto_args(args: list[str]) -> list[str]:
+    """`--speculative auto` (or `=auto`) becomes the hidden flag `--speculative-auto`: a click
+    flag cannot also take an optional value. Arguments after `--` belong to llama-server."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        if arg == "--speculative=auto" or (arg == "--speculative" and i + 1 < len(args) and args[i + 1] == "auto"):
+            out.append("--speculative-auto")
+            i += 1 if "=" in arg else 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+class _Group(typer.core.TyperGroup):
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, speculative_auto_args(list(args)))
+
+
 app = typer.Typer(
+    cls=_Group,
     name="bonsai",
     help="Build, pull and launch llama.cpp servers for Bonsai and other GGUF models, "
     "with speculative decoding where it pays.",
@@ -55,6 +81,7 @@ app.command("stop")(stop_cmd.command)
 app.command("verify")(verify_cmd.command)
 app.command("run", cls=PassthroughCommand)(run_cmd.command)
 app.command("chat", cls=PassthroughCommand)(chat_cmd.command)
+app.command("tune", cls=PassthroughCommand)(tune_cmd.command)
 app.command("bench", cls=PassthroughCommand)(bench_cmd.command)
 
 

@@ -64,7 +64,7 @@ def command(url: UrlOpt = None, expect_speculative: ExpectSpecOpt = False, api_k
             rate = report.acceptance or 0.0
             spec = f"live: drafted {report.drafted}, accepted {report.accepted} ({rate * 100:.1f}%)"
         else:
-            spec = "not live (no tokens drafted" + (", /slots: no draft context)" if report.slots_speculative is False else ")")
+            spec = f"NOT live: {report.not_live_reason}"
         out.print(f"speculative  {spec}")
         for problem in report.problems:
             out.print(f"[red]FAIL[/] {escape(problem)}")
