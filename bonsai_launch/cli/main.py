@@ -17,6 +17,8 @@ from bonsai_launch.cli import bench as bench_cmd
 from bonsai_launch.cli import build as build_cmd
 from bonsai_launch.cli import config as config_cmd
 from bonsai_launch.cli import doctor as doctor_cmd
+from bonsai_launch.cli import export as export_cmd
+from bonsai_launch.cli import fleet as fleet_cmd
 from bonsai_launch.cli import inspect as inspect_cmd
 from bonsai_launch.cli import models as models_cmd
 from bonsai_launch.cli import pull as pull_cmd
@@ -83,6 +85,8 @@ app.command("run", cls=PassthroughCommand)(run_cmd.command)
 app.command("chat", cls=PassthroughCommand)(chat_cmd.command)
 app.command("tune", cls=PassthroughCommand)(tune_cmd.command)
 app.command("bench", cls=PassthroughCommand)(bench_cmd.command)
+app.add_typer(fleet_cmd.app, name="fleet")
+app.command("export")(export_cmd.command)
 
 
 def run() -> None:
