@@ -19,9 +19,10 @@ from pathlib import Path
 from bonsai_launch.capabilities import (Capabilities, backend_from_devices, parse_devices, parse_help_full,
                                         parse_shared_drafting, parse_version)
 from bonsai_launch.errors import BonsaiError
+from bonsai_launch.llama_options import parse_option_table
 from bonsai_launch.paths import bonsai_home, exe_name
 
-PROBE_SCHEMA = 3  # 2: shared_drafting, 3: dspark_log_snr
+PROBE_SCHEMA = 4  # 2: shared_drafting; 3: dspark_log_snr; 4: the option table
 
 
 def resolve_explicit(explicit: str, platform: str | None = None) -> Path | None:
@@ -90,7 +91,7 @@ def probe_uncached(binary: Path) -> Capabilities:
     devices = parse_devices(_run(binary, "--list-devices")) if "--list-devices" in flags else ()
     return Capabilities(str(binary), version, build, backend_from_devices(devices), spec_types, flags, devices, removed,
                         parse_shared_drafting(help_text),
-                        dspark_log_snr=implements_log_snr(binary))
+                        parse_option_table(help_text), dspark_log_snr=implements_log_snr(binary))
 
 
 # The GGUF key name llama.cpp compiles in when it reads log-SNR DSpark drafters (our patch 0002

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from bonsai_launch.llama_options import OptionTable
+
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 _SPEC_TYPES = re.compile(r"\b(none(?:,\s*[a-z0-9][\w-]*)+)")
 _VERSION = re.compile(r"version:\s*(\d+)\s*\(([^)]*)\)")
@@ -28,6 +30,7 @@ class Capabilities:
     removed_flags: frozenset[str] = frozenset()  # listed by --help but rejected ("has been removed")
     # One draft context drafts for every slot (llama.cpp #22838); None: not probed (older cache).
     shared_drafting: bool | None = None
+    options: OptionTable | None = None  # every option with its spellings and value count
     dspark_log_snr: bool = False  # loads log-SNR DSpark drafters (our patch 0002, or PrismML's fork)
 
     def accepts(self, flag: str) -> bool:
@@ -44,6 +47,7 @@ class Capabilities:
             "devices": list(self.devices),
             "removed_flags": sorted(self.removed_flags),
             "shared_drafting": self.shared_drafting,
+            "options": self.options.to_text() if self.options is not None else None,
             "dspark_log_snr": self.dspark_log_snr,
         }
 
@@ -59,6 +63,7 @@ class Capabilities:
             devices=tuple(data.get("devices", ())),
             removed_flags=frozenset(data.get("removed_flags", ())),
             shared_drafting=data.get("shared_drafting"),
+            options=OptionTable.from_text(data["options"]) if data.get("options") else None,
             dspark_log_snr=bool(data.get("dspark_log_snr", False)),
         )
 

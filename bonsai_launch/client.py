@@ -25,6 +25,11 @@ DEFAULT_TIMEOUT = 10.0
 GENERATE_TIMEOUT = 300.0
 
 
+def first_key(keys: str | None) -> str | None:
+    """The key to send when a setting holds several (comma-separated, as llama-server's --api-key)."""
+    return keys.split(",")[0].strip() or None if keys else None
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 

@@ -6,6 +6,7 @@ and the pure plan. It reads headers and probes hardware but starts nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,16 @@ def model_files(selection: Selection, model: str | None, drafter: str | None,
     return ModelFiles(model_path, drafter_path, mmproj_path, unavailable)
 
 
+def option_table(capabilities):
+    """llama-server's option table: the probed binary's, else the pinned build's (the one
+    `bonsai start` builds when none is built yet)."""
+    from bonsai_launch.llama_options import pinned_table
+
+    if capabilities is not None and capabilities.options is not None:
+        return capabilities.options
+    return pinned_table()
+
+
 def gather_plan(
     flags: Mapping[str, Any],
     model: str | None = None,
@@ -165,6 +176,7 @@ def gather_plan(
     from bonsai_launch import hardware
     from bonsai_launch.binaries import probe
     from bonsai_launch.gguf_info import inspect_gguf
+    from bonsai_launch.passthrough import inherited_env_warnings, parse as parse_passthrough
     from bonsai_launch.plan import PlanInputs, build_plan
     from bonsai_launch.server_choice import kind_of_binary
 
@@ -195,6 +207,7 @@ def gather_plan(
             raise refusal_for_legacy(files.drafter, files.model)  # never handed to llama-server as it is
     mmproj_file = files.mmproj if files.mmproj is not None and files.mmproj.is_file() else None
     capabilities = probe(binary) if binary is not None else None
+    args = parse_passthrough(passthrough, option_table(capabilities))
     inputs = PlanInputs(
         settings=selection.settings,
         model=target,
@@ -205,14 +218,13 @@ def gather_plan(
         drafter=drafter_info,
         mmproj=mmproj_file,
         capabilities=capabilities,
-        passthrough=tuple(passthrough),
+        passthrough=args,
         drafter_unavailable=files.drafter_unavailable,
     )
     plan = build_plan(inputs)
     notes = _selection_warnings(selection, model, kind, binary)
+    notes += inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
     if notes:
-        import dataclasses
-
         plan = dataclasses.replace(plan, warnings=plan.warnings + tuple(notes))
     if tuning is not None:
         from bonsai_launch.tune.auto import with_tuning

@@ -15,7 +15,7 @@ from typing import Any, Literal, Mapping
 from bonsai_launch.errors import BonsaiError
 
 Kind = Literal["bool", "int", "str", "choice", "path", "secret"]
-Source = Literal["flag", "env", "profile", "default", "detected"]
+Source = Literal["flag", "passthrough", "env", "profile", "default", "detected"]  # passthrough: after `--`
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -133,8 +133,8 @@ SETTINGS: tuple[Setting, ...] = (
             _START, default=False),
     Setting("BONSAI_ALLOW_REMOTE", "allow_remote", "bool", "Allow a non-loopback BONSAI_HOST (an API key is then required).",
             _START, default=False),
-    Setting("BONSAI_API_KEY", "api_key", "secret", "API key llama-server requires from clients; generated and printed once when a remote host is allowed and none is set.",
-            _START),
+    Setting("BONSAI_API_KEY", "api_key", "secret", "API key llama-server requires from clients, on loopback too (several: comma-separated; bonsai's clients send the first); generated and printed once when a remote host is allowed and none is set.",
+            _START + ("verify", "chat")),
     Setting("BONSAI_HOME", "home", "path", "Root of bonsai's caches: sources, builds, models, logs.",
             ("build", "pull", "start", "run", "doctor", "models", "config"),
             default_text="~/.cache/bonsai (%LOCALAPPDATA%\\bonsai on Windows)"),
@@ -221,8 +221,8 @@ class Settings:
         return self.values[key].source
 
     def is_explicit(self, key: str) -> bool:
-        """Set by the user (flag or environment), not by a profile or a default."""
-        return key in self.values and self.values[key].source in ("flag", "env")
+        """Set by the user (flag, passthrough or environment), not by a profile or a default."""
+        return key in self.values and self.values[key].source in ("flag", "passthrough", "env")
 
 
 def read_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:

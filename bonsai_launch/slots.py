@@ -22,8 +22,8 @@ DSpark pair and the demo model):
   (default 3) for drafter models, --spec-ngram-mod-n-max (64) for ngram-mod, the m-gram size (48)
   for ngram-simple/map-k/map-k4v, 8 for ngram-cache.
 
-The batch rule takes the values of -ub/-b wherever they come from (arguments after `--` today,
-the plan's own settings once pass-through values are folded into them), so it runs once, here.
+The batch rule takes the values of -ub/-b wherever they come from (the arguments after `--`,
+which the plan places itself; bonsai_launch.passthrough), so it runs once, here.
 """
 
 from __future__ import annotations
@@ -55,18 +55,14 @@ class SlotChoice:
     why: str
 
 
-def choose_slots(parallel: int | None, source: str | None, speculative: bool,
-                 passthrough_np: int | None = None) -> SlotChoice:
-    """The slot count: the user's (setting or `-np` after `--`), else 1 with speculation, else
+def choose_slots(parallel: int | None, source: str | None, speculative: bool) -> SlotChoice:
+    """The slot count: the user's (--parallel, BONSAI_PARALLEL, the profile, or `-np` after `--`,
+    which bonsai_launch.passthrough folds into the same setting), else 1 with speculation, else
     llama-server's own default."""
-    if parallel is not None and source in ("flag", "env", "profile"):
-        where = {"flag": "--parallel", "env": "BONSAI_PARALLEL", "profile": "the profile"}[source]
-        if passthrough_np is not None and passthrough_np != parallel:
-            raise BonsaiError(f"{where} {parallel} and -np {passthrough_np} after -- ask for different slot counts",
-                              "give the slot count once, with --parallel or BONSAI_PARALLEL")
+    if parallel is not None and source in ("flag", "passthrough", "env", "profile"):
+        where = {"flag": "--parallel", "passthrough": "-np after --", "env": "BONSAI_PARALLEL",
+                 "profile": "the profile"}[source]
         return SlotChoice(parallel, f"{where}: {parallel} request{'s' if parallel != 1 else ''} at once")
-    if passthrough_np is not None and passthrough_np > 0:
-        return SlotChoice(passthrough_np, f"-np {passthrough_np} after --")
     if speculative:
         return SlotChoice(1, "speculation: one slot unless BONSAI_PARALLEL/--parallel asks for more")
     return SlotChoice(None, f"llama-server's default: auto = {LLAMA_AUTO_SLOTS} slots sharing one KV pool "

@@ -171,7 +171,7 @@ def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = Fals
         if plan.speculative is not None:
             if on_status:
                 on_status("checking speculative decoding")
-            proof = prove_speculation(plan.base_url, plan.speculative, log_path, plan.env.get("LLAMA_API_KEY"))
+            proof = prove_speculation(plan.base_url, plan.speculative, log_path, plan.api_key)
             if not proof.live and not spec_fallback:
                 raise ActionFailed(proof.summary(),
                                    "fix the drafter or its settings, or pass --spec-fallback to serve without speculation")

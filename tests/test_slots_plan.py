@@ -254,10 +254,12 @@ def test_hardware_table_is_shared():
 
 
 def test_parallel_and_np_after_double_dash_must_agree():
-    with pytest.raises(BonsaiError, match="BONSAI_PARALLEL 2 and -np 4 after -- ask for different slot counts"):
-        plan_for(env={**SPEC, "BONSAI_PARALLEL": "2"}, passthrough=("-np", "4"))
+    # -np after -- counts as --parallel (above BONSAI_PARALLEL, like any flag); a flag that says otherwise is refused.
+    with pytest.raises(BonsaiError, match="--parallel 2 and -- -np 4 disagree"):
+        plan_for(env=SPEC, flags={"parallel": 2}, passthrough=("-np", "4"))
+    assert plan_for(env={**SPEC, "BONSAI_PARALLEL": "2"}, passthrough=("-np", "4")).slots.count == 4
     plan = plan_for(env={**SPEC, "BONSAI_PARALLEL": "4"}, passthrough=("-np", "4"))
-    assert plan.slots.count == 4
+    assert plan.slots.count == 4 and plan.argv.count("-np") == 1
 
 
 def test_slots_proof_needs_more_than_one_drafting_slot():

@@ -319,7 +319,7 @@ def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener
             _prove_live(spec, run, plan, proc, log, listener)
         try:
             with MemorySampler(proc.pid) as sampler:
-                yield Endpoint(plan.base_url, api=api)
+                yield Endpoint(plan.base_url, api=api, api_key=plan.api_key)  # a key the user set is enforced
         finally:
             run.peak_rss_bytes, run.peak_gpu_bytes = sampler.peak_rss, sampler.peak_gpu
             if not proc.alive():

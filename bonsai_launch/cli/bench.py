@@ -24,6 +24,7 @@ from typing import Annotated, Optional
 import typer
 
 from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt, SpecAutoOpt
+from bonsai_launch.cli._passthrough import passthrough_args
 
 ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode), auto (the tuned decision) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
 PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled suite.")]
@@ -116,6 +117,7 @@ def command(
     from bonsai_launch.bench.pipeline import Target, quick_options, run_bench
     from bonsai_launch.bench.runner import BenchOptions, parse_config_names
     from bonsai_launch.cli._output import emit_json
+    from bonsai_launch.client import first_key
     from bonsai_launch.errors import BonsaiError
     from bonsai_launch.paths import bonsai_home
     from bonsai_launch.settings import resolve
@@ -162,10 +164,10 @@ def command(
         raise BonsaiError(f"--save needs at least 3 repeats (--repeats {options.repeats}): fewer decide nothing",
                           "use --repeats 3 or more")
     if url:
-        if ctx.args or model or drafter or configs:
+        if passthrough_args(ctx) or model or drafter or configs:
             raise BonsaiError("--url measures running servers: --model, --drafter, --configs and llama-server "
                               "arguments do not apply", "drop them, or leave out --url to launch servers")
-        target = Target(url=url, baseline_url=baseline_url, api_key=api_key or settings.get("api_key"))
+        target = Target(url=url, baseline_url=baseline_url, api_key=first_key(api_key or settings.get("api_key")))
     else:
         binary = prepare_launch(flags, model, drafter, options.configs)
         if drafter:  # a legacy `dspark` drafter is measured as its cached conversion, like `bonsai start` runs it
@@ -174,7 +176,7 @@ def command(
             from bonsai_launch.drafter_cache import usable_for_start
 
             drafter = usable_for_start(flags, os.environ, model, drafter)
-        target = Target(flags=flags, model=model, drafter=drafter, passthrough=tuple(ctx.args), binary=binary)
+        target = Target(flags=flags, model=model, drafter=drafter, passthrough=passthrough_args(ctx), binary=binary)
     out_dir = out or (bonsai_home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
 
     with _ProgressListener(enabled=True) as listener:

@@ -18,6 +18,7 @@ import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt, SizeOpt,
                                         SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._passthrough import passthrough_args
 from bonsai_launch.cli.start import start_flags
 from bonsai_launch.cli.run import ApiKeyOpt, MaxTokensOpt, SystemOpt, TempOpt, UrlOpt, server_for, stats_line
 
@@ -58,7 +59,7 @@ def command(
     stop_signals = tuple(s for s in process_control.current().stop_signals() if s != signal.SIGINT)
     with supervisor.SignalForwarder(stop_signals) as forwarder:
         try:
-            with server_for(flags, model, drafter, tuple(ctx.args), url=url, api_key=api_key,
+            with server_for(flags, model, drafter, passthrough_args(ctx), url=url, api_key=api_key,
                             spec_fallback=spec_fallback, forwarder=forwarder) as target:
                 err.print(f"chatting with {target.name} ({target.base_url}); /reset clears history, /exit leaves",
                           style="dim")

@@ -19,6 +19,7 @@ import typer
 
 from bonsai_launch.cli._options import (CtxOpt, FamilyOpt, JsonOpt, Kv4Opt, NglOpt, ParallelOpt, ProfileOpt, SizeOpt,
                                         SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._passthrough import PassthroughCommand, passthrough_args
 
 app = typer.Typer(name="fleet", no_args_is_help=True, add_completion=False,
                   help="Replicas of a profile behind the LiteLLM proxy (least-busy routing, retries, failover).",
@@ -32,7 +33,7 @@ RemoteWaitOpt = Annotated[float, typer.Option("--remote-wait", help="Seconds a r
 HostsOpt = Annotated[Optional[Path], typer.Option("--hosts", help="Fleet file listing remote members (url, api_key_env).")]
 
 
-@app.command("up", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command("up", cls=PassthroughCommand)
 def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt = None,
        replicas: ReplicasOpt = None, gpus: GpusOpt = None, threads_per_replica: ThreadsOpt = None,
        port: ProxyPortOpt = 4000, hosts: HostsOpt = None, speculative: SpecOpt = None, spec_type: SpecTypeOpt = None,
@@ -53,7 +54,7 @@ def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None,
              "spec_nmax": spec_nmax, "parallel": parallel, "ctx": ctx_size, "ngl": ngl, "kv4": kv4}
     opts = UpOptions(flags={k: v for k, v in flags.items() if v is not None}, replicas=replicas,
                      gpus=fleet_hosts.parse_gpus(gpus), threads=threads_per_replica, port=port, hosts_file=hosts,
-                     passthrough=tuple(ctx.args), remote_wait_s=remote_wait)
+                     passthrough=passthrough_args(ctx), remote_wait_s=remote_wait)
 
     def status(text: str) -> None:
         if not json_output:

@@ -32,6 +32,7 @@ from bonsai_launch.cli import run as run_cmd
 from bonsai_launch.cli import stop as stop_cmd
 from bonsai_launch.cli import tune as tune_cmd
 from bonsai_launch.cli import verify as verify_cmd
+from bonsai_launch.cli._passthrough import PassthroughCommand
 from bonsai_launch.errors import BonsaiError
 
 
@@ -77,15 +78,15 @@ app.command("models")(models_cmd.command)
 app.command("rm")(rm_cmd.command)
 app.command("inspect")(inspect_cmd.command)
 app.command("convert-drafter")(convert_drafter_cmd.command)
-app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(start_cmd.command)
+app.command("start", cls=PassthroughCommand)(start_cmd.command)
 app.command("ps")(ps_cmd.command)
 app.command("logs")(logs_cmd.command)
 app.command("stop")(stop_cmd.command)
 app.command("verify")(verify_cmd.command)
-app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_cmd.command)
-app.command("chat", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(chat_cmd.command)
-app.command("tune", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(tune_cmd.command)
-app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench_cmd.command)
+app.command("run", cls=PassthroughCommand)(run_cmd.command)
+app.command("chat", cls=PassthroughCommand)(chat_cmd.command)
+app.command("tune", cls=PassthroughCommand)(tune_cmd.command)
+app.command("bench", cls=PassthroughCommand)(bench_cmd.command)
 app.add_typer(fleet_cmd.app, name="fleet")
 app.command("export")(export_cmd.command)
 

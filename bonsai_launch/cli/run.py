@@ -21,6 +21,7 @@ import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt,
                                         SizeOpt, SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._passthrough import passthrough_args
 from bonsai_launch.cli.start import start_flags
 
 PromptArg = Annotated[str, typer.Argument(help="The prompt to answer.")]
@@ -51,13 +52,14 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
     a --url server must pass the liveness probe (else the command stops with the fix), and a
     running plain server of the profile is passed over for a temporary speculative one."""
     from bonsai_launch import instances, supervisor
-    from bonsai_launch.cli.start import prepare_plan
+    from bonsai_launch.cli.start import launch_settings, prepare_plan
+    from bonsai_launch.client import first_key
     from bonsai_launch.launch_inputs import explicit_model, select
     from bonsai_launch.server_process import free_port
     from bonsai_launch.settings import resolve
 
     settings = resolve(flags)
-    key = api_key or settings.get("api_key")
+    key = first_key(api_key or settings.get("api_key"))
     wants_spec = bool(settings.get("speculative"))
     if url:
         from bonsai_launch import client
@@ -76,7 +78,7 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
         if running is not None:
             sys.stderr.write(f"the running server {running.name} ({running.base_url}) does not speculate: "
                              "starting a temporary speculative server for this answer\n")
-    if flags.get("port") is None and not resolve(flags).is_explicit("port"):
+    if flags.get("port") is None and not launch_settings(flags, passthrough).is_explicit("port"):
         flags = {**flags, "port": free_port()}  # a temporary server must not fight over 8080
     plan, generated = prepare_plan(flags, model, drafter, passthrough)
     if plan.tuning:  # BONSAI_SPECULATIVE=auto: say what was decided (run and chat never tune themselves)
@@ -94,7 +96,7 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
             sys.stderr.write(f"warning: {launched.proof.summary()}; answering without speculation (--spec-fallback)\n")
         if launched.slots_proof is not None:
             sys.stderr.write(launched.slots_proof.summary() + "\n")
-        yield Target(plan.base_url, plan.env.get("LLAMA_API_KEY") or key, True, launched.instance.name,
+        yield Target(plan.base_url, plan.api_key or key, True, launched.instance.name,
                      speculative=bool(launched.proof and launched.proof.live))
     finally:
         supervisor.shutdown(launched)
@@ -167,7 +169,7 @@ def command(
     err = console(stderr=True)
     with supervisor.SignalForwarder() as forwarder:
         try:
-            with server_for(flags, model, drafter, tuple(ctx.args), url=url, api_key=api_key,
+            with server_for(flags, model, drafter, passthrough_args(ctx), url=url, api_key=api_key,
                             spec_fallback=spec_fallback, forwarder=forwarder) as target:
                 result = client.StreamResult()
                 reasoning = (lambda piece: err.print(piece, style="dim", end="")) if not json_output else None

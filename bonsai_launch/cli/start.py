@@ -5,7 +5,7 @@ Examples:
     BONSAI_SPECULATIVE=1 bonsai start --profile demo
     bonsai start --profile ternary-27b --dry-run --json
     bonsai start --model T.gguf --drafter D.gguf --speculative --dry-run --format powershell
-    bonsai start --profile demo -- --threads 2      # arguments after -- go to llama-server
+    bonsai start --profile demo -- --threads 2      # arguments after -- go to llama-server (checked)
     bonsai start --profile demo --detach            # keep serving in the background (`bonsai stop`)
     bonsai start --model T.gguf --drafter D.gguf --speculative --spec-fallback
     BONSAI_SPECULATIVE=auto bonsai start --profile demo   # what `bonsai tune` measured to pay (tunes first if needed)
@@ -20,6 +20,7 @@ import typer
 from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
                                         Kv4Opt, MmprojOpt, ModelOpt, NglOpt, ParallelOpt, PortOpt, ProfileOpt, SizeOpt,
                                         SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._passthrough import passthrough_args
 
 NoTuneOpt = Annotated[bool, typer.Option("--no-tune", help="With BONSAI_SPECULATIVE=auto and no tuning decision: start plain instead of measuring first.")]
 
@@ -60,14 +61,15 @@ def command(
     """Launch llama-server for a profile (or local GGUFs) with the right flags.
 
     Waits until it serves, proves speculative decoding is live when it is on, and stops the
-    server on Ctrl+C. Arguments after -- go to llama-server unchanged."""
+    server on Ctrl+C. Arguments after -- go to llama-server, read as it reads them: those bonsai
+    plans (--host, --port, -c, -np, -ub, -b, --spec-*, --api-key) count as the matching setting."""
     from bonsai_launch.errors import BonsaiError
 
     if shell_format not in ("posix", "powershell"):
         raise BonsaiError(f"--format={shell_format!r} is not known", "allowed: posix, powershell")
     speculative = "auto" if speculative_auto else speculative
     flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4, parallel)
-    passthrough = tuple(ctx.args)
+    passthrough = passthrough_args(ctx)
     if mmproj:
         flags["mmproj"] = mmproj  # the flag layer of BONSAI_MMPROJ
     if dry_run:
@@ -103,11 +105,28 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
         return
     for w in warnings:
         warn(w)
-    if plan.tuning and plan.tuning.get("status") == "found":  # otherwise already a warning above
-        import sys
+    import sys
 
+    # The effective values on stderr, so stdout stays a command to paste.
+    sys.stderr.write("# " + effective_values(plan) + "\n")
+    if plan.tuning and plan.tuning.get("status") == "found":  # otherwise already a warning above
         sys.stderr.write(plan.tuning["message"] + "\n")
     print(render_command(plan.argv, shell_format, {k: "<hidden>" for k in plan.env}))
+
+
+def effective_values(plan) -> str:
+    """`host 127.0.0.1, port 8080 (from --), context 4096, slots auto, model name demo, API key required`."""
+    passed = set(plan.from_passthrough)
+
+    def value(label: str, shown, *keys: str) -> str:
+        return f"{label} {shown}" + (" (from --)" if passed.intersection(keys) else "")
+
+    return ", ".join([
+        value("host", plan.host, "host"), value("port", plan.port, "port"), value("context", plan.ctx, "ctx"),
+        value("slots", plan.slots.count if plan.slots and plan.slots.count else "auto", "parallel"),
+        value("model name", plan.model_name, "alias"),
+        value("API key", "required" if "LLAMA_API_KEY" in plan.env else "none", "api_key"),
+    ])
 
 
 # -- the real start ---------------------------------------------------------------------------
@@ -134,12 +153,20 @@ def _profile_fetcher():
     return ensure_profile_files
 
 
-def _refuse_remote_host(host: str) -> None:
-    """The plan's own refusal, raised before any download or build."""
+def launch_settings(flags, passthrough):
+    """The settings with the owned options after -- folded in (read with the pinned build's
+    option table), for the checks made before any download or build: host, port, key. A
+    passthrough error is left for gather_plan to report with the real binary's table."""
     from bonsai_launch.errors import BonsaiError
+    from bonsai_launch.llama_options import pinned_table
+    from bonsai_launch.passthrough import fold_settings, parse
+    from bonsai_launch.settings import resolve
 
-    raise BonsaiError(f"BONSAI_HOST={host!r} is not a loopback address and remote access is not allowed",
-                      "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
+    settings = resolve(flags)
+    try:
+        return fold_settings(settings, parse(passthrough, pinned_table()))
+    except BonsaiError:
+        return settings
 
 
 def prepare_plan(flags, model, drafter, passthrough):
@@ -151,18 +178,17 @@ def prepare_plan(flags, model, drafter, passthrough):
 
     from bonsai_launch.build_choice import FORK
     from bonsai_launch.launch_inputs import explicit_model, gather_plan, select
-    from bonsai_launch.plan import is_loopback
+    from bonsai_launch.plan import check_host, is_loopback
     from bonsai_launch.server_choice import choose_server, require_fork_source
-    from bonsai_launch.settings import resolve
 
-    settings = resolve(flags)
+    settings = launch_settings(flags, passthrough)
     env = dict(os.environ)
     generated = None
     if not is_loopback(settings["host"]) and settings["allow_remote"] and not settings.get("api_key"):
         generated = secrets.token_urlsafe(24)
         env["BONSAI_API_KEY"] = generated
     if not is_loopback(settings["host"]) and not settings["allow_remote"]:
-        _refuse_remote_host(settings["host"])
+        check_host(settings)  # the plan's own refusal, before any download or build
     selection = select(flags, env)
     choice = choose_server(selection.settings, selection.flavour)
     if choice.path is None and choice.kind.flavour == FORK:
@@ -225,6 +251,11 @@ def _web_ui(base_url: str, api_key: str | None) -> bool:
         return False
 
 
+def mask_key(key: str) -> str:
+    """`sk-l***`: enough to recognise a key, not to use it."""
+    return key[:4] + "***" if len(key) > 8 else "***"
+
+
 def _per_slot(plan) -> str:
     slots = plan.slots
     if slots is None or not slots.count or slots.count < 2:
@@ -241,13 +272,23 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
 
     out = console()
     inst, server = launched.instance, launched.server
-    key = plan.env.get("LLAMA_API_KEY")
+    key = plan.api_key
+    passed = set(plan.from_passthrough)
+
+    def mark(*keys: str) -> str:
+        return " (from --)" if passed.intersection(keys) else ""
+
     out.print(f"[bold green]ready[/] in {launched.ready_s:.1f} s: llama-server pid {server.pid}, "
               f"name {inst.name}, log {server.log_path}")
+    everywhere = " (all interfaces)" if plan.host in ("0.0.0.0", "::") else ""
     rows = [
         ("model", Path(plan.model).name + (f" (profile {plan.profile})" if plan.profile else "")),
-        ("context", f"{plan.ctx} tokens" + _per_slot(plan)),
-        ("GPU layers", f"{plan.ngl} ({plan.backend})"),
+        ("model name", f"{plan.model_name}   (the \"model\" clients send; /v1/models lists it){mark('alias')}"),
+        ("listening on", f"{plan.host}:{plan.port}{everywhere}{mark('host', 'port')}"),
+        ("context", f"{plan.ctx} tokens{_per_slot(plan)}{mark('ctx')}"),
+        ("slots", f"{plan.slots.count if plan.slots and plan.slots.count else 'auto (llama-server decides)'}"
+                  f"{mark('parallel')}"),
+        ("GPU layers", f"{plan.ngl} ({plan.backend}){mark('ngl')}"),
     ]
     if plan.speculative is None:
         rows.append(("speculation", "off"))
@@ -259,12 +300,18 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
     if _web_ui(plan.base_url, key):
         rows.append(("web UI", plan.base_url + "/"))
     for label, value in rows:
-        out.print(f"  {label:<16} {value}")
+        out.print(f"  {label:<16} {value}", markup=False)
     if generated_key:
         out.print(f"  {'API key':<16} {generated_key}   [yellow](generated, shown only this once: "
                   f"export BONSAI_API_KEY={generated_key})[/]")
-    auth = ' -H "Authorization: Bearer $BONSAI_API_KEY"' if key else ""
-    body = '{"messages":[{"role":"user","content":"Hello!"}]}'
+        shown_key = generated_key
+    elif key:
+        source = "the arguments after --" if "api_key" in passed else "BONSAI_API_KEY"
+        out.print(f"  {'API key':<16} required on every request (from {source}); "
+                  "send it as Authorization: Bearer KEY", markup=False)
+        shown_key = mask_key(key) if "api_key" in passed else "$BONSAI_API_KEY"
+    auth = f' -H "Authorization: Bearer {shown_key}"' if key else ""
+    body = '{"model":"%s","messages":[{"role":"user","content":"Hello!"}]}' % plan.model_name
     out.print(f"  try: curl {plan.base_url}/v1/chat/completions -H 'Content-Type: application/json'"
               f"{auth} -d '{body}'", markup=False)
     if launched.proof is not None and launched.proof.live:  # not live: already warned on stderr

@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from bonsai_launch.cli._options import CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt, SizeOpt
+from bonsai_launch.cli._passthrough import passthrough_args
 
 BudgetOpt = Annotated[Optional[float], typer.Option("--budget", help="Seconds to spend at most (default: about 12 plain runs, a minute on the demo).")]
 PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled tuning prompts.")]
@@ -47,7 +48,7 @@ def command(
 
     flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl}
     names = tuple(c.strip() for c in configs.split(",") if c.strip()) if configs else None
-    outcome = tune_now(flags, model, drafter, tuple(ctx.args), prompts=prompts, budget=budget, configs=names,
+    outcome = tune_now(flags, model, drafter, passthrough_args(ctx), prompts=prompts, budget=budget, configs=names,
                        max_tokens=max_tokens, temperature=temperature)
     if json_output:
         emit_json({"decision": outcome.decision.to_json(), "stored": str(outcome.stored), "reports": outcome.paths,

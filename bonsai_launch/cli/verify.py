@@ -45,7 +45,9 @@ def command(url: UrlOpt = None, expect_speculative: ExpectSpecOpt = False, api_k
 
     if url is None:
         url, _why = default_url()
-    key = api_key or resolve({}).get("api_key")
+    from bonsai_launch.client import first_key
+
+    key = first_key(api_key or resolve({}).get("api_key"))
     report = verify(url, api_key=key, expect_speculative=expect_speculative)
     if json_output:
         emit_json(report.to_json())
