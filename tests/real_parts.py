@@ -79,3 +79,12 @@ def find_real_server() -> tuple[Path | None, str | None]:
         return path, stale_build_problem(path)
     except Exception as exc:  # noqa: BLE001 - an unreadable pin is a problem to report, not a crash
         return path, f"cannot check {path} against the pin ({exc})"
+
+
+def require_litellm() -> None:
+    """The fleet tests run the real LiteLLM proxy: without the `fleet` extra they fail like the
+    other real-part tests (or skip under SKIP_REAL_SERVER_TESTS=1)."""
+    import importlib.util
+
+    if importlib.util.find_spec("litellm") is None:
+        missing("litellm[proxy] is not installed", "pip install -e '.[fleet]' (.ci/run installs it)")

@@ -10,7 +10,6 @@ down` leaves no llama-server or proxy process.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import json
 import os
 import signal
@@ -24,6 +23,7 @@ import psutil
 import pytest
 import yaml
 
+from real_parts import require_litellm
 from start_helpers import bonsai, gone, no_server_left, stop_all
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -34,10 +34,7 @@ LOAD_DEADLINE_S = 300  # the whole load, on a busy 2-core machine; each request 
 
 @pytest.fixture
 def litellm_proxy():
-    if importlib.util.find_spec("litellm") is None:
-        if os.environ.get("CI"):
-            pytest.fail("litellm[proxy] is not installed: .ci/run must install the 'fleet' extra")
-        pytest.skip("litellm[proxy] not installed (pip install -e '.[fleet]')")
+    require_litellm()
 
 
 def free_port_run(n: int) -> int:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from bonsai_launch.errors import BonsaiError
+from real_parts import require_litellm
 from bonsai_launch.fleet import configs, export, hosts, proxy
 from bonsai_launch.fleet.configs import Member
 
@@ -52,9 +53,8 @@ def test_litellm_config_balances_one_model_over_every_member():
 def test_litellm_config_keys_are_the_routers_own(monkeypatch):
     """Every router_settings key is an argument of the installed litellm.Router."""
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline, as the proxy runs
-    if not _litellm_installed() and os.environ.get("CI"):
-        pytest.fail("litellm[proxy] is not installed: .ci/run must install the 'fleet' extra")
-    router = pytest.importorskip("litellm.router")
+    require_litellm()
+    import litellm.router as router
     import inspect
 
     accepted = set(inspect.signature(router.Router.__init__).parameters)
@@ -217,17 +217,9 @@ def test_fleet_without_litellm_says_how_to_install_it(tmp_path):
 
 @pytest.mark.slow  # needs the `fleet` extra, which the fast CI lane lacks
 def test_require_litellm_finds_the_installed_proxy():
-    if not _litellm_installed():
-        if os.environ.get("CI"):
-            pytest.fail("litellm[proxy] is not installed: .ci/run must install the 'fleet' extra")
-        pytest.skip("litellm[proxy] not installed (pip install -e '.[fleet]')")
+    require_litellm()
     assert Path(proxy.require_litellm()).is_file()
 
-
-def _litellm_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("litellm") is not None
 
 
 def test_proxy_latency_report_pairs_the_two_paths():
