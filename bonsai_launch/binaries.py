@@ -11,15 +11,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import mmap
 import os
 import subprocess
 from pathlib import Path
 
-from bonsai_launch.capabilities import Capabilities, backend_from_devices, parse_devices, parse_help_full, parse_version
+from bonsai_launch.capabilities import (Capabilities, backend_from_devices, parse_devices, parse_help_full,
+                                        parse_shared_drafting, parse_version)
 from bonsai_launch.errors import BonsaiError
+from bonsai_launch.llama_options import parse_option_table
 from bonsai_launch.paths import bonsai_home, exe_name
 
-PROBE_SCHEMA = 1
+PROBE_SCHEMA = 4  # 2: shared_drafting; 3: dspark_log_snr; 4: the option table
 
 
 def resolve_explicit(explicit: str, platform: str | None = None) -> Path | None:
@@ -79,13 +82,37 @@ def _run(binary: Path, *args: str) -> str:
 
 
 def probe_uncached(binary: Path) -> Capabilities:
-    flags, spec_types, removed = parse_help_full(_run(binary, "--help"))
+    help_text = _run(binary, "--help")
+    flags, spec_types, removed = parse_help_full(help_text)
     if not flags:
         raise BonsaiError(f"{binary} --help lists no options: it does not look like llama-server",
                           "point BONSAI_LLAMA_SERVER at a llama-server binary, or run `bonsai build`")
     version, build = parse_version(_run(binary, "--version"))
     devices = parse_devices(_run(binary, "--list-devices")) if "--list-devices" in flags else ()
-    return Capabilities(str(binary), version, build, backend_from_devices(devices), spec_types, flags, devices, removed)
+    return Capabilities(str(binary), version, build, backend_from_devices(devices), spec_types, flags, devices, removed,
+                        parse_shared_drafting(help_text),
+                        parse_option_table(help_text), dspark_log_snr=implements_log_snr(binary))
+
+
+# The GGUF key name llama.cpp compiles in when it reads log-SNR DSpark drafters (our patch 0002
+# and PrismML's fork use the same name); no option or --help line reveals the feature.
+_LOG_SNR_MARK = b"%s.log_snr_conditioning"
+
+
+def implements_log_snr(binary: Path) -> bool:
+    """Whether `binary` (or the libllama beside it, for shared builds) can load log-SNR drafters."""
+    real = Path(binary).resolve()
+    candidates = [real]
+    for folder in (real.parent, real.parent.parent / "lib", real.parent.parent / "lib64"):
+        candidates += sorted(folder.glob("libllama*")) if folder.is_dir() else []
+    for path in candidates:
+        try:
+            with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data.find(_LOG_SNR_MARK) >= 0:
+                    return True
+        except (OSError, ValueError):
+            continue  # unreadable or empty: not evidence either way
+    return False
 
 
 def probe(binary: Path) -> Capabilities:

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from bonsai_launch.llama_options import OptionTable
+
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 _SPEC_TYPES = re.compile(r"\b(none(?:,\s*[a-z0-9][\w-]*)+)")
 _VERSION = re.compile(r"version:\s*(\d+)\s*\(([^)]*)\)")
@@ -26,6 +28,10 @@ class Capabilities:
     flags: frozenset[str] = frozenset()
     devices: tuple[str, ...] = ()
     removed_flags: frozenset[str] = frozenset()  # listed by --help but rejected ("has been removed")
+    # One draft context drafts for every slot (llama.cpp #22838); None: not probed (older cache).
+    shared_drafting: bool | None = None
+    options: OptionTable | None = None  # every option with its spellings and value count
+    dspark_log_snr: bool = False  # loads log-SNR DSpark drafters (our patch 0002, or PrismML's fork)
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags
@@ -40,6 +46,9 @@ class Capabilities:
             "flags": sorted(self.flags),
             "devices": list(self.devices),
             "removed_flags": sorted(self.removed_flags),
+            "shared_drafting": self.shared_drafting,
+            "options": self.options.to_text() if self.options is not None else None,
+            "dspark_log_snr": self.dspark_log_snr,
         }
 
     @classmethod
@@ -53,6 +62,9 @@ class Capabilities:
             flags=frozenset(data.get("flags", ())),
             devices=tuple(data.get("devices", ())),
             removed_flags=frozenset(data.get("removed_flags", ())),
+            shared_drafting=data.get("shared_drafting"),
+            options=OptionTable.from_text(data["options"]) if data.get("options") else None,
+            dspark_log_snr=bool(data.get("dspark_log_snr", False)),
         )
 
 
@@ -93,6 +105,18 @@ def parse_help_full(text: str) -> tuple[frozenset[str], frozenset[str], frozense
             if found:
                 spec_types.update(t.strip() for t in found.group(1).split(","))
     return frozenset(flags), frozenset(spec_types), frozenset(removed - flags)
+
+
+def parse_shared_drafting(text: str) -> bool:
+    """Whether `--spec-type` takes a comma-separated list of types. That came with llama.cpp's
+    parallel drafting rework (#22838), which put every slot's drafts in one speculative context;
+    before it, and in the PrismML fork before its rebase, DSpark could not run on several slots."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("--spec-type"):
+            description = " ".join([line, *(x for x in lines[i + 1:i + 4] if x.startswith(" "))])
+            return "comma-separated list" in description
+    return False
 
 
 def parse_version(text: str) -> tuple[str | None, int | None]:

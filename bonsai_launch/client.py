@@ -25,6 +25,11 @@ DEFAULT_TIMEOUT = 10.0
 GENERATE_TIMEOUT = 300.0
 
 
+def first_key(keys: str | None) -> str | None:
+    """The key to send when a setting holds several (comma-separated, as llama-server's --api-key)."""
+    return keys.split(",")[0].strip() or None if keys else None
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -147,6 +152,20 @@ def completion(base_url: str, prompt: str, n_predict: int = 32, temperature: flo
 
     url = base(base_url) + "/completion"
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature, **extra}
+    try:
+        with _client(api_key, timeout) as http:
+            r = http.post(url, json=body)
+    except httpx.HTTPError as exc:
+        raise _fail(url, exc) from None
+    return _check(r).json()
+
+
+def post_json(base_url: str, path: str, body: dict[str, Any], api_key: str | None = None,
+              timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
+    """POST a JSON body to base_url + path (for example llama-server's /tokenize)."""
+    import httpx
+
+    url = base(base_url) + path
     try:
         with _client(api_key, timeout) as http:
             r = http.post(url, json=body)

@@ -136,7 +136,8 @@ def _explicit_server(report: Report) -> None:
         found = explicit_binary(resolve())
         assert found is not None
         caps = probe(found[0])
-        report.llama_server = {"path": str(found[0]), "setting": name, **caps.to_json(), "flags": len(caps.flags)}
+        report.llama_server = {"path": str(found[0]), "setting": name, **caps.to_json(), "flags": len(caps.flags),
+                               "options": len(caps.options.options) if caps.options else 0}
         if "draft-dspark" not in caps.spec_types:
             report.problems.append(Problem("warning", f"{name}={explicit} does not know draft-dspark "
                                                       "(DSpark drafters need it)",

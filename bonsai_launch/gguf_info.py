@@ -9,6 +9,7 @@ milliseconds, so inspecting a 10 GB file is instant and never touches the weight
 from __future__ import annotations
 
 import hashlib
+import math
 import mmap
 import struct
 from collections import Counter
@@ -22,6 +23,9 @@ GGUF_MAGIC = b"GGUF"
 # Target architectures whose graphs expose per-layer inputs to a DFlash/DSpark drafter.
 LAYER_INPUT_ARCHS = frozenset({"llama", "qwen3", "qwen35", "qwen3moe", "gemma4", "lfm2"})
 LEGACY_BLOCK_SIZE_KEYS = ("dspark.dspark.block_size", "dspark.block_size")
+# DSpark log-SNR conditioning (PrismML's GIDD-trained Bonsai drafters): the flag, its bounds and
+# four tensors, all required together by our patched llama.cpp (vendor/llama.cpp/patches/0002-*).
+LOG_SNR_TENSORS = ("log_snr_fc1.weight", "log_snr_fc1.bias", "log_snr_fc2.weight", "log_snr_fc2.bias")
 
 # GGUF value types (see gguf.constants.GGUFValueType): id -> struct format, or None.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -43,6 +47,36 @@ class DrafterInfo:
     mask_token_id: int | None
     draft_layers: int | None
     has_confidence_head: bool
+    log_snr: bool = False  # dflash.log_snr_conditioning
+    log_snr_min: float | None = None  # dflash.min_log_snr
+    log_snr_max: float | None = None  # dflash.max_log_snr
+    log_snr_tensors: tuple[str, ...] = ()  # which of LOG_SNR_TENSORS the file holds
+
+    def log_snr_problems(self, name: str) -> list[str]:
+        """Why our patched llama-server would refuse this drafter's log-SNR part (empty if none)."""
+        if self.kind == "legacy-dspark":
+            return []  # refused as a whole already
+        fix = "convert it again from the *-dspark-bf16.gguf with `bonsai convert-drafter`"
+        present = set(self.log_snr_tensors)
+        if not self.log_snr:
+            if present:
+                return [f"{name} holds the log-SNR tensors ({', '.join(sorted(present))}) but does not set "
+                        f"dflash.log_snr_conditioning = true, so llama-server refuses it (wrong number of tensors); {fix}"]
+            return []
+        problems = []
+        missing = [t for t in LOG_SNR_TENSORS if t not in present]
+        if missing:
+            problems.append(f"{name} declares log-SNR conditioning (dflash.log_snr_conditioning = true) but lacks "
+                            f"the tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)}: the file is incomplete; {fix}")
+        lo, hi = self.log_snr_min, self.log_snr_max
+        if lo is None or hi is None:
+            absent = [k for k, v in (("dflash.min_log_snr", lo), ("dflash.max_log_snr", hi)) if v is None]
+            problems.append(f"{name} declares log-SNR conditioning but lacks {' and '.join(absent)}; {fix}")
+        elif not (math.isfinite(lo) and math.isfinite(hi)):
+            problems.append(f"{name} has log-SNR bounds that are not finite (min {lo}, max {hi}); {fix}")
+        elif not hi > lo:
+            problems.append(f"{name} has dflash.max_log_snr {hi} not greater than dflash.min_log_snr {lo}; {fix}")
+        return problems
 
 
 @dataclass(frozen=True)
@@ -95,6 +129,10 @@ class GGUFInfo:
             "mask_token_id": self.drafter.mask_token_id,
             "draft_layers": self.drafter.draft_layers,
             "has_confidence_head": self.drafter.has_confidence_head,
+            "log_snr": self.drafter.log_snr,
+            "log_snr_min": self.drafter.log_snr_min,
+            "log_snr_max": self.drafter.log_snr_max,
+            "log_snr_tensors": list(self.drafter.log_snr_tensors),
         }
         return out
 
@@ -192,7 +230,7 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
 # Header facts are cached by path, size and mtime: walking a 262k-token vocabulary costs
 # ~0.1 s, and `bonsai start` reads the target and the drafter on every launch. Only successful
 # reads are cached; any change to the file (a truncation, a new download) misses the cache.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: DrafterInfo gained the log-SNR fields
 
 
 def _cache_file(path: Path) -> Path:
@@ -211,7 +249,8 @@ def _cache_get(path: Path, stat) -> GGUFInfo | None:
             return None
         drafter = data.pop("drafter")
         if drafter is not None:
-            drafter = DrafterInfo(**{**drafter, "target_layers": tuple(drafter["target_layers"])})
+            drafter = DrafterInfo(**{**drafter, "target_layers": tuple(drafter["target_layers"]),
+                                     "log_snr_tensors": tuple(drafter["log_snr_tensors"])})
         return GGUFInfo(**{**data, "path": path, "drafter": drafter, "keys": tuple(data["keys"])})
     except (OSError, ValueError, TypeError, KeyError):
         return None
@@ -327,6 +366,9 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
         if target_layers is None and arch == "dspark":
             target_layers = kv.get("dspark.dspark.target_layers")
         mask = kv.get("tokenizer.ggml.mask_token_id")
+        # the legacy layout keeps these keys under "dspark.dspark." and the tensors under "dspark."
+        snr_prefix = "dspark.dspark" if arch == "dspark" else "dflash"
+        snr_min, snr_max = kv.get(f"{snr_prefix}.min_log_snr"), kv.get(f"{snr_prefix}.max_log_snr")
         drafter = DrafterInfo(
             kind=kind,
             block_size=int(block_size) if block_size is not None else None,
@@ -334,6 +376,11 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
             mask_token_id=int(mask) if mask is not None else None,
             draft_layers=arch_key("block_count"),
             has_confidence_head="conf_proj.weight" in tensor_names,
+            log_snr=kv.get(f"{snr_prefix}.log_snr_conditioning") is True,
+            log_snr_min=float(snr_min) if isinstance(snr_min, (int, float)) else None,
+            log_snr_max=float(snr_max) if isinstance(snr_max, (int, float)) else None,
+            log_snr_tensors=tuple(t for t in LOG_SNR_TENSORS
+                                  if t in tensor_names or f"dspark.{t}" in tensor_names),
         )
 
     tokenizer_model = kv.get("tokenizer.ggml.model")
@@ -377,6 +424,7 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> list[str]:
     if d.kind == "legacy-dspark":
         problems.append(f"{name} is a legacy 'dspark' drafter that upstream llama.cpp cannot load; "
                         "use the PrismML fork (bonsai build --source git:...) or a dflash conversion")
+    problems += d.log_snr_problems(name)
     if d.block_size is None:
         problems.append(f"{name} has no block size (dflash.block_size); it cannot be used, and guessing one is unsafe")
     if drafter.embedding != t.embedding:

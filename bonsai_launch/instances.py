@@ -42,6 +42,7 @@ class Instance:
     supervisor_pid: int | None = None  # the `bonsai start` process watching it, if foreground
     api_key_required: bool = False
     argv: tuple[str, ...] = field(default_factory=tuple)
+    tuning: dict[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision it runs (tune/auto.py)
 
     @property
     def uptime(self) -> float:

@@ -6,6 +6,7 @@ and the pure plan. It reads headers and probes hardware but starts nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,10 @@ def model_files(selection: Selection, model: str | None, drafter: str | None,
             others = [f.name for f in profile.files if f.role == "drafter"]
             unavailable = (f"its published drafter {', '.join(others)} is for the PrismML fork only; "
                            "a dflash conversion can be passed with --drafter")
+        elif entry.convert:  # a legacy sidecar: what runs is its conversion (drafter_cache.py)
+            from bonsai_launch.drafter_cache import profile_output
+
+            drafter_path = profile_output(profile, entry)
         else:
             drafter_path = local_path(profile, entry.name)
 
@@ -145,6 +150,16 @@ def model_files(selection: Selection, model: str | None, drafter: str | None,
     return ModelFiles(model_path, drafter_path, mmproj_path, unavailable)
 
 
+def option_table(capabilities):
+    """llama-server's option table: the probed binary's, else the pinned build's (the one
+    `bonsai start` builds when none is built yet)."""
+    from bonsai_launch.llama_options import pinned_table
+
+    if capabilities is not None and capabilities.options is not None:
+        return capabilities.options
+    return pinned_table()
+
+
 def gather_plan(
     flags: Mapping[str, Any],
     model: str | None = None,
@@ -161,6 +176,7 @@ def gather_plan(
     from bonsai_launch import hardware
     from bonsai_launch.binaries import probe
     from bonsai_launch.gguf_info import inspect_gguf
+    from bonsai_launch.passthrough import inherited_env_warnings, parse as parse_passthrough
     from bonsai_launch.plan import PlanInputs, build_plan
     from bonsai_launch.server_choice import kind_of_binary
 
@@ -171,15 +187,27 @@ def gather_plan(
     if not files.model.is_file():
         raise BonsaiError(f"model file {files.model} is not present",
                           f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH")
+    tuning = None
+    if selection.settings["speculative"] == "auto":
+        from bonsai_launch.tune.auto import apply_auto
+
+        subject = selection.profile.name if not explicit_model(selection, model) or selection.names_model else None
+        selection, tuning = apply_auto(selection, files, binary, subject)  # the measured decision, or plain
     target = inspect_gguf(files.model)
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
         if not files.drafter.is_file():
             raise BonsaiError(f"drafter file {files.drafter} is not present",
-                              f"run `bonsai pull --profile {selection.profile.name}` or pass --drafter PATH")
+                              f"run `bonsai pull --profile {selection.profile.name} --speculative` or pass --drafter PATH")
         drafter_info = inspect_gguf(files.drafter)
+        # No build bonsai makes loads the legacy layout (the fork dropped it with prism-v7)
+        if drafter_info.drafter is not None and drafter_info.drafter.kind == "legacy-dspark":
+            from bonsai_launch.drafter_cache import refusal_for_legacy
+
+            raise refusal_for_legacy(files.drafter, files.model)  # never handed to llama-server as it is
     mmproj_file = files.mmproj if files.mmproj is not None and files.mmproj.is_file() else None
     capabilities = probe(binary) if binary is not None else None
+    args = parse_passthrough(passthrough, option_table(capabilities))
     inputs = PlanInputs(
         settings=selection.settings,
         model=target,
@@ -190,15 +218,18 @@ def gather_plan(
         drafter=drafter_info,
         mmproj=mmproj_file,
         capabilities=capabilities,
-        passthrough=tuple(passthrough),
+        passthrough=args,
         drafter_unavailable=files.drafter_unavailable,
     )
     plan = build_plan(inputs)
     notes = _selection_warnings(selection, model, kind, binary)
+    notes += inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
     if notes:
-        import dataclasses
-
         plan = dataclasses.replace(plan, warnings=plan.warnings + tuple(notes))
+    if tuning is not None:
+        from bonsai_launch.tune.auto import with_tuning
+
+        plan = with_tuning(plan, tuning)
     return plan
 
 

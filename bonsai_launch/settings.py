@@ -15,7 +15,7 @@ from typing import Any, Literal, Mapping
 from bonsai_launch.errors import BonsaiError
 
 Kind = Literal["bool", "int", "str", "choice", "path", "secret"]
-Source = Literal["flag", "env", "profile", "default", "detected"]
+Source = Literal["flag", "passthrough", "env", "profile", "default", "detected"]  # passthrough: after `--`
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -49,12 +49,13 @@ class Setting:
     minimum: int | None = None
     maximum: int | None = None
     default_text: str = ""  # how the default reads in docs when it is detected, not fixed
+    auto: bool = False  # a bool that also accepts "auto" (decided later, e.g. from measurements)
     refused: tuple[tuple[str, str], ...] = ()  # (value, why): known values that are refused, with the reason
 
     def allowed(self) -> str:
         """What values are accepted, in words, for error messages and the docs."""
         if self.kind == "bool":
-            return "1/0, true/false, yes/no, on/off (any case)"
+            return "1/0, true/false, yes/no, on/off (any case)" + (", or auto" if self.auto else "")
         if self.kind == "int":
             return f"a whole number from {self.minimum} to {self.maximum}"
         if self.kind == "choice":
@@ -65,6 +66,7 @@ class Setting:
 
 
 _START = ("start", "run", "bench", "config")
+_SLOTS = ("start", "run", "chat", "bench", "config")
 _PULL = ("pull", "start", "run", "models")
 
 SETTINGS: tuple[Setting, ...] = (
@@ -102,20 +104,37 @@ SETTINGS: tuple[Setting, ...] = (
             _START, default=False),
     Setting("BONSAI_VISION", "vision", "bool", "Load the vision projector when the profile has one.",
             _START + ("pull",), default=True),
-    Setting("BONSAI_SPECULATIVE", "speculative", "bool", "Turn on speculative decoding (drafter, or the profile's draft-free n-gram mode).",
-            _START, default=False),
+    Setting("BONSAI_SPECULATIVE", "speculative", "bool", "Turn on speculative decoding (drafter, or the profile's draft-free n-gram mode); auto: what `bonsai tune` measured to pay on this machine, else plain.",
+            _START + ("chat",), default=False, auto=True),
     Setting("BONSAI_SPEC_TYPE", "spec_type", "choice", "Speculative type; unset means what the drafter needs, or the profile's draft-free type.",
             _START, choices=SPEC_TYPES, default_text="auto"),
     Setting("BONSAI_SPEC_NMAX", "spec_nmax", "int", "Draft length; with a drafter it must equal the drafter's block size (read from the GGUF).",
             _START, minimum=1, maximum=64, default_text="the drafter's block size"),
     Setting("BONSAI_KV4", "kv4", "bool", "4-bit KV cache (q4_0) for the target and, with speculation, the drafter.",
             _START, default=False),
+    # Slots and the prompt cache (bonsai_launch/slots.py, bonsai_launch/prompt_cache.py).
+    Setting("BONSAI_PARALLEL", "parallel", "int", "Server slots (-np): requests served at once. Unset: 1 with speculation; "
+            "without, llama-server's own default (4 slots sharing one KV pool). With speculation and more than 1, "
+            "-ub/-b and the context are sized for every slot.",
+            _SLOTS, minimum=1, maximum=256, default_text="1 with speculation, else llama-server's auto (4)"),
+    Setting("BONSAI_KV_UNIFIED", "kv_unified", "bool", "With several slots, one shared KV pool (-kvu): a slot may use the "
+            "whole context, all slots together cannot exceed it. Off: -c is split evenly, each slot keeps its share.",
+            _SLOTS, default=False),
+    Setting("BONSAI_CACHE_RAM", "cache_ram", "int", "Prompt cache in RAM, MiB (--cache-ram): earlier conversations are "
+            "restored instead of re-read; -1 no limit, 0 off. Unset: llama-server's default (8192 in b11434).",
+            _SLOTS, minimum=-1, maximum=1_048_576, default_text="llama-server's (8192)"),
+    Setting("BONSAI_CTX_CHECKPOINTS", "ctx_checkpoints", "int", "Context checkpoints per slot (--ctx-checkpoints): prefix "
+            "reuse for hybrid/SWA models, whose cache cannot be trimmed; 0 off. Unset: llama-server's default (32).",
+            _SLOTS, minimum=0, maximum=4096, default_text="llama-server's (32)"),
+    Setting("BONSAI_CACHE_IDLE_SLOTS", "cache_idle_slots", "bool", "Save an idle slot's conversation to the prompt cache "
+            "when a new one takes the slot (--cache-idle-slots; needs the RAM cache). Unset: llama-server's default (on).",
+            _SLOTS, default_text="llama-server's (on)"),
     Setting("BONSAI_LLAMA_VERBOSE", "verbose", "bool", "Pass --verbose to llama-server.",
             _START, default=False),
     Setting("BONSAI_ALLOW_REMOTE", "allow_remote", "bool", "Allow a non-loopback BONSAI_HOST (an API key is then required).",
             _START, default=False),
-    Setting("BONSAI_API_KEY", "api_key", "secret", "API key llama-server requires from clients; generated and printed once when a remote host is allowed and none is set.",
-            _START),
+    Setting("BONSAI_API_KEY", "api_key", "secret", "API key llama-server requires from clients, on loopback too (several: comma-separated; bonsai's clients send the first); generated and printed once when a remote host is allowed and none is set.",
+            _START + ("verify", "chat")),
     Setting("BONSAI_HOME", "home", "path", "Root of bonsai's caches: sources, builds, models, logs.",
             ("build", "pull", "start", "run", "doctor", "models", "config"),
             default_text="~/.cache/bonsai (%LOCALAPPDATA%\\bonsai on Windows)"),
@@ -150,6 +169,8 @@ def parse_value(setting: Setting, raw: Any, origin: str) -> Any:
         if isinstance(raw, bool):
             return raw
         word = text.lower()
+        if setting.auto and word == "auto":
+            return "auto"
         if word in TRUE_WORDS:
             return True
         if word in FALSE_WORDS:
@@ -200,8 +221,8 @@ class Settings:
         return self.values[key].source
 
     def is_explicit(self, key: str) -> bool:
-        """Set by the user (flag or environment), not by a profile or a default."""
-        return key in self.values and self.values[key].source in ("flag", "env")
+        """Set by the user (flag, passthrough or environment), not by a profile or a default."""
+        return key in self.values and self.values[key].source in ("flag", "passthrough", "env")
 
 
 def read_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -13,7 +13,6 @@ request is the only way to know; `prove_speculation` makes that request.
 from __future__ import annotations
 
 import errno
-import re
 import signal
 import socket
 import sys
@@ -21,24 +20,21 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from bonsai_launch import client, instances, process_control
+from bonsai_launch import instances, process_control, speculation_probe
 from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.log_files import open_read_shared
 from bonsai_launch.paths import logs_dir
 from bonsai_launch.plan import LaunchPlan, SpecPlan
 from bonsai_launch.server_process import ServerProcess
+from bonsai_launch.speculation_probe import (PROOF_PROMPT, PROOF_TOKENS, SpecProof,  # noqa: F401 - re-exported
+                                             speculation_failure_reason)
 
-SPEC_FAILURE_MARKER = "failed to initialize speculative decoding context"
-# A prompt with a repeated pattern: n-gram speculation only drafts when the text repeats a
-# long enough run of tokens (ngram-mod looks up 24), so a plain question would prove nothing.
-# Two copies of the alphabet are ~58 tokens for Gemma; 16 generated tokens give ngram-mod 14
-# drafts and a block-4 drafter 3-4 verify steps, enough to prove either, in one short request.
-PROOF_PROMPT = ("a b c d e f g h i j k l m n o p q r s t u v w x y z\n" * 2) + "a b c"
-PROOF_TOKENS = 16
+if TYPE_CHECKING:
+    from bonsai_launch.slot_proof import SlotsProof
+
 STOP_TIMEOUT = 10.0
-_LOG_PREFIX = re.compile(r"^\s*[\d.]+\s+[A-Z]\s+(?:\S+\s+)?(?:[\w:~<>]+:\s+)?")
 _HANDLED_SIGNALS = process_control.current().stop_signals()  # SIGINT/SIGTERM/SIGHUP; SIGINT/SIGBREAK on Windows
 
 
@@ -77,79 +73,11 @@ def preflight(plan: LaunchPlan) -> None:
 
 # -- speculation proof ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SpecProof:
-    live: bool
-    spec_type: str
-    n_max: int | None
-    drafted: int
-    accepted: int
-    slots_speculative: bool | None  # None: /slots not available
-    reason: str | None = None  # the server's own words when not live
-
-    @property
-    def rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    def summary(self) -> str:
-        n_max = self.n_max if self.n_max is not None else "default"
-        if self.live:
-            rate = f"{self.rate * 100:.1f}%" if self.rate is not None else "n/a (nothing drafted on the probe)"
-            return f"speculative decoding: live ({self.spec_type}, n-max {n_max}, acceptance {rate})"
-        return f"speculative decoding: NOT live ({self.spec_type}): {self.reason}"
-
-    def to_json(self) -> dict:
-        return {"live": self.live, "type": self.spec_type, "n_max": self.n_max, "drafted": self.drafted,
-                "accepted": self.accepted, "acceptance": self.rate, "slots_speculative": self.slots_speculative,
-                "reason": self.reason}
-
-
-def _strip_prefix(line: str) -> str:
-    """`0.00.029.770 E srv    load_model: failed ...` -> `failed ...`."""
-    return _LOG_PREFIX.sub("", line, count=1).strip()
-
-
-def speculation_failure_reason(log_lines: list[str]) -> str | None:
-    """The server's own explanation: the marker line and the error lines just before it."""
-    for i, line in enumerate(log_lines):
-        if SPEC_FAILURE_MARKER in line:
-            before = [_strip_prefix(x) for x in log_lines[max(0, i - 3):i] if re.match(r"^\s*[\d.]+\s+E\s", x)]
-            text = line[line.index(SPEC_FAILURE_MARKER):].strip()
-            return "; ".join([*before, text])
-    return None
-
-
-def _read_log(path: Path) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-
-
 def prove_speculation(base_url: str, spec: SpecPlan, log_path: Path | None = None,
                       api_key: str | None = None) -> SpecProof:
-    """One short temperature-0 completion; live when it drafted tokens.
-
-    /slots says whether a draft context exists; draft_n says whether it drafted. An n-gram
-    type that has a context but drafted nothing on the probe counts as live (it only drafts
-    on repeated text); a drafter model that drafted nothing does not.
-    """
-    slot_info = client.slots(base_url, api_key)
-    slots_spec = None if not slot_info else any(bool(s.get("speculative")) for s in slot_info)
-    result = client.completion(base_url, PROOF_PROMPT, n_predict=PROOF_TOKENS, temperature=0.0,
-                               api_key=api_key, cache_prompt=False)
-    drafted, accepted, _ = client.acceptance(result.get("timings") or {})
-    ngram = spec.spec_type.startswith("ngram")
-    live = drafted > 0 or (ngram and slots_spec is True)
-    reason = None
-    if not live:
-        reason = speculation_failure_reason(_read_log(log_path)) if log_path else None
-        if reason is None:
-            if slots_spec is False:
-                reason = "the server has no draft context (/slots says speculative: false); see its log"
-            else:
-                reason = f"the probe completion drafted no tokens ({PROOF_TOKENS} generated)"
-    return SpecProof(live, spec.spec_type, spec.n_max, drafted, accepted, slots_spec, reason)
+    """Probe a freshly started server; live only when the probe drafted tokens (the one
+    rule of bonsai_launch.speculation_probe, shared with verify and bench)."""
+    return speculation_probe.prove(base_url, spec.spec_type, spec.n_max, log_path, api_key)
 
 
 # -- signals -------------------------------------------------------------------------------------
@@ -211,6 +139,7 @@ class Launched:
     instance: instances.Instance
     ready_s: float  # from spawn to /health 200
     proof: SpecProof | None
+    slots_proof: "SlotsProof | None" = None  # with several slots: concurrent requests, each drafted
 
 
 def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = False,
@@ -234,27 +163,41 @@ def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = Fals
             log_path=str(log_path), started_at=time.time(), detached=detach, speculative=False,
             spec_type=plan.speculative.spec_type if plan.speculative else None,
             supervisor_pid=None if detach else _own_pid(), api_key_required=bool(plan.env.get("LLAMA_API_KEY")),
-            argv=plan.argv)
+            argv=plan.argv, tuning=getattr(plan, "tuning", None))
         instances.register(inst)
         server.wait_ready(ready_timeout, on_status)
         ready_s = time.monotonic() - started
-        proof = None
+        proof = slots_proof = None
         if plan.speculative is not None:
             if on_status:
                 on_status("checking speculative decoding")
-            proof = prove_speculation(plan.base_url, plan.speculative, log_path, plan.env.get("LLAMA_API_KEY"))
+            proof = prove_speculation(plan.base_url, plan.speculative, log_path, plan.api_key)
             if not proof.live and not spec_fallback:
                 raise ActionFailed(proof.summary(),
                                    "fix the drafter or its settings, or pass --spec-fallback to serve without speculation")
+            slots_proof = _prove_slots(plan, proof, spec_fallback)
             if proof.live:
                 instances.update(name, speculative=True)
                 inst = instances.load(instances.state_path(name)) or inst
         ok = True
-        return Launched(server, inst, ready_s, proof)
+        return Launched(server, inst, ready_s, proof, slots_proof)
     finally:
         if not ok:
             _stop(server)
             instances.unregister(name, server.pid)
+
+
+def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> "SlotsProof | None":
+    """With several slots, speculation must draft on more than one of them at once."""
+    from bonsai_launch.slot_proof import prove_slots
+
+    count = plan.slots.count if plan.slots is not None else None
+    if not proof.live or plan.speculative is None or not count or count < 2:
+        return None
+    result = prove_slots(plan.base_url, plan.speculative, count, PROOF_PROMPT, PROOF_TOKENS, plan.env.get("LLAMA_API_KEY"))
+    if not result.live and not spec_fallback:
+        raise ActionFailed(result.summary(), "use one slot (BONSAI_PARALLEL=1), or pass --spec-fallback to serve anyway")
+    return result
 
 
 def _stop(server: ServerProcess) -> None:

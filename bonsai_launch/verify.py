@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from bonsai_launch import client
+from bonsai_launch import client, speculation_probe
 from bonsai_launch.errors import ActionFailed
-from bonsai_launch.supervisor import PROOF_PROMPT
+from bonsai_launch.speculation_probe import PROOF_PROMPT
 
 PROOF_TOKENS = 32  # a few more than start's proof: verify also reports decode speed
 
@@ -34,6 +35,7 @@ class VerifyReport:
     drafted: int = 0
     accepted: int = 0
     expect_speculative: bool = False
+    not_live_reason: str | None = None  # the same words `bonsai start` prints
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -92,27 +94,38 @@ def verify(url: str, *, api_key: str | None = None, expect_speculative: bool = F
         if report.speculative is None:
             report.problems.append("speculation cannot be checked: the server is not llama-server (no draft counts)")
         else:
-            report.problems.append("speculative decoding is not live: the probe drafted no tokens"
-                                   + (" and /slots reports no draft context" if report.slots_speculative is False else ""))
+            report.problems.append(f"speculative decoding is not live: {report.not_live_reason}")
     return report
 
 
 def _check_llama(base: str, api_key: str | None, report: VerifyReport) -> None:
-    slots = client.slots(base, api_key)
-    report.slots_speculative = None if not slots else any(bool(s.get("speculative")) for s in slots)
+    """The speculation probe `bonsai start` uses, judged by the same rule (drafted > 0)."""
     try:
-        result = client.completion(base, PROOF_PROMPT, n_predict=PROOF_TOKENS, temperature=0.0,
-                                   api_key=api_key, cache_prompt=False)
+        result = speculation_probe.probe(base, api_key, PROOF_TOKENS)
     except ActionFailed as exc:
         report.problems.append(f"generation: {exc.message}")
         return
-    timings = result.get("timings") or {}
-    report.tokens = int(timings.get("predicted_n") or 0)
-    report.decode_tps = timings.get("predicted_per_second")
-    report.drafted, report.accepted, _ = client.acceptance(timings)
-    report.speculative = report.drafted > 0
+    report.slots_speculative = result.slots_speculative
+    report.tokens = result.tokens
+    report.decode_tps = result.decode_tps
+    report.drafted, report.accepted = result.drafted, result.accepted
+    report.speculative = speculation_probe.is_live(result)
+    if not report.speculative:
+        inst = _bonsai_instance(base)
+        report.not_live_reason = speculation_probe.not_live_reason(
+            result, inst.spec_type if inst else None, Path(inst.log_path) if inst else None)
     if report.tokens == 0:
         report.problems.append("generation: the server produced no tokens")
+
+
+def _bonsai_instance(base: str):
+    """The bonsai server at this URL, if bonsai started it (its log explains a failed drafter)."""
+    from bonsai_launch import instances
+
+    for inst in instances.running():
+        if client.base(inst.base_url) == base:
+            return inst
+    return None
 
 
 def _check_openai(base: str, api_key: str | None, report: VerifyReport) -> None:
@@ -129,8 +142,12 @@ def _check_openai(base: str, api_key: str | None, report: VerifyReport) -> None:
     # Without server timings this includes prompt processing: a lower bound on decode speed.
     report.decode_tps = report.tokens / elapsed if report.tokens and elapsed > 0 else None
     timings = result.get("timings") or {}
-    if timings:
+    if timings:  # an OpenAI-compatible front of llama-server: judged by the same rule
         report.drafted, report.accepted, _ = client.acceptance(timings)
-        report.speculative = report.drafted > 0
+        report.speculative = speculation_probe.is_live(speculation_probe.ProbeResult(
+            report.drafted, report.accepted, report.tokens, report.decode_tps, None, 1))
+        if not report.speculative:
+            report.not_live_reason = speculation_probe.not_live_reason(speculation_probe.ProbeResult(
+                0, 0, report.tokens, report.decode_tps, None, 1))
     if report.tokens == 0 and not (result.get("choices") or []):
         report.problems.append("generation: the server returned no answer")

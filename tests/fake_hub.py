@@ -342,6 +342,9 @@ def tiny_files(folder: Path) -> dict[str, bytes]:
     target = tiny_gguf.write_target(folder / "target.gguf", vocab=2048, name="tiny Ternary-Bonsai-27B")
     fork_target = tiny_gguf.write_target(folder / "fork.gguf", vocab=2048, seed=1, name="tiny Ternary-Bonsai-27B fork")
     drafter = tiny_gguf.write_dspark_drafter(folder / "drafter.gguf", vocab=2048, legacy=True, name="tiny dspark")
+    # the bf16 sidecar in PrismML's legacy layout (log-SNR family), made for `target`
+    from legacy_dspark_gguf import write_legacy_drafter
+    sidecar = write_legacy_drafter(folder / "sidecar.gguf", vocab=2048, target_layers=(0,), name="tiny dspark bf16")
     small = tiny_gguf.write_target(folder / "small.gguf", vocab=256, name="tiny Bonsai-8B")
     mmproj = _write_mmproj(folder / "mmproj.gguf")
     read = lambda p: Path(p).read_bytes()  # noqa: E731
@@ -350,6 +353,7 @@ def tiny_files(folder: Path) -> dict[str, bytes]:
         "Ternary-Bonsai-27B-PQ2_0.gguf": read(fork_target),
         "Ternary-Bonsai-27B-Q2_0.gguf": read(fork_target) + b"\0" * 32,  # legacy group-128: never fetched
         "Ternary-Bonsai-27B-dspark-Q4_1.gguf": read(drafter),
+        "Ternary-Bonsai-27B-dspark-bf16.gguf": read(sidecar),
         "Ternary-Bonsai-27B-mmproj-BF16.gguf": read(mmproj),
         "Ternary-Bonsai-27B-mmproj-Q8_0.gguf": read(mmproj) + b"\0" * 64,
         "Ternary-Bonsai-27B-F16.gguf": read(target) + b"\0" * 128,

@@ -1,5 +1,5 @@
 """The report document: its JSON schema, the verdict lines, Markdown, the terminal table, and
-the chart with and without matplotlib. Built from synthetic measurements: no server."""
+the SVG chart. Built from synthetic measurements: no server."""
 
 from __future__ import annotations
 
@@ -124,9 +124,9 @@ def test_fewer_than_three_repeats_claim_nothing():
 
 
 def test_markdown_and_terminal(doc):
-    md = report.to_markdown(doc, "bench.png")
+    md = report.to_markdown(doc, "bench.svg")
     assert "| code-edit | 0 |" in md and "faster" in md and "SLOWER" in md
-    assert "![decode tok/s per category](bench.png)" in md
+    assert "![decode tok/s per category](bench.svg)" in md
     assert "## Definitions" in md and "accepted / drafted" in md
     from rich.console import Console
 
@@ -136,20 +136,31 @@ def test_markdown_and_terminal(doc):
     assert "Verdicts" in text and "code-edit (T=0)" in text and "/x/bench.json" in text
 
 
-def test_reports_are_written_with_and_without_matplotlib(doc, tmp_path, monkeypatch):
-    if report.chart_available():
-        paths = report.write_reports(json.loads(report.to_json_text(doc)), tmp_path / "a")
-        png = (tmp_path / "a" / "bench.png").read_bytes()
-        assert png.startswith(b"\x89PNG") and paths["chart"].endswith("bench.png")
-    monkeypatch.setattr(report, "chart_available", lambda: False)
-    doc2 = json.loads(report.to_json_text(doc))
-    paths = report.write_reports(doc2, tmp_path / "b")
-    assert "chart" not in paths
-    assert not (tmp_path / "b" / "bench.png").exists()
-    written = json.loads((tmp_path / "b" / "bench.json").read_text())
-    assert any("matplotlib" in n for n in written["notes"])
-    assert "bench.png" not in (tmp_path / "b" / "bench.md").read_text()
-    assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith(".")]  # no temporary files left
+def test_reports_and_the_svg_chart_need_no_extra_install(doc, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    paths = report.write_reports(json.loads(report.to_json_text(doc)), tmp_path / "a")
+    assert paths["chart"].endswith("bench.svg")
+    svg = ET.parse(paths["chart"]).getroot()  # well-formed XML
+    assert svg.tag.endswith("svg")
+    text = (tmp_path / "a" / "bench.svg").read_text()
+    # a bar per (configuration, category incl. all, temperature) and the legend's labels
+    assert text.count("<title>") == 2 * 4 * 2
+    assert "speculative (ngram-mod)" in text and "temperature 0.7" in text
+    assert "![decode tok/s per category](bench.svg)" in (tmp_path / "a" / "bench.md").read_text()
+    paths = report.write_reports(json.loads(report.to_json_text(doc)), tmp_path / "b", chart=False)
+    assert "chart" not in paths and not (tmp_path / "b" / "bench.svg").exists()
+    assert "bench.svg" not in (tmp_path / "b" / "bench.md").read_text()
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_terminal_notes_keep_their_brackets(doc):
+    from rich.console import Console
+
+    doc = dict(doc, notes=["install it with pip install 'bonsai-launch[demo]'"])
+    console = Console(record=True, width=200)
+    report.print_terminal(doc, console, {})
+    assert "pip install 'bonsai-launch[demo]'" in console.export_text()
 
 
 def test_busy_machine_is_noted():

@@ -60,11 +60,13 @@ def test_legacy_group128_files_are_never_chosen_and_say_why():
         for entry in profile.files:
             if entry.layout != "legacy":
                 continue
-            assert entry.name.endswith("-Q2_0.gguf") and "PQ2" not in entry.name
+            # the legacy weights are group-128 Q2_0; the only legacy drafters are the 27B Q4_1 files
+            assert (entry.name.endswith("-Q2_0.gguf") and "PQ2" not in entry.name) if entry.role == "model" \
+                else entry.name.endswith("-dspark-Q4_1.gguf")
             for kind in (MAIN, FORK_PIN, FORK_OLD, FORK_UNKNOWN):
                 assert cannot_load(entry, kind) and "prism-v5" in cannot_load(entry, kind)
                 assert choose_file(profile, entry.role, kind) is not entry
-    assert sum(f.layout == "legacy" for p in load_all().values() for f in p.files) == 4  # one per ternary size
+    assert sum(f.layout == "legacy" and f.role == "model" for p in load_all().values() for f in p.files) == 4  # one per ternary size
 
 
 def test_why_no_file_names_the_fork_build_command():

@@ -47,8 +47,8 @@ def test_build_from_local_folder(tree):
     assert not result.up_to_date and result.server.is_file() and os.access(result.server, os.X_OK)
     assert result.server == builds_dir() / m["key"] / "bin" / "llama-server"
     assert m["key"].startswith("cpu-") and m["backend"] == "cpu" and m["source"]["kind"] == "local"
-    assert set(m["binaries"]) == {"llama-server", "llama-speculative-simple", "llama-bench"}
-    assert not (Path(m["work_dir"]) / "bin" / "llama-cli").exists()  # only the three targets are built
+    assert set(m["binaries"]) == {"llama-server", "llama-speculative-simple", "llama-bench", "llama-quantize"}
+    assert not (Path(m["work_dir"]) / "bin" / "llama-cli").exists()  # only the four targets are built
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in m["cmake_flags"] and "-DCMAKE_BUILD_TYPE=Release" in m["cmake_flags"]
     assert "draft-dspark" in m["capabilities"]["spec_types"] and "--spec-draft-n-max" in m["capabilities"]["flags"]
     assert m["version"].startswith("version: 0.6.0-dev (build 0")
@@ -224,6 +224,8 @@ def test_choose_backend():
     assert auto.backend == "cuda" and "-DCMAKE_CUDA_ARCHITECTURES=90" in auto.cmake_flags
     assert toolchain.choose_backend("auto", _hw([h200]), _tools()).backend == "cpu"  # GPU but no nvcc
     assert toolchain.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).backend == "cpu"  # nvcc, no GPU
+    assert toolchain.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).reason.startswith("nvcc found but no NVIDIA GPU")
+    assert toolchain.choose_backend("auto", _hw(), _tools()).reason == "no GPU toolchain found"
     explicit = toolchain.choose_backend("cuda", _hw(), _tools(nvcc="/usr/bin/nvcc"), cuda_archs="86,89")
     assert "-DCMAKE_CUDA_ARCHITECTURES=86;89" in explicit.cmake_flags
     with pytest.raises(BonsaiError, match="--cuda-archs"):

@@ -69,3 +69,21 @@ def test_cli_json(isolated_home):
     text = subprocess.run([sys.executable, "-m", "bonsai_launch", "doctor"], env=env, capture_output=True,
                           text=True, timeout=120)
     assert text.returncode == 0 and "toolchain" in text.stdout and "fix:" in text.stdout
+
+
+def test_nvcc_without_a_gpu_is_not_called_no_toolchain(monkeypatch):
+    """doctor lists nvcc; the backend line must not then say that no GPU toolchain was found."""
+    from bonsai_launch import hardware
+
+    real = toolchain.detect
+
+    def with_nvcc(versions=True):
+        tools = real(versions=False)
+        return toolchain.Toolchain(**{**tools.__dict__, "nvcc": toolchain.Tool("nvcc", "/usr/local/cuda/bin/nvcc")})
+
+    monkeypatch.setattr(toolchain, "detect", with_nvcc)
+    no_gpu = hardware.detect()
+    monkeypatch.setattr(hardware, "detect", lambda *a, **k: type(no_gpu)(**{**no_gpu.__dict__, "gpus": ()}))
+    report = doctor.gather()
+    assert report.backend["backend"] == "cpu"
+    assert report.backend["reason"].startswith("nvcc found but no NVIDIA GPU")

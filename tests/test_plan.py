@@ -10,6 +10,8 @@ from bonsai_launch.capabilities import Capabilities
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.gguf_info import DrafterInfo, GGUFInfo
 from bonsai_launch.hardware import GPU, Hardware
+from bonsai_launch.llama_options import pinned_table
+from bonsai_launch.passthrough import parse as parse_passthrough
 from bonsai_launch.plan import PlanInputs, build_plan, render_command
 from bonsai_launch.profiles import load_all
 from bonsai_launch.settings import resolve
@@ -64,7 +66,7 @@ def plan_for(profile="ternary-27b", hw="cpu-24g", env=None, flags=None, with_dra
     return build_plan(PlanInputs(
         settings=settings, model=model or target(), hardware=HW[hw], binary="/bin/llama-server", profile=prof,
         drafter=(draft or drafter()) if with_drafter else None, mmproj=mmproj, capabilities=caps,
-        passthrough=tuple(passthrough)))
+        passthrough=parse_passthrough(passthrough, pinned_table())))
 
 
 def arg(plan, flag):
@@ -212,8 +214,8 @@ def test_small_ubatch_in_passthrough_is_refused():
 
 
 def test_passthrough_is_appended_unchanged():
-    plan = plan_for(passthrough=("--threads", "2", "--foo=bar baz"))
-    assert plan.argv[-3:] == ("--threads", "2", "--foo=bar baz")
+    plan = plan_for(passthrough=("--threads", "2", "--override-kv", "a=int:1"))
+    assert plan.argv[-4:] == ("--threads", "2", "--override-kv", "a=int:1")
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "::"])

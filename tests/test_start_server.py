@@ -307,6 +307,7 @@ def test_demo_profile_ngram_speculation_is_live(llama_server, demo_gguf, isolate
                   timeout=300)
     assert done.returncode == 0, done.stderr
     assert "speculative decoding: live (ngram-mod" in done.stdout
+    assert re.search(r"acceptance [\d.]+% of [1-9]\d* drafted on the probe", done.stdout), done.stdout  # real drafts
     (inst,) = instances.running()
     assert inst.profile == "demo" and inst.speculative
     assert bonsai(["stop", "demo"], env=env).returncode == 0

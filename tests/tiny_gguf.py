@@ -3,7 +3,7 @@
 Every writer returns the Path it wrote, writes to a temporary name first and renames it into
 place, and produces a file of a few hundred KB that llama-server (upstream b11434) loads in
 milliseconds. Keys and tensor names follow src/llama-model.cpp, src/models/{qwen3,llama,dflash}.cpp
-and src/llama-vocab.cpp of that build (see /work/shared/reference/drafter-gguf.md).
+and src/llama-vocab.cpp of that build (the project's reference notes on the drafter GGUF layout).
 
 Vocabulary: the `"test"` tokenizer (hash tokenizer, no BOS/EOS, so generation runs to
 n_predict; a token detokenizes to its id in hex). Token texts are f"{token_prefix}{i}", so a
@@ -51,6 +51,13 @@ What llama-server b11434 does with these files (each point is checked by tests/t
   DSpark/DFlash init throws only for that p-min case; everything else aborts or exits.
 - The log always shows "failed to initialize the context: dflash requires ctx_other to be
   set (this warning is normal during memory fitting)" for a dflash drafter: harmless.
+
+Log-SNR family (`log_snr=LogSnr(...)` or `log_snr=True`): the keys dflash.log_snr_conditioning,
+dflash.min_log_snr and dflash.max_log_snr plus the tensors log_snr_fc1/fc2 (weight, bias) of
+PrismML's Bonsai drafters. Only our patched build (vendor/llama.cpp/patches/0002-*) loads
+them ("DFlash with DSpark log-SNR conditioning (min -9.000, max 9.000)"); stock b11434 refuses
+the file ("wrong number of tensors; expected N, got N-4"). tests/test_log_snr.py checks the
+loader's refusals and, with tests/log_snr_ref.py, the conditioning maths.
 """
 
 from __future__ import annotations
@@ -64,7 +71,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +89,54 @@ RUNTIME_REFUSED_LOG = ("failed to initialize speculative decoding context: "
 _RMS_EPS = 1e-6
 _ROPE_BASE = 10000.0
 _CONST = 0.5  # every embedding of a constant-token model is this vector (times ones)
+
+
+LOG_SNR_TENSORS = ("log_snr_fc1.weight", "log_snr_fc1.bias", "log_snr_fc2.weight", "log_snr_fc2.bias")
+LOG_SNR_FEATURES = 128  # 64 sin + 64 cos features of the row's noise level
+
+
+@dataclass(frozen=True)
+class LogSnr:
+    """The log-SNR family's keys and tensors for a drafter. Every part can be left out or
+    bent, so tests can write the files the patched loader must refuse.
+
+    flag/min_log_snr/max_log_snr: the key values (None leaves the key out). tensors: which of
+    LOG_SNR_TENSORS to write. weights: explicit values by tensor name, numpy layout
+    (fc1.weight (E, 128), fc2.weight (E, E), biases (E,)); the rest are random.
+    """
+
+    flag: bool | None = True
+    min_log_snr: float | None = -9.0
+    max_log_snr: float | None = 9.0
+    tensors: tuple[str, ...] = LOG_SNR_TENSORS
+    weights: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def kv(self, prefix: str) -> list[tuple[str, str, object]]:
+        out: list[tuple[str, str, object]] = []
+        if self.flag is not None:
+            out.append(("bool", f"{prefix}.log_snr_conditioning", self.flag))
+        if self.min_log_snr is not None:
+            out.append(("float32", f"{prefix}.min_log_snr", self.min_log_snr))
+        if self.max_log_snr is not None:
+            out.append(("float32", f"{prefix}.max_log_snr", self.max_log_snr))
+        return out
+
+    def tensor_list(self, rng: np.random.Generator, embedding: int) -> list[tuple[str, np.ndarray]]:
+        shapes = {"log_snr_fc1.weight": (LOG_SNR_FEATURES, embedding), "log_snr_fc1.bias": (embedding,),
+                  "log_snr_fc2.weight": (embedding, embedding), "log_snr_fc2.bias": (embedding,)}
+        unknown = set(self.weights) - set(shapes)
+        if unknown:
+            raise ValueError(f"not log-SNR tensors: {sorted(unknown)}")
+        out = []
+        for name in LOG_SNR_TENSORS:  # drawn in a fixed order, so a dropped tensor changes no other
+            data = _rand(rng, *shapes[name])
+            if name in self.weights:
+                data = np.asarray(self.weights[name], dtype=np.float32)
+                if data.shape != tuple(reversed(shapes[name])):
+                    raise ValueError(f"{name}: numpy shape {data.shape}, expected {tuple(reversed(shapes[name]))}")
+            if name in self.tensors:
+                out.append((name, data))
+        return out
 
 
 def _tmp_name(path: Path) -> Path:
@@ -177,20 +233,20 @@ def _attention_kv(arch: str, *, context_length: int, embedding: int, layers: int
 
 
 def _layer_tensors(rng: np.random.Generator, i: int, *, embedding: int, ff: int, heads: int, heads_kv: int,
-                   head_dim: int, qk_norm: bool, constant: bool) -> list[tuple[str, np.ndarray]]:
+                   head_dim: int, qk_norm: bool, constant: bool, scale: float = 0.1) -> list[tuple[str, np.ndarray]]:
     e, q, kv = embedding, head_dim * heads, head_dim * heads_kv
     # constant models zero the projections back into the residual stream, so it never changes
-    wo = _zeros(q, e) if constant else _rand(rng, q, e)
-    down = _zeros(ff, e) if constant else _rand(rng, ff, e)
+    wo = _zeros(q, e) if constant else _rand(rng, q, e, scale=scale)
+    down = _zeros(ff, e) if constant else _rand(rng, ff, e, scale=scale)
     out = [
         (f"blk.{i}.attn_norm.weight", _ones(e)),
-        (f"blk.{i}.attn_q.weight", _rand(rng, e, q)),
-        (f"blk.{i}.attn_k.weight", _rand(rng, e, kv)),
-        (f"blk.{i}.attn_v.weight", _rand(rng, e, kv)),
+        (f"blk.{i}.attn_q.weight", _rand(rng, e, q, scale=scale)),
+        (f"blk.{i}.attn_k.weight", _rand(rng, e, kv, scale=scale)),
+        (f"blk.{i}.attn_v.weight", _rand(rng, e, kv, scale=scale)),
         (f"blk.{i}.attn_output.weight", wo),
         (f"blk.{i}.ffn_norm.weight", _ones(e)),
-        (f"blk.{i}.ffn_gate.weight", _rand(rng, e, ff)),
-        (f"blk.{i}.ffn_up.weight", _rand(rng, e, ff)),
+        (f"blk.{i}.ffn_gate.weight", _rand(rng, e, ff, scale=scale)),
+        (f"blk.{i}.ffn_up.weight", _rand(rng, e, ff, scale=scale)),
         (f"blk.{i}.ffn_down.weight", down),
     ]
     if qk_norm:
@@ -203,8 +259,11 @@ def write_target(path: str | Path, *, arch: str = "qwen3", embedding: int = 64, 
                  vocab: int = 512, ff: int = 128, heads: int = 4, heads_kv: int = 2, head_dim: int = 16,
                  context_length: int = 32768, seed: int = 0, constant_token: int | None = None,
                  tokenizer: str = "test", chat_template: str | None = None,
-                 token_prefix: str = DEFAULT_TOKEN_PREFIX, name: str = "tiny-target") -> Path:
-    """A tiny `qwen3` or `llama` target. `constant_token=k`: it always predicts k."""
+                 token_prefix: str = DEFAULT_TOKEN_PREFIX, name: str = "tiny-target",
+                 layer_scale: float = 0.1) -> Path:
+    """A tiny `qwen3` or `llama` target. `constant_token=k`: it always predicts k.
+    With the default layer_scale the embedding dominates and the model mostly repeats its last
+    token; layer_scale=1.0 makes its greedy output vary with the context (lossless tests)."""
     if arch not in ("qwen3", "llama"):
         raise ValueError(f"unsupported target architecture {arch!r} (qwen3 or llama)")
     rng = _rng(seed)
@@ -223,7 +282,8 @@ def write_target(path: str | Path, *, arch: str = "qwen3", embedding: int = 64, 
     tensors.append(("output_norm.weight", _ones(embedding)))
     for i in range(layers):
         tensors += _layer_tensors(rng, i, embedding=embedding, ff=ff, heads=heads, heads_kv=heads_kv,
-                                  head_dim=head_dim, qk_norm=arch == "qwen3", constant=constant_token is not None)
+                                  head_dim=head_dim, qk_norm=arch == "qwen3", constant=constant_token is not None,
+                                  scale=layer_scale)
     return _write(path, arch, kv, tensors)
 
 
@@ -232,7 +292,8 @@ def _write_drafter(path: str | Path, *, markov: bool, target_embedding: int, tar
                    constant_token: int | None, legacy: bool, omit_block_size: bool, markov_rank: int,
                    token_prefix: str, heads: int, heads_kv: int, head_dim: int, ff: int,
                    context_length: int, has_confidence_head: bool | None, confidence_head: bool,
-                   name: str) -> Path:
+                   name: str, log_snr: LogSnr | None = None,
+                   tensor_overrides: Mapping[str, np.ndarray] | None = None) -> Path:
     arch = "dspark" if legacy else "dflash"
     e = target_embedding
     mask = vocab - 1 if mask_token_id is None else mask_token_id
@@ -253,6 +314,8 @@ def _write_drafter(path: str | Path, *, markov: bool, target_embedding: int, tar
         kv.append(("bool", "dflash.sample_from_anchor", True))
     if has_confidence_head is not None:
         kv.append(("bool", f"{arch}.has_confidence_head", has_confidence_head))
+    if log_snr is not None:
+        kv += log_snr.kv("dspark.dspark" if legacy else "dflash")
     kv += _tokenizer_kv(vocab, "test", token_prefix, None, mask_token_id=mask)
 
     n_in = len(layer_ids) * e
@@ -274,6 +337,13 @@ def _write_drafter(path: str | Path, *, markov: bool, target_embedding: int, tar
     for i in range(draft_layers):
         tensors += _layer_tensors(rng, i, embedding=e, ff=ff, heads=heads, heads_kv=heads_kv, head_dim=head_dim,
                                   qk_norm=True, constant=constant_token is not None)
+    if log_snr is not None:
+        tensors += log_snr.tensor_list(rng, e)
+    if tensor_overrides:
+        missing = set(tensor_overrides) - {n for n, _ in tensors}
+        if missing:
+            raise ValueError(f"tensor_overrides names tensors this drafter does not have: {sorted(missing)}")
+        tensors = [(n, tensor_overrides.get(n, data)) for n, data in tensors]
     return _write(path, arch, kv, tensors)
 
 
@@ -284,16 +354,23 @@ def write_dspark_drafter(path: str | Path, *, target_embedding: int = 64, target
                          tokens_like_target: bool = True, token_prefix: str | None = None,
                          heads: int = 4, heads_kv: int = 2, head_dim: int = 16, ff: int = 128,
                          context_length: int = 32768, has_confidence_head: bool | None = None,
-                         confidence_head: bool = False, name: str = "tiny-dspark") -> Path:
+                         confidence_head: bool = False, name: str = "tiny-dspark",
+                         log_snr: LogSnr | bool | None = None,
+                         tensor_overrides: Mapping[str, np.ndarray] | None = None) -> Path:
     """A DSpark drafter: architecture `dflash` plus markov_w1/markov_w2.
 
     legacy=True writes the PrismML fork's `general.architecture = "dspark"` form (block size
     under `dspark.dspark.block_size`), which upstream llama.cpp cannot load. tokens_like_target
     =False (or another token_prefix) gives a same-size vocabulary with different token texts.
     confidence_head=True adds conf_proj tensors; has_confidence_head sets the metadata flag.
+    log_snr=True (or a LogSnr) writes the log-SNR family's keys and tensors (random weights
+    unless given). tensor_overrides replaces tensors by name (numpy layout), e.g. the
+    conditioning fixture's token_embd/output.
     """
     prefix = token_prefix or (DEFAULT_TOKEN_PREFIX if tokens_like_target else "other")
-    return _write_drafter(path, markov=True, target_embedding=target_embedding, target_layers=target_layers,
+    if log_snr is True:
+        log_snr = LogSnr()
+    return _write_drafter(path, markov=True, log_snr=log_snr or None, tensor_overrides=tensor_overrides, target_embedding=target_embedding, target_layers=target_layers,
                           vocab=vocab, block_size=block_size, mask_token_id=mask_token_id,
                           draft_layers=draft_layers, seed=seed, constant_token=constant_token, legacy=legacy,
                           omit_block_size=omit_block_size, markov_rank=markov_rank, token_prefix=prefix,

@@ -5,7 +5,7 @@ measure.py   one streamed request, /metrics counters, process memory (the HTTP/p
 runner.py    which servers run, in which order, with which requests (launch and URL modes)
 stats.py     medians, min-max, paired ratios and the noise rule behind every verdict
 summary.py   raw measurements -> the report document (schema.json describes it)
-report.py    that document as a terminal table, Markdown, JSON and a PNG chart
+report.py    that document as a terminal table, Markdown, JSON and an SVG chart (chart.py)
 schema.py    the JSON schema and a small validator
 pipeline.py  the whole run, as the CLI calls it
 """

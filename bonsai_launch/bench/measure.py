@@ -51,6 +51,7 @@ class RequestResult:
     finish_reason: str | None = None
     turn: int | None = None  # multi-turn: 1-based turn number
     level: int | None = None  # concurrency level
+    slots: int | None = None  # concurrency: the server's slots, when known
     error: str | None = None
 
     def to_json(self, with_text: bool = True) -> dict[str, Any]:

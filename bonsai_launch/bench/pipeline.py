@@ -50,6 +50,11 @@ def check_options(options: BenchOptions) -> None:
     for c in options.concurrency:
         if c < 1 or c > 64:
             raise BonsaiError(f"--concurrency: {c} is outside 1-64", "for example --concurrency 1,4")
+    for n in options.parallel or ():
+        if n < 1 or n > 256:
+            raise BonsaiError(f"--parallel: {n} is outside 1-256", "for example --parallel 1,4")
+    if options.parallel and len(set(options.parallel)) != len(options.parallel):
+        raise BonsaiError("--parallel names a slot count twice", "list each once, for example --parallel 1,4")
     if options.api not in ("chat", "completion"):
         raise BonsaiError(f"--api {options.api!r} is not known", "use chat or completion")
 
@@ -74,13 +79,16 @@ def run_bench(options: BenchOptions, target: Target, out_dir: Path | None, liste
     check_options(options)
     all_prompts = suite.load_prompts(options.prompts_path)
     prompts = suite.select(all_prompts, list(options.categories) if options.categories else None, options.per_category)
+    if target.url and options.parallel:
+        raise BonsaiError("--parallel sets the slots of servers bonsai starts; a --url server keeps its own",
+                          "drop --parallel, or leave out --url to launch servers")
     if target.url:
         data = runner.run_urls(options, target.url, target.baseline_url, prompts, all_prompts, target.api_key, listener)
     else:
         if target.binary is None:
             raise BonsaiError("no llama-server to benchmark", "run `bonsai build`, set BONSAI_LLAMA_SERVER, or pass --url")
         configs = runner.plan_configs(options.configs, target.flags, target.model, target.drafter, target.passthrough,
-                                      target.binary)
+                                      target.binary, options.parallel)
         from bonsai_launch.paths import logs_dir
 
         log_dir = logs_dir() / "bench" / time.strftime("%Y%m%d-%H%M%S")

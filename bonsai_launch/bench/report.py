@@ -1,8 +1,7 @@
-"""Drawing the report: a rich table for the terminal, Markdown, JSON and a PNG chart.
+"""Drawing the report: a rich table for the terminal, Markdown, JSON and an SVG chart.
 
 Every renderer reads the one summary dict (summary.py), so the four outputs always agree.
-matplotlib is optional (`pip install 'bonsai-launch[chart]'`): without it the chart is
-skipped with a note and everything else is written.
+The chart needs nothing beyond the standard library (chart.py).
 """
 
 from __future__ import annotations
@@ -147,8 +146,10 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
     if paths:
         for kind, path in paths.items():
             console.print(f"  {kind}: {path}")
+    from rich.markup import escape
+
     for note in doc.get("notes") or []:
-        console.print(f"  [dim]note: {note}[/dim]")
+        console.print(f"  [dim]note: {escape(note)}[/dim]")  # a note may hold [brackets], e.g. pip extras
 
 
 def _category_rows_table(doc: dict):
@@ -225,16 +226,15 @@ def _print_tradeoffs(doc: dict, console, labels: dict[str, str]) -> None:
                           f"{_ratio(c['verdict'])} (above 1 = sooner)")
     conc = doc.get("concurrency") or []
     if conc:
-        t = Table(title="Concurrency: total throughput with N clients at once")
-        t.add_column("clients", justify="right")
-        t.add_column("configuration")
-        t.add_column("tok/s", justify="right")
-        t.add_column("TTFT", justify="right")
-        t.add_column("vs baseline", justify="right")
-        for r in conc:
-            t.add_row(str(r["level"]), labels.get(r["config"], r["config"]), _sp(r["throughput_tps"]),
-                      _sp(r["ttft_s"], 2, " s"), _ratio(r["verdict"]) if r.get("verdict") else "-")
+        header, rows = concurrency_rows(doc)
+        t = Table(title="Slots x clients: total and per-user speed, time to first token")
+        for i, name in enumerate(header):
+            t.add_column(name, justify="left" if name == "configuration" else "right")
+        for row in rows:
+            t.add_row(*row)
         console.print(t)
+        for u in doc.get("users") or []:
+            console.print(f"  [bold]{u['line']}[/bold]  [dim]({u['settings']})[/dim]")
     mem = doc.get("memory") or []
     if any(m.get("peak_rss_bytes") for m in mem):
         t = Table(title="Memory and startup per server")
@@ -286,6 +286,29 @@ def category_speed_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
             row.append(v["line"].split(": ", 1)[1] if v else "-")
             rows.append(row)
     return header, rows
+
+
+def concurrency_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """The slots x clients table: one source for the terminal and the Markdown report."""
+    labels = _labels(doc)
+    header = ["clients", "configuration", "slots", "total tok/s", "per user tok/s", "TTFT p50 s", "TTFT p95 s",
+              "vs baseline"]
+    rows = []
+    for r in doc.get("concurrency") or []:
+        rows.append([str(r["level"]), labels.get(r["config"], r["config"]),
+                     "-" if r.get("slots") is None else str(r["slots"]), _sp(r["throughput_tps"]),
+                     _sp_median(r.get("per_stream_tps")), _num(r.get("ttft_p50_s")), _num(r.get("ttft_p95_s")),
+                     _vs_baseline(r)])
+    return header, rows
+
+
+def _vs_baseline(row: dict) -> str:
+    if not row.get("verdict"):
+        return "-"
+    text = _ratio(row["verdict"])
+    if row.get("baseline_slots") is not None and row.get("baseline_slots") != row.get("slots"):
+        text += f" (baseline on {row['baseline_slots']})"
+    return text
 
 
 def verdict_table_markdown(doc: dict) -> list[str]:
@@ -377,11 +400,15 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
                          f"{_ratio(c['verdict'])} (above 1 = first token sooner).")
     conc = doc.get("concurrency") or []
     if conc:
-        lines += ["", "## Trade-off: throughput with concurrent clients", ""]
-        rows = [[str(r["level"]), labels.get(r["config"], r["config"]), _sp(r["throughput_tps"]), _sp(r["ttft_s"], 2),
-                 _ratio(r["verdict"]) if r.get("verdict") else "-"] for r in conc]
-        lines += _md_table(["clients", "configuration", "total tok/s", "TTFT s", "vs baseline"], rows,
-                           ["r", "l", "r", "r", "r"])
+        lines += ["", "## Trade-off: slots x concurrent clients", ""]
+        header, rows = concurrency_rows(doc)
+        lines += _md_table(header, rows, ["r", "l"] + ["r"] * (len(header) - 2))
+        users = doc.get("users") or []
+        if users:
+            lines += ["", "### For K simultaneous users", ""]
+            lines += [f"- {u['line']} (`{u['settings']}`)" for u in users]
+        if doc.get("concurrency_chart"):
+            lines += ["", f"![total tok/s and time to first token per client count]({doc['concurrency_chart']})"]
     mem = doc.get("memory") or []
     if any(m.get("peak_rss_bytes") for m in mem):
         lines += ["", "## Memory and startup", ""]
@@ -402,54 +429,11 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
 # -- chart ----------------------------------------------------------------------------------------
 
 
-def chart_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def write_chart(doc: dict, path: Path) -> None:
+    """Grouped bars of decode tok/s per category and configuration (bench/chart.py), as SVG."""
+    from bonsai_launch.bench import chart
 
-
-def write_chart(doc: dict, path: Path) -> bool:
-    """Grouped bars: decode tok/s per category and configuration, one panel per temperature,
-    with min-max error bars. False when matplotlib is missing."""
-    if not chart_available():
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = _labels(doc)
-    temps = doc["options"]["temps"]
-    cats = doc["categories"]
-    configs = [c["name"] for c in doc["configs"]]
-    fig, axes = plt.subplots(1, len(temps), figsize=(max(6.0, 1.4 * len(cats) * len(temps) + 2), 4.2),
-                             squeeze=False, sharey=True)
-    width = 0.8 / max(1, len(configs))
-    for ax, temp in zip(axes[0], temps):
-        for i, config in enumerate(configs):
-            med, lo, hi = [], [], []
-            for cat in cats:
-                s = (_result(doc, config, cat, temp) or {}).get("decode_tps")
-                med.append(s["median"] if s else 0.0)
-                lo.append(s["median"] - s["min"] if s else 0.0)
-                hi.append(s["max"] - s["median"] if s else 0.0)
-            xs = [j + (i - (len(configs) - 1) / 2) * width for j in range(len(cats))]
-            ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, label=labels.get(config, config))
-        ax.set_xticks(range(len(cats)))
-        ax.set_xticklabels(cats, rotation=20)
-        ax.set_title(f"temperature {temp:g}")
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("decode tok/s (median, min-max)")
-    axes[0][-1].legend(fontsize="small")
-    fig.suptitle("bonsai bench: decode speed per category and configuration")
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return True
+    _write_text(path, chart.render(doc))
 
 
 # -- files ----------------------------------------------------------------------------------------
@@ -466,17 +450,23 @@ def to_json_text(doc: dict) -> str:
 
 
 def write_reports(doc: dict, out_dir: Path, chart: bool = True) -> dict[str, str]:
-    """bench.json, bench.md and (with matplotlib) bench.png in `out_dir`; returns their paths.
-    Each file is written under a temporary name and renamed, so none is ever half-written."""
+    """bench.json, bench.md and (unless chart=False) bench.svg and, with concurrency rows,
+    concurrency.svg in `out_dir`; returns their paths. Each file is written under a temporary
+    name and renamed, so none is ever half-written."""
+    from bonsai_launch.bench import chart as charts
+
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
-    png = out_dir / "bench.png"
-    if chart and write_chart(doc, png):
-        paths["chart"] = str(png)
-    elif chart:
-        doc.setdefault("notes", []).append("no chart: matplotlib is not installed (pip install 'bonsai-launch[chart]')")
+    if chart:
+        write_chart(doc, out_dir / "bench.svg")
+        paths["chart"] = str(out_dir / "bench.svg")
+        concurrency = charts.render_concurrency(doc)
+        if concurrency is not None:
+            _write_text(out_dir / "concurrency.svg", concurrency)
+            paths["concurrency_chart"] = str(out_dir / "concurrency.svg")
+            doc["concurrency_chart"] = "concurrency.svg"
     _write_text(out_dir / "bench.json", to_json_text(doc))
     paths["json"] = str(out_dir / "bench.json")
-    _write_text(out_dir / "bench.md", to_markdown(doc, "bench.png" if "chart" in paths else None))
+    _write_text(out_dir / "bench.md", to_markdown(doc, "bench.svg" if "chart" in paths else None))
     paths["markdown"] = str(out_dir / "bench.md")
     return paths

@@ -36,7 +36,7 @@ from bonsai_launch.bench.measure import (Endpoint, MemorySampler, RequestResult,
                                          read_metrics, served_model, spec_counters, stream_request)
 from bonsai_launch.errors import ActionFailed, BonsaiError
 
-SPECIAL_CONFIGS = ("plain", "speculative")
+SPECIAL_CONFIGS = ("plain", "speculative", "auto")  # auto: the stored tuning decision (bonsai tune)
 SPEC_CONFIG_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
                      "draft-dspark", "draft-dflash", "draft-simple", "draft-eagle3", "draft-mtp")
 READY_TIMEOUT = 600.0
@@ -50,8 +50,10 @@ class BenchOptions:
     repeats: int = 3
     max_tokens: int = 128
     concurrency: tuple[int, ...] = (1, 4)
+    parallel: tuple[int, ...] | None = None  # slot counts: each config's concurrency rounds run once per count
     per_category: int | None = None  # prompts per category (None: all)
     turns: int = 4  # multi-turn conversation length
+    interleave: bool = False  # multi-turn: turn 1 of every conversation, then turn 2 of every one... (prompt cache)
     conversations: int | None = None  # how many bundled conversations (None: all)
     tradeoff_tokens: int = 48  # max tokens per multi-turn / concurrency request
     api: str = "chat"  # chat | completion
@@ -78,11 +80,12 @@ class ConfigSpec:
     flags: dict[str, Any] = field(default_factory=dict)  # launch mode: settings flags
     url: str | None = None  # URL mode
     plan: Any = None  # launch mode: the LaunchPlan (port replaced per server)
+    slot_plans: dict[int, Any] = field(default_factory=dict)  # --parallel: a LaunchPlan per slot count
 
     @property
     def label(self) -> str:
-        if self.name == "speculative" and self.spec_type:
-            return f"speculative ({self.spec_type})"
+        if self.name in ("speculative", "auto") and (self.spec_type or self.name == "auto"):
+            return f"{self.name} ({self.spec_type or 'plain'})"
         return self.name
 
     def to_json(self) -> dict[str, Any]:
@@ -98,7 +101,28 @@ class ConfigSpec:
             data["argv"] = argv
             data["ctx"] = self.plan.ctx
             data["speculative"] = self.plan.to_json()["speculative"]
+            data["slots"] = _effective_slots(self.plan)
+        if self.slot_plans:
+            data["slot_argv"] = {str(n): _argv_without_port(p) for n, p in sorted(self.slot_plans.items())}
         return data
+
+    def plan_for_slots(self, slots: int | None) -> Any:
+        return self.slot_plans.get(slots, self.plan) if slots is not None else self.plan
+
+
+def _argv_without_port(plan) -> list[str]:
+    argv = list(plan.argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--port":
+            argv[i + 1] = "<free port>"
+    return argv
+
+
+def _effective_slots(plan) -> int | None:
+    slots = getattr(plan, "slots", None)
+    if slots is None:
+        return None
+    return slots.count or 4  # llama-server's auto
 
 
 @dataclass
@@ -108,11 +132,13 @@ class ServerRun:
     config: str
     repeat: int
     purpose: str  # "temp=0.0", "trade-offs"
+    slots: int | None = None  # the server's slots, when known
     pid: int | None = None
     startup_s: float | None = None  # spawn -> /health 200 (launch mode)
     peak_rss_bytes: int | None = None
     peak_gpu_bytes: int | None = None
     log: str | None = None
+    spec_proof: dict[str, Any] | None = None  # launch mode: the liveness probe of a speculative server
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,6 +155,7 @@ class LoadRun:
     tokens: int
     wall_s: float
     errors: int
+    slots: int | None = None  # the server's slots (None: unknown, URL mode)
 
     @property
     def throughput(self) -> float | None:
@@ -197,15 +224,18 @@ def config_flags(name: str, base_flags: dict[str, Any]) -> dict[str, Any]:
         flags.update(speculative=False, spec_type=None, spec_nmax=None)
     elif name == "speculative":
         flags.update(speculative=True)
+    elif name == "auto":
+        flags.update(speculative="auto", spec_type=None, spec_nmax=None)
     else:
         flags.update(speculative=True, spec_type=name)
     return flags
 
 
 def plan_configs(names: Sequence[str], base_flags: dict[str, Any], model: str | None, drafter: str | None,
-                 passthrough: tuple[str, ...], binary: Path) -> list[ConfigSpec]:
-    """A LaunchPlan per configuration, with one context size for all of them: the largest any
-    of them asks for, so the KV cache (and its memory) is the same on both sides."""
+                 passthrough: tuple[str, ...], binary: Path, parallel: Sequence[int] | None = None) -> list[ConfigSpec]:
+    """A LaunchPlan per configuration (and, with `parallel`, per slot count), with one context
+    size for all of them: the largest any of them asks for, so the KV cache (and its memory) is
+    the same on every side."""
     from bonsai_launch.launch_inputs import gather_plan
 
     def build(ctx: int | None) -> list[ConfigSpec]:
@@ -217,16 +247,25 @@ def plan_configs(names: Sequence[str], base_flags: dict[str, Any], model: str | 
                 flags["ctx"] = ctx
             plan = gather_plan(flags, model, drafter, passthrough, binary)
             spec_type = plan.speculative.spec_type if plan.speculative else None
-            specs.append(ConfigSpec(name, name == "plain", spec_type, flags, plan=plan))
+            slot_plans = {n: gather_plan({**flags, "parallel": n}, model, drafter, passthrough, binary)
+                          for n in parallel or ()}
+            specs.append(ConfigSpec(name, name == "plain", spec_type, flags, plan=plan, slot_plans=slot_plans))
         return specs
 
     specs = build(base_flags.get("ctx") or None)
-    ctxs = {s.plan.ctx for s in specs}
+    ctxs = {p.ctx for s in specs for p in (s.plan, *s.slot_plans.values())}
     if len(ctxs) > 1:
         specs = build(max(ctxs))
     if not any(s.baseline for s in specs):
         specs[0].baseline = True
     for s in specs:
+        if s.name == "auto":
+            tuning = s.plan.tuning or {}
+            if tuning.get("status") != "found":
+                raise BonsaiError("configuration auto has no tuning decision to run: "
+                                  + tuning.get("message", "").removeprefix("BONSAI_SPECULATIVE=auto: "),
+                                  f"run `{tuning.get('hint', 'bonsai tune')}` first")
+            continue
         if s.name != "plain" and s.spec_type is None:
             raise BonsaiError(f"configuration {s.name} would run without speculation", "check the profile and --drafter")
     return specs
@@ -245,14 +284,18 @@ def _with_port(plan, port: int):
 
 @contextmanager
 def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener, api: str = "chat") -> Iterator[Endpoint]:
-    """Start the configuration's server on a free port, wait until ready, sample its memory,
-    and always stop it."""
+    """Start the configuration's server (for `run.slots` slots when --parallel planned them) on
+    a free port, wait until ready, sample its memory, and always stop it."""
     from bonsai_launch.server_process import ServerProcess, free_port
 
+    base_plan = spec.plan_for_slots(run.slots)
+    if run.slots is None:
+        run.slots = _effective_slots(base_plan)
     attempts = 2  # a free port can be taken by someone else between our check and the bind
     for attempt in range(attempts):
-        plan = _with_port(spec.plan, free_port())
-        log = log_dir / f"{spec.name}-r{run.repeat + 1}-{run.purpose.replace('=', '')}.log"
+        plan = _with_port(base_plan, free_port())
+        slots_tag = f"-np{run.slots}" if spec.slot_plans else ""
+        log = log_dir / f"{spec.name}-r{run.repeat + 1}-{run.purpose.replace('=', '')}{slots_tag}.log"
         listener.step(f"{spec.label}: starting llama-server ({run.purpose}, repeat {run.repeat + 1})")
         t0 = time.perf_counter()
         proc = ServerProcess.spawn(plan.argv, env=plan.env, log_path=log, base_url=plan.base_url)
@@ -272,9 +315,11 @@ def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener
             raise
         run.startup_s = time.perf_counter() - t0
         run.pid, run.log = proc.pid, str(log)
+        if plan.speculative is not None:
+            _prove_live(spec, run, plan, proc, log, listener)
         try:
             with MemorySampler(proc.pid) as sampler:
-                yield Endpoint(plan.base_url, api=api)
+                yield Endpoint(plan.base_url, api=api, api_key=plan.api_key)  # a key the user set is enforced
         finally:
             run.peak_rss_bytes, run.peak_gpu_bytes = sampler.peak_rss, sampler.peak_gpu
             if not proc.alive():
@@ -282,6 +327,26 @@ def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener
                 raise ActionFailed(proc.exit_message("during the benchmark"), f"full log: {log}")
             proc.stop()
         return
+
+
+def _prove_live(spec: ConfigSpec, run: ServerRun, plan, proc, log: Path, listener: Listener) -> None:
+    """The rule `bonsai start` applies (live only when the probe drafted tokens): measuring a
+    speculative configuration that does not speculate would report plain speed as its own."""
+    from bonsai_launch import speculation_probe
+
+    listener.step(f"{spec.label}: checking speculative decoding")
+    try:
+        proof = speculation_probe.prove(plan.base_url, plan.speculative.spec_type, plan.speculative.n_max, log,
+                                        plan.env.get("LLAMA_API_KEY"))
+    except BaseException:
+        proc.stop()
+        raise
+    run.spec_proof = proof.to_json()
+    if not proof.live:
+        proc.stop()
+        raise ActionFailed(f"{spec.label}: {proof.summary()}",
+                           "fix the drafter or its settings, or leave this configuration out of --configs; "
+                           f"full log: {log}")
 
 
 @contextmanager
@@ -365,31 +430,42 @@ def run_multi_turn(http: httpx.Client, endpoint: Endpoint, spec: ConfigSpec, opt
                    salt: str = "") -> None:
     """A conversation turn by turn, each turn carrying the earlier answers: turn 2+ shows
     whether the server reuses the cached prefix (time to first token stays low) or
-    re-evaluates it."""
-    for conv in conversations:
-        history: list[dict[str, str]] = []
-        for turn, user_text in enumerate(conv.turns[:options.turns], 1):
-            listener.step(f"{spec.label}: conversation {conv.id} turn {turn} (repeat {repeat + 1})")
-            history.append({"role": "user", "content": user_text})
-            result = RequestResult(spec.name, conv.id, "multi-turn", 0.0, repeat, phase="multi-turn", turn=turn)
-            _send(http, endpoint, result, _salted(history, salt), options.tradeoff_tokens, options.seed)
-            history.append({"role": "assistant", "content": result.text})
-            data.requests.append(result)
-            listener.advance()
+    re-evaluates it.
+
+    Interleaved (--interleave-conversations), every conversation's turn 1 comes before any
+    turn 2, as with several users taking turns: with fewer slots than conversations, a
+    conversation finds its slot taken by another one, and only the prompt cache in RAM
+    (--cache-ram, --cache-idle-slots) or context checkpoints can spare it the re-read."""
+    histories: dict[str, list[dict[str, str]]] = {conv.id: [] for conv in conversations}
+    steps = [(conv, turn, text) for conv in conversations for turn, text in enumerate(conv.turns[:options.turns], 1)]
+    if options.interleave:
+        steps.sort(key=lambda step: step[1])  # stable: conversations keep their order within a turn
+    for conv, turn, user_text in steps:
+        history = histories[conv.id]
+        listener.step(f"{spec.label}: conversation {conv.id} turn {turn} (repeat {repeat + 1})")
+        history.append({"role": "user", "content": user_text})
+        result = RequestResult(spec.name, conv.id, "multi-turn", 0.0, repeat, phase="multi-turn", turn=turn)
+        _send(http, endpoint, result, _salted(history, salt), options.tradeoff_tokens, options.seed)
+        history.append({"role": "assistant", "content": result.text})
+        data.requests.append(result)
+        listener.advance()
 
 
 def run_concurrency(endpoint: Endpoint, spec: ConfigSpec, options: BenchOptions, load_prompts: list[suite.Prompt],
-                    repeat: int, data: BenchData, listener: Listener, salt: str = "") -> None:
+                    repeat: int, data: BenchData, listener: Listener, salt: str = "", slots: int | None = None) -> None:
     """For each level c: 2c requests through c clients at once; total generated tokens over
-    wall time is the throughput a shared server gives. A one-slot server queues them."""
+    wall time is the throughput a shared server gives. A server with fewer slots than clients
+    queues the rest."""
     cursor = 0
     for level in options.concurrency:
         batch = []
         for _ in range(2 * level):
             batch.append(load_prompts[cursor % len(load_prompts)])
             cursor += 1
-        listener.step(f"{spec.label}: {level} concurrent client(s) (repeat {repeat + 1})")
-        results = [RequestResult(spec.name, p.id, p.category, 0.0, repeat, phase="concurrency", level=level) for p in batch]
+        on = f", {slots} slots" if slots else ""
+        listener.step(f"{spec.label}: {level} concurrent client(s){on} (repeat {repeat + 1})")
+        results = [RequestResult(spec.name, p.id, p.category, 0.0, repeat, phase="concurrency", level=level, slots=slots)
+                   for p in batch]
         limits = httpx.Limits(max_connections=level + 2, max_keepalive_connections=level + 2)
         with httpx.Client(trust_env=False, limits=limits) as http:
             start = time.perf_counter()
@@ -400,7 +476,8 @@ def run_concurrency(endpoint: Endpoint, spec: ConfigSpec, options: BenchOptions,
                     f.result()
             wall = time.perf_counter() - start
         tokens = sum((r.completion_tokens or len(r.pieces)) for r in results if not r.error)
-        data.loads.append(LoadRun(spec.name, repeat, level, len(results), tokens, wall, sum(1 for r in results if r.error)))
+        data.loads.append(LoadRun(spec.name, repeat, level, len(results), tokens, wall, sum(1 for r in results if r.error),
+                                  slots))
         data.requests.extend(results)
         listener.advance(len(results))
 
@@ -415,7 +492,7 @@ def _order(configs: list[ConfigSpec], repeat: int) -> list[ConfigSpec]:
 def _request_count(options: BenchOptions, n_prompts: int, n_configs: int, n_conversations: int, mode: str) -> int:
     per_repeat = n_prompts * len(options.temps)
     if options.tradeoffs:
-        per_repeat += n_conversations * options.turns + sum(2 * c for c in options.concurrency)
+        per_repeat += n_conversations * options.turns + sum(2 * c for c in options.concurrency) * len(options.parallel or (1,))
     return per_repeat * n_configs * options.repeats
 
 
@@ -456,12 +533,19 @@ def run_launch(options: BenchOptions, configs: list[ConfigSpec], prompts: list[s
                     warm_up(http, endpoint, spec, options)
                     run_suite(http, endpoint, spec, options, prompts, temperature, repeat, data, listener)
             if options.tradeoffs:
-                run = ServerRun(spec.name, repeat, "trade-offs")
-                data.servers.append(run)
-                with launched(spec, run, log_dir, listener, options.api) as endpoint, httpx.Client(trust_env=False) as http:
-                    warm_up(http, endpoint, spec, options)
-                    run_multi_turn(http, endpoint, spec, options, conversations, repeat, data, listener)
-                    run_concurrency(endpoint, spec, options, load, repeat, data, listener)
+                # One server per slot count (--parallel), the multi-turn conversation on the first.
+                slot_counts = options.parallel or (None,)
+                if repeat % 2:
+                    slot_counts = tuple(reversed(slot_counts))
+                for i, slots in enumerate(slot_counts):
+                    run = ServerRun(spec.name, repeat, "trade-offs", slots=slots)
+                    data.servers.append(run)
+                    with launched(spec, run, log_dir, listener, options.api) as endpoint, \
+                            httpx.Client(trust_env=False) as http:
+                        warm_up(http, endpoint, spec, options)
+                        if slots == (options.parallel or (None,))[0]:
+                            run_multi_turn(http, endpoint, spec, options, conversations, repeat, data, listener)
+                        run_concurrency(endpoint, spec, options, load, repeat, data, listener, slots=run.slots)
     data.finished = time.time()
     data.environment["load_average_end"] = _loadavg()
     return data
@@ -497,9 +581,22 @@ def run_urls(options: BenchOptions, url: str, baseline_url: str | None, prompts:
                 if options.tradeoffs:
                     run_multi_turn(http, endpoint, spec, options, conversations, repeat, data, listener, salt)
                     run_concurrency(endpoint, spec, options, load, repeat, data, listener, salt)
+    note = not_drafting_note(data.requests, "server")
+    if note:
+        data.notes.append(note)
     data.finished = time.time()
     data.environment["load_average_end"] = _loadavg()
     return data
+
+
+def not_drafting_note(requests: list[RequestResult], config: str) -> str | None:
+    """URL mode cannot probe a server it did not start; the measured requests are judged by
+    the rule of `bonsai start`/`verify` instead: live only when tokens were drafted."""
+    counted = [r for r in requests if r.config == config and r.drafted is not None and not r.error]
+    if counted and sum(r.drafted or 0 for r in counted) == 0:
+        return (f"{config} drafted no tokens in any of its {len(counted)} requests: speculative decoding is NOT live "
+                "there, so its numbers are those of plain decoding")
+    return None
 
 
 # -- environment --------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ disagree with the JSON.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import statistics
 from collections import defaultdict
 from typing import Any, Iterable
@@ -42,7 +43,14 @@ DEFINITIONS = {
     "multi_turn_ttft": "time to first token on turns 2+ of a conversation that carries the earlier answers; ratio = "
                        "baseline TTFT / candidate TTFT per repeat, so above 1 means the first token comes sooner",
     "concurrency_throughput": "all clients' completion tokens / wall time from the first request sent to the last "
-                              "stream closed, with `level` clients at once (2 x level requests)",
+                              "stream closed, with `level` clients at once (2 x level requests), on a server with "
+                              "`slots` slots; median over repeats",
+    "per_stream_tps": "what one client sees once its answer streams: client decode rate of each concurrent request "
+                      "(median, min-max over the requests)",
+    "ttft_p50_s / ttft_p95_s": "time to first token of the concurrent requests, nearest-rank percentiles over every "
+                               "request of the row (queueing behind busy slots included)",
+    "users": "for K simultaneous users: the configuration and slot count with the highest total tok/s; totals within "
+             "5% of the best tie, and the tie goes to the sooner first token (p95)",
 }
 
 
@@ -164,6 +172,7 @@ def summarize(data: BenchData) -> dict[str, Any]:
                     })
 
     verdicts = _verdict_lines(comparisons, categories, temps, data)
+    concurrency = _concurrency(data, baseline)
     return {
         "schema": SCHEMA_ID,
         "mode": data.mode,
@@ -179,7 +188,8 @@ def summarize(data: BenchData) -> dict[str, Any]:
         "comparisons": comparisons,
         "verdicts": verdicts,
         "multi_turn": _multi_turn(data, baseline),
-        "concurrency": _concurrency(data, baseline),
+        "concurrency": concurrency,
+        "users": users_verdicts(concurrency, [c.to_json() for c in data.configs], data.options.repeats),
         "memory": _memory(data, baseline),
         "servers": [s.to_json() for s in data.servers],
         "requests": [r.to_json() for r in data.requests],
@@ -280,23 +290,104 @@ def _multi_turn(data: BenchData, baseline: str | None) -> dict[str, Any]:
 
 
 def _concurrency(data: BenchData, baseline: str | None) -> list[dict[str, Any]]:
-    by: dict[tuple[str, int], dict[int, float | None]] = defaultdict(dict)
+    """One row per configuration, slot count and client count: aggregate throughput (median
+    of repeats), what one client sees (per-stream decode rate), and time to first token p50/p95
+    over every request of the row."""
+    by: dict[tuple[str, int | None, int], dict[int, float | None]] = defaultdict(dict)
     for load in data.loads:
-        by[(load.config, load.level)][load.repeat] = load.throughput
-    ttft = _group([r for r in data.requests if r.phase == "concurrency" and not r.error], "config", "level")
+        by[(load.config, load.slots, load.level)][load.repeat] = load.throughput
+    reqs = _group([r for r in data.requests if r.phase == "concurrency" and not r.error], "config", "slots", "level")
     out = []
-    for (config, level), values in by.items():
-        row: dict[str, Any] = {"config": config, "level": level, "throughput_tps": _spread_json(values.values()),
-                               "ttft_s": _spread_json(r.ttft_s for r in ttft.get((config, level), [])),
+    for (config, slots, level), values in by.items():
+        group = reqs.get((config, slots, level), [])
+        ttfts = [r.ttft_s for r in group if r.ttft_s is not None]
+        row: dict[str, Any] = {"config": config, "slots": slots, "level": level,
+                               "throughput_tps": _spread_json(values.values()),
+                               "per_stream_tps": _spread_json(r.client_decode_tps for r in group),
+                               "ttft_s": _spread_json(ttfts),
+                               "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
                                "ratios": None, "verdict": None}
-        if baseline and config != baseline and (baseline, level) in by:
-            base = by[(baseline, level)]
+        base_key = _baseline_key(by, baseline, slots, level) if baseline and config != baseline else None
+        row["baseline_slots"] = base_key[1] if base_key else None
+        if base_key:
+            base = by[base_key]
             ratios = paired_ratios(values, base)
             row["ratios"] = ratios
             row["verdict"] = verdict(ratios, spread(base.values()), spread(values.values())).to_json()
         out.append(row)
     order = {c.name: i for i, c in enumerate(data.configs)}
-    return sorted(out, key=lambda r: (r["level"], order.get(r["config"], 99)))
+    return sorted(out, key=lambda r: (r["level"], order.get(r["config"], 99), r["slots"] or 0))
+
+
+def _baseline_key(by: dict, baseline: str, slots: int | None, level: int) -> tuple | None:
+    """The baseline row to compare with: the same slot count when the baseline ran it
+    (--parallel), else the baseline's only server at this client count (its own slots: a
+    plain server's auto 4 against a speculative server's 1, as each would run by default)."""
+    if (baseline, slots, level) in by:
+        return (baseline, slots, level)
+    own = [k for k in by if k[0] == baseline and k[2] == level]
+    return own[0] if len(own) == 1 else None
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """Nearest-rank percentile (p95 of 20 values is the 19th smallest); None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+USERS_TIE = 0.05  # totals within 5% of the best count as a tie, broken by the sooner first token
+
+
+def setting_for(config: dict[str, Any], slots: int | None) -> str:
+    """The environment that reproduces a configuration with `bonsai start`."""
+    name, spec_type = config["name"], config.get("spec_type")
+    if name in ("plain", "baseline"):
+        env = "BONSAI_SPECULATIVE=0"
+    elif name == "speculative" or not spec_type:
+        env = "BONSAI_SPECULATIVE=1"
+    else:
+        env = f"BONSAI_SPECULATIVE=1 BONSAI_SPEC_TYPE={spec_type}"
+    return env + (f" BONSAI_PARALLEL={slots}" if slots else "")
+
+
+def users_verdicts(rows: list[dict[str, Any]], configs: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
+    """For each client count K: the configuration and slot count that serve K simultaneous users
+    best. Best = the highest aggregate tok/s (median of repeats); candidates within 5% of it
+    count as a tie, and the one whose first token comes soonest at p95 wins the tie."""
+    by_name = {c["name"]: c for c in configs}
+    out = []
+    for level in sorted({r["level"] for r in rows}):
+        candidates = [r for r in rows if r["level"] == level and r["throughput_tps"]]
+        if not candidates:
+            continue
+        top = max(r["throughput_tps"]["median"] for r in candidates)
+        tied = [r for r in candidates if r["throughput_tps"]["median"] >= top * (1 - USERS_TIE)]
+        best = min(tied, key=lambda r: (r["ttft_p95_s"] if r["ttft_p95_s"] is not None else math.inf,
+                                        -r["throughput_tps"]["median"]))
+        others = sorted((r for r in candidates if r is not best), key=lambda r: -r["throughput_tps"]["median"])
+        config = by_name.get(best["config"], {"name": best["config"], "label": best["config"]})
+        slots = best["slots"]
+        what = config.get("label", best["config"]) + (f" with {slots} slot{'s' if slots != 1 else ''}" if slots else "")
+        per = best["per_stream_tps"]["median"] if best["per_stream_tps"] else None
+        line = (f"for {level} simultaneous user{'s' if level != 1 else ''}, use {what}: "
+                f"{best['throughput_tps']['median']:.1f} tok/s total"
+                + (f", {per:.1f} tok/s per user" if per is not None else "")
+                + (f", first token p95 {best['ttft_p95_s']:.2f} s" if best["ttft_p95_s"] is not None else ""))
+        if others:
+            nxt = others[0]
+            nxt_label = by_name.get(nxt["config"], {}).get("label", nxt["config"])
+            nxt_slots = f" {nxt['slots']} slot{'s' if nxt['slots'] != 1 else ''}" if nxt["slots"] else ""
+            line += f" (next: {nxt_label}{nxt_slots}, {nxt['throughput_tps']['median']:.1f} tok/s)"
+        if repeats < 3:
+            line += "; fewer than 3 repeats: indicative only"
+        out.append({"clients": level, "config": best["config"], "slots": slots,
+                    "settings": setting_for(config, slots),
+                    "throughput_tps": best["throughput_tps"]["median"], "per_stream_tps": per,
+                    "ttft_p95_s": best["ttft_p95_s"], "tied": len(tied) > 1, "line": line})
+    return out
 
 
 def _memory(data: BenchData, baseline: str | None) -> list[dict[str, Any]]:

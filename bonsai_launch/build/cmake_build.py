@@ -21,7 +21,8 @@ from typing import Callable, TextIO
 from bonsai_launch import process_control
 from bonsai_launch.errors import ActionFailed
 
-TARGETS = ("llama-server", "llama-speculative-simple", "llama-bench")
+# llama-quantize makes the converted DSpark drafters small (bonsai convert-drafter, drafter_convert.py).
+TARGETS = ("llama-server", "llama-speculative-simple", "llama-bench", "llama-quantize")
 TAIL_LINES = 40
 _STEP = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)")
 

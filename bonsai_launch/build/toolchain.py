@@ -410,6 +410,17 @@ def vulkan_sdk_present(tools: Toolchain) -> bool:
     return bool(sdk) or Path("/usr/include/vulkan/vulkan.h").is_file()
 
 
+def _why_cpu(hardware, tools: Toolchain) -> str:
+    """Why auto picked the CPU, naming what was found (a found nvcc is not 'no toolchain')."""
+    if hardware.gpus and not tools.nvcc.found:
+        return "NVIDIA GPU found but no nvcc (CUDA toolkit)"
+    if tools.nvcc.found:
+        return "nvcc found but no NVIDIA GPU (pass --cuda-archs to build for one anyway)"
+    if tools.hipconfig.found:
+        return "ROCm found but no AMD GPU"
+    return "no GPU toolchain found"
+
+
 def choose_backend(requested: str, hardware, tools: Toolchain, *, cuda_archs: str | None = None,
                    gpu_targets: str | None = None) -> BackendChoice:
     """The backend to build and its cmake flags; refuses a backend whose toolchain is missing."""
@@ -432,8 +443,7 @@ def choose_backend(requested: str, hardware, tools: Toolchain, *, cuda_archs: st
         elif vulkan_sdk_present(tools):
             requested, why = "vulkan", "the Vulkan SDK found"
         else:
-            requested = "cpu"
-            why = "no GPU toolchain found" if not hardware.gpus else "NVIDIA GPU found but no nvcc (CUDA toolkit)"
+            requested, why = "cpu", _why_cpu(hardware, tools)
     else:
         why = "--backend " + requested
 

@@ -7,9 +7,12 @@ Examples:
     bonsai bench --url http://127.0.0.1:8000 --baseline-url http://127.0.0.1:8001   # vLLM, SGLang, llama.cpp
     bonsai bench --profile demo --prompts my_prompts.jsonl --categories code-edit --json
     bonsai bench --profile demo --quick -- --threads 2       # arguments after -- go to every llama-server
+    bonsai bench --profile demo --configs plain,speculative,auto    # check the tuned decision on the bench's prompts
+    bonsai bench --profile demo --configs plain,ngram-mod,ngram-simple --save   # store the result for BONSAI_SPECULATIVE=auto
+    bonsai bench --profile demo --configs plain,ngram-mod --parallel 1,4 --concurrency 1,2,4,8   # slots x clients
 
 Reports go to --out (default $BONSAI_HOME/bench/<time>): bench.json (schema in
-bonsai_launch/bench/schema.json), bench.md and bench.png (with the `chart` extra).
+bonsai_launch/bench/schema.json), bench.md, bench.svg and concurrency.svg (the charts).
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
+from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt, SpecAutoOpt
+from bonsai_launch.cli._passthrough import passthrough_args
 
-ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
+ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode), auto (the tuned decision) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
 PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled suite.")]
 CategoriesOpt = Annotated[Optional[str], typer.Option("--categories", help="Comma list of categories to run (default: all).")]
 PerCategoryOpt = Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts of each category (default: all; --quick: 2).")]
@@ -30,8 +34,9 @@ TempsOpt = Annotated[Optional[str], typer.Option("--temps", help="Comma list of 
 RepeatsOpt = Annotated[Optional[int], typer.Option("--repeats", help="Runs per configuration (default 3; fewer gives no verdict).")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Tokens generated per request (default 128).")]
 ConcurrencyOpt = Annotated[Optional[str], typer.Option("--concurrency", help="Comma list of simultaneous clients (default 1,4).")]
+ParallelListOpt = Annotated[Optional[str], typer.Option("--parallel", help="Comma list of server slot counts (e.g. 1,4): the concurrency rounds run on one server per count, and the report says which configuration and slot count to use for K users. A single value also comes from BONSAI_PARALLEL.")]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="A small subset: 2 prompts per category, temperature 0, 96 tokens.")]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Folder for bench.json, bench.md, bench.png.")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Folder for bench.json, bench.md, bench.svg.")]
 UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Measure this running OpenAI-compatible server instead of launching one.")]
 BaselineUrlOpt = Annotated[Optional[str], typer.Option("--baseline-url", help="With --url: the same model served without speculation.")]
 ApiOpt = Annotated[str, typer.Option("--api", help="chat (/v1/chat/completions) or completion (/v1/completions).")]
@@ -40,8 +45,11 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Benchmar
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="DSpark/DFlash drafter GGUF for the speculative configuration.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")]
 NglOpt = Annotated[Optional[int], typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
+TradeoffTokensOpt = Annotated[Optional[int], typer.Option("--tradeoff-tokens", help="Tokens per multi-turn and concurrency request (default 48; --quick: 32).")]
+InterleaveOpt = Annotated[bool, typer.Option("--interleave-conversations", help="Multi-turn: every conversation's turn 1, then every turn 2...: with fewer slots than conversations this measures the prompt cache (BONSAI_CACHE_RAM, BONSAI_CTX_CHECKPOINTS).")]
 NoTradeoffsOpt = Annotated[bool, typer.Option("--no-tradeoffs", help="Skip the multi-turn and concurrency measurements.")]
-NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.png.")]
+NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.svg.")]
+SaveOpt = Annotated[bool, typer.Option("--save", help="Store the result as the tuning decision for BONSAI_SPECULATIVE=auto (as `bonsai tune` does).")]
 
 
 def _floats(text: str, option: str) -> tuple[float, ...]:
@@ -77,6 +85,7 @@ def command(
     repeats: RepeatsOpt = None,
     max_tokens: MaxTokensOpt = None,
     concurrency: ConcurrencyOpt = None,
+    parallel: ParallelListOpt = None,
     quick: QuickOpt = False,
     out: OutOpt = None,
     url: UrlOpt = None,
@@ -85,9 +94,13 @@ def command(
     api_key: ApiKeyOpt = None,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
+    tradeoff_tokens: TradeoffTokensOpt = None,
+    interleave: InterleaveOpt = False,
     no_tradeoffs: NoTradeoffsOpt = False,
     no_chart: NoChartOpt = False,
     json_output: JsonOpt = False,
+    save: SaveOpt = False,
+    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Benchmark speculative decoding against plain decoding and say, per kind of work, whether it pays.
 
@@ -104,6 +117,7 @@ def command(
     from bonsai_launch.bench.pipeline import Target, quick_options, run_bench
     from bonsai_launch.bench.runner import BenchOptions, parse_config_names
     from bonsai_launch.cli._output import emit_json
+    from bonsai_launch.client import first_key
     from bonsai_launch.errors import BonsaiError
     from bonsai_launch.paths import bonsai_home
     from bonsai_launch.settings import resolve
@@ -125,7 +139,16 @@ def command(
         given["max_tokens"] = max_tokens
     if concurrency is not None:
         given["concurrency"] = _ints(concurrency, "--concurrency")
-    options = dataclasses.replace(BenchOptions(), api=api, prompts_path=prompts, tradeoffs=not no_tradeoffs, **given)
+    if tradeoff_tokens is not None:
+        if tradeoff_tokens < 2:
+            raise BonsaiError(f"--tradeoff-tokens {tradeoff_tokens} is too small", "use 32 or more")
+        given["tradeoff_tokens"] = tradeoff_tokens
+    if parallel is not None:
+        given["parallel"] = _ints(parallel, "--parallel")
+        if not given["parallel"]:
+            raise BonsaiError("--parallel is empty", "for example --parallel 1,4")
+    options = dataclasses.replace(BenchOptions(), api=api, prompts_path=prompts, tradeoffs=not no_tradeoffs,
+                                  interleave=interleave, **given)
     if quick:
         options = quick_options(options, set(given))
 
@@ -133,18 +156,32 @@ def command(
         raise BonsaiError("--baseline-url needs --url", "pass the speculative server as --url")
     flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl}
     settings = resolve(flags)
+    if configs is None and (speculative_auto or settings["speculative"] == "auto"):
+        options = dataclasses.replace(options, configs=("plain", "auto"))  # BONSAI_SPECULATIVE=auto: the tuned choice
+    if save and url:
+        raise BonsaiError("--save needs servers that bench launches itself", "leave out --url")
+    if save and options.repeats < 3:
+        raise BonsaiError(f"--save needs at least 3 repeats (--repeats {options.repeats}): fewer decide nothing",
+                          "use --repeats 3 or more")
     if url:
-        if ctx.args or model or drafter or configs:
+        if passthrough_args(ctx) or model or drafter or configs:
             raise BonsaiError("--url measures running servers: --model, --drafter, --configs and llama-server "
                               "arguments do not apply", "drop them, or leave out --url to launch servers")
-        target = Target(url=url, baseline_url=baseline_url, api_key=api_key or settings.get("api_key"))
+        target = Target(url=url, baseline_url=baseline_url, api_key=first_key(api_key or settings.get("api_key")))
     else:
         binary = prepare_launch(flags, model, drafter, options.configs)
-        target = Target(flags=flags, model=model, drafter=drafter, passthrough=tuple(ctx.args), binary=binary)
+        if drafter:  # a legacy `dspark` drafter is measured as its cached conversion, like `bonsai start` runs it
+            import os
+
+            from bonsai_launch.drafter_cache import usable_for_start
+
+            drafter = usable_for_start(flags, os.environ, model, drafter)
+        target = Target(flags=flags, model=model, drafter=drafter, passthrough=passthrough_args(ctx), binary=binary)
     out_dir = out or (bonsai_home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
 
     with _ProgressListener(enabled=True) as listener:
         doc, paths = run_bench(options, target, out_dir, listener, chart=not no_chart)
+    saved = save_decision(doc, options, target, paths) if save else None
     if json_output:
         emit_json(doc)
         return
@@ -152,6 +189,26 @@ def command(
     from bonsai_launch.cli._output import console
 
     print_terminal(doc, console(), paths)
+    if saved is not None:
+        console().print(f"stored as the tuning decision for BONSAI_SPECULATIVE=auto: {saved.choice.describe()}",
+                        markup=False)
+
+
+def save_decision(doc: dict, options, target, paths: dict):
+    """`--save`: the tuning rule over this run, stored like a `bonsai tune` decision."""
+    from bonsai_launch.bench import prompts as suite
+    from bonsai_launch.tune.session import decision_from_bench, with_report
+    from bonsai_launch.tune.store import save
+
+    chosen = suite.select(suite.load_prompts(options.prompts_path),
+                          list(options.categories) if options.categories else None, options.per_category)
+    name = options.prompts_path or "bench suite"
+    if options.categories or options.per_category:
+        name += f" ({', '.join(options.categories or ['all categories'])}; {options.per_category or 'all'} per category)"
+    decision = with_report(decision_from_bench(doc, target.flags, target.model, target.drafter, target.binary,
+                                               chosen, name), paths.get("json"))
+    save(decision)
+    return decision
 
 
 def prepare_launch(flags: dict, model: str | None, drafter: str | None, configs: tuple[str, ...]) -> Path:

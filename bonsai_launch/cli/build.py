@@ -40,7 +40,7 @@ def command(
     force: ForceOpt = False,
     json_output: JsonOpt = False,
 ) -> None:
-    """Build llama-server, llama-speculative-simple and llama-bench; print the server's path."""
+    """Build llama-server, llama-speculative-simple, llama-bench and llama-quantize; print the server's path."""
     from bonsai_launch.build import BuildRequest, build
     from bonsai_launch.cli._output import console, emit_json
 

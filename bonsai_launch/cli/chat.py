@@ -16,8 +16,9 @@ import sys
 
 import typer
 
-from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, ModelOpt, NglOpt, ProfileOpt, SizeOpt,
-                                        SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt, SizeOpt,
+                                        SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._passthrough import passthrough_args
 from bonsai_launch.cli.start import start_flags
 from bonsai_launch.cli.run import ApiKeyOpt, MaxTokensOpt, SystemOpt, TempOpt, UrlOpt, server_for, stats_line
 
@@ -34,18 +35,21 @@ def command(
     spec_nmax: SpecNmaxOpt = None,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
+    parallel: ParallelOpt = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     max_tokens: MaxTokensOpt = 1024,
     temperature: TempOpt = None,
     system: SystemOpt = None,
     spec_fallback: SpecFallbackOpt = False,
+    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Chat in the terminal; each answer ends with its decode speed and acceptance."""
     from bonsai_launch import client, supervisor
     from bonsai_launch.cli._output import console
 
-    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None)
+    speculative = "auto" if speculative_auto else speculative
+    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel)
     err = console(stderr=True)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     # Ctrl+C interrupts an answer (KeyboardInterrupt); the system's other stop signals
@@ -55,7 +59,7 @@ def command(
     stop_signals = tuple(s for s in process_control.current().stop_signals() if s != signal.SIGINT)
     with supervisor.SignalForwarder(stop_signals) as forwarder:
         try:
-            with server_for(flags, model, drafter, tuple(ctx.args), url=url, api_key=api_key,
+            with server_for(flags, model, drafter, passthrough_args(ctx), url=url, api_key=api_key,
                             spec_fallback=spec_fallback, forwarder=forwarder) as target:
                 err.print(f"chatting with {target.name} ({target.base_url}); /reset clears history, /exit leaves",
                           style="dim")
@@ -93,6 +97,6 @@ def command(
                         continue
                     sys.stdout.write("\n")
                     history.append({"role": "assistant", "content": result.text})
-                    err.print(stats_line(result), style="dim")
+                    err.print(stats_line(result, target.speculative), style="dim")
         except supervisor.StopRequested:
             pass

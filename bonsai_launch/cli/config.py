@@ -26,8 +26,11 @@ def command(profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt 
         if value is None:
             value = setting.default_text or None
         rows.append({"env": setting.env, "value": value, "source": resolved.source, "description": setting.description})
+    from bonsai_launch.tune.auto import describe_for_config
+
+    tuning = describe_for_config(selection)
     if json_output:
-        emit_json({"profile": selection.profile.name, "settings": rows})
+        emit_json({"profile": selection.profile.name, "settings": rows, "tuning": tuning})
         return
     from rich.table import Table
 
@@ -36,4 +39,10 @@ def command(profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt 
         table.add_column(col)
     for row in rows:
         table.add_row(row["env"], "" if row["value"] is None else str(row["value"]), row["source"], row["description"])
-    console().print(table)
+    out = console()
+    out.print(table)
+    if tuning.get("table"):
+        from bonsai_launch.cli.tune import print_decision
+
+        print_decision(out, tuning, title=f"tuning decision {tuning['id']} ({tuning['prompts']}, {tuning['created']})")
+    out.print(tuning["message"].replace("BONSAI_SPECULATIVE=auto: ", "tuning (BONSAI_SPECULATIVE=auto): ", 1), markup=False)

@@ -27,8 +27,12 @@ def command(
 
     info = inspect_gguf(file)
     problems = check_pair(inspect_gguf(target), info) if target else []
+    from bonsai_launch.drafter_convert import read_provenance
+
+    conversion = read_provenance(file) if info.architecture == "dflash" else None  # bonsai convert-drafter's record
     if json_output:
         data = info.to_json()
+        data["conversion"] = conversion.to_json() if conversion else None
         if target:
             data["pair_problems"] = problems
         emit_json(data)
@@ -57,7 +61,12 @@ def command(
                 ("mask token id", d.mask_token_id),
                 ("draft layers", d.draft_layers),
                 ("confidence head", "yes" if d.has_confidence_head else "no"),
+                ("log-SNR conditioning", _log_snr_row(d)),
             ]
+        if conversion:
+            rows.append(("converted from", f"{conversion.source_name} (sha256 {conversion.source_sha256[:12]}…), "
+                         f"converter {conversion.converter_version}, {conversion.quantization}, "
+                         f"shared tensors {conversion.shared_tensors}"))
         for key, value in rows:
             table.add_row(key, str(value))
         out = console()
@@ -68,3 +77,12 @@ def command(
                 out.print(f"  - {p}")
     if problems:
         raise BonsaiError(f"{info.path.name} does not fit {target}: {problems[0]}", "use the drafter made for this target")
+
+
+def _log_snr_row(d) -> str:
+    from bonsai_launch.gguf_info import LOG_SNR_TENSORS
+
+    tensors = f"{len(d.log_snr_tensors)}/{len(LOG_SNR_TENSORS)} tensors"
+    if d.log_snr:
+        return f"yes (min {d.log_snr_min}, max {d.log_snr_max}; {tensors}; needs bonsai's patched llama.cpp)"
+    return f"no (but {tensors} present)" if d.log_snr_tensors else "no"

@@ -16,7 +16,10 @@ import typer
 from bonsai_launch.cli import bench as bench_cmd
 from bonsai_launch.cli import build as build_cmd
 from bonsai_launch.cli import config as config_cmd
+from bonsai_launch.cli import convert_drafter as convert_drafter_cmd
 from bonsai_launch.cli import doctor as doctor_cmd
+from bonsai_launch.cli import export as export_cmd
+from bonsai_launch.cli import fleet as fleet_cmd
 from bonsai_launch.cli import inspect as inspect_cmd
 from bonsai_launch.cli import models as models_cmd
 from bonsai_launch.cli import pull as pull_cmd
@@ -27,10 +30,37 @@ from bonsai_launch.cli import logs as logs_cmd
 from bonsai_launch.cli import ps as ps_cmd
 from bonsai_launch.cli import run as run_cmd
 from bonsai_launch.cli import stop as stop_cmd
+from bonsai_launch.cli import tune as tune_cmd
 from bonsai_launch.cli import verify as verify_cmd
+from bonsai_launch.cli._passthrough import PassthroughCommand
 from bonsai_launch.errors import BonsaiError
 
+
+def speculative_auto_args(args: list[str]) -> list[str]:
+    """`--speculative auto` (or `=auto`) becomes the hidden flag `--speculative-auto`: a click
+    flag cannot also take an optional value. Arguments after `--` belong to llama-server."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        if arg == "--speculative=auto" or (arg == "--speculative" and i + 1 < len(args) and args[i + 1] == "auto"):
+            out.append("--speculative-auto")
+            i += 1 if "=" in arg else 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+class _Group(typer.core.TyperGroup):
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, speculative_auto_args(list(args)))
+
+
 app = typer.Typer(
+    cls=_Group,
     name="bonsai",
     help="Build, pull and launch llama.cpp servers for Bonsai and other GGUF models, "
     "with speculative decoding where it pays.",
@@ -47,14 +77,18 @@ app.command("pull")(pull_cmd.command)
 app.command("models")(models_cmd.command)
 app.command("rm")(rm_cmd.command)
 app.command("inspect")(inspect_cmd.command)
-app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(start_cmd.command)
+app.command("convert-drafter")(convert_drafter_cmd.command)
+app.command("start", cls=PassthroughCommand)(start_cmd.command)
 app.command("ps")(ps_cmd.command)
 app.command("logs")(logs_cmd.command)
 app.command("stop")(stop_cmd.command)
 app.command("verify")(verify_cmd.command)
-app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_cmd.command)
-app.command("chat", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(chat_cmd.command)
-app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench_cmd.command)
+app.command("run", cls=PassthroughCommand)(run_cmd.command)
+app.command("chat", cls=PassthroughCommand)(chat_cmd.command)
+app.command("tune", cls=PassthroughCommand)(tune_cmd.command)
+app.command("bench", cls=PassthroughCommand)(bench_cmd.command)
+app.add_typer(fleet_cmd.app, name="fleet")
+app.command("export")(export_cmd.command)
 
 
 def run() -> None:

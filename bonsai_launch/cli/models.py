@@ -5,7 +5,9 @@ Examples:
     bonsai models --json
 
 For each file: present or not, its size (on disk, or as the profile declares it), and whether
-its sha256 was verified (from the record `bonsai pull` keeps; nothing is re-hashed here).
+its sha256 was verified (from the record `bonsai pull` keeps; nothing is re-hashed here). The
+speculation column shows the drafter's state: absent, downloaded, converted (a legacy drafter's
+conversion that is stale, with why) or current (converted for this model by this bonsai).
 """
 
 from __future__ import annotations
@@ -30,14 +32,41 @@ def catalog() -> list[dict]:
                           "sha256": s.record.sha256 if s.record else f.sha256,
                           "partial_bytes": s.partial_bytes, "path": str(s.path)})
         folder = model_store.folder(profile.name)
+        drafter_state = _drafter_state(profile, files)
         entries.append({"profile": profile.name, "family": profile.family, "size": profile.size,
                         "description": profile.description,
                         "source": profile.repo or f"pypi:{profile.pypi_package}",
                         "drafter": next((f.name for f in profile.files if f.role == "drafter"), None),
+                        "drafter_state": drafter_state,
                         "draft_free_type": profile.draft_free_type, "folder": str(folder),
                         "disk_bytes": model_store.folder_size(folder) if folder.is_dir() else 0,
                         "files": files})
     return entries
+
+
+def _drafter_state(profile, files: list[dict]) -> dict | None:
+    """absent, downloaded, converted (stale: with the reasons) or current, for the drafter that
+    needs conversion; absent or downloaded for a drafter used as published."""
+    from bonsai_launch import drafter_cache
+
+    entry = next((f for f in profile.files if f.role == "drafter" and drafter_cache.needs_conversion(f)), None)
+    if entry is None:
+        drafters = [f for f in files if f["role"] == "drafter"]
+        if not drafters:
+            return None
+        return {"state": "downloaded" if any(f["present"] for f in drafters) else "absent", "converted": None,
+                "reasons": []}
+    model = profile.file("model", entry.layout)
+    target = model_store_path(profile, model.name) if model else None
+    st = drafter_cache.profile_drafter_state(profile, entry, target) if target else \
+        drafter_cache.DrafterState("absent", None, None)
+    return {"state": st.state, "converted": str(drafter_cache.profile_output(profile, entry)), "reasons": list(st.reasons)}
+
+
+def model_store_path(profile, name: str):
+    from bonsai_launch import model_store
+
+    return model_store.folder(profile.name) / name
 
 
 def command(json_output: JsonOpt = False) -> None:
@@ -69,6 +98,9 @@ def command(json_output: JsonOpt = False) -> None:
             size = f" {human(f['size'])}" if f["size"] else ""
             lines.append(f"{mark} {f['role']}: {f['name']}{layout}{size}" + (f" [dim]{state}[/]" if state else ""))
         spec = entry["drafter"] and "drafter" or entry["draft_free_type"] or "-"
+        if entry["drafter_state"]:
+            ds = entry["drafter_state"]
+            spec = f"drafter: {ds['state']}" + (f"\n[dim]{ds['reasons'][0]}[/]" if ds["state"] == "converted" and ds["reasons"] else "")
         disk = human(entry["disk_bytes"]) if entry["disk_bytes"] else "-"
         table.add_row(entry["profile"], entry["family"], entry["size"], "\n".join(lines), spec, disk)
     console().print(table)

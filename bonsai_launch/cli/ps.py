@@ -22,7 +22,8 @@ def format_uptime(seconds: float) -> str:
 
 
 def command(json_output: JsonOpt = False) -> None:
-    """List running servers: profile, port, pid, uptime, whether speculation is live.
+    """List running servers: profile, bind address, whether an API key is required (KEY), pid,
+    uptime, whether speculation is live.
 
     State files of servers that are gone are removed, never trusted."""
     from bonsai_launch import instances
@@ -36,16 +37,38 @@ def command(json_output: JsonOpt = False) -> None:
     if not live:
         out.print("no servers running (start one with `bonsai start --detach`)")
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "PROFILE", "PORT", "PID", "UPTIME", "SPECULATIVE", "MODE"):
+    tuned = any(i.tuning for i in live)
+    for col in ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE") + (("AUTO DECISION",) if tuned else ()):
         table.add_column(col, no_wrap=True)
     for i in live:
         if i.speculative:
             spec = f"yes ({i.spec_type})"
         else:
             spec = "no (not live, fallback)" if i.spec_type else "no"
-        table.add_row(i.name, i.profile or "-", str(i.port), str(i.pid), format_uptime(i.uptime), spec,
-                      "detached" if i.detached else "foreground")
+        # The real bind address (0.0.0.0 is every interface), not the URL bonsai talks to.
+        address = escape(f"[{i.host}]:{i.port}" if ":" in i.host else f"{i.host}:{i.port}")
+        row = [i.name, i.profile or "-", address, "yes" if i.api_key_required else "no", str(i.pid),
+               format_uptime(i.uptime), spec, "detached" if i.detached else "foreground"]
+        if tuned:
+            row.append(decision_cell(i.tuning))
+        table.add_row(*row)
+    if not out.is_terminal:
+        out.width = max(out.width, 160)  # piped into a script or a file: never cut a row short
     out.print(table)
+
+
+def decision_cell(tuning: dict | None) -> str:
+    """`ngram-mod 1.42x (decision 3f2a9c1d)`, `plain (decision ...)`, or why none was used."""
+    if not tuning:
+        return "-"
+    if tuning.get("status") != "found":
+        return f"none ({tuning.get('status')}): plain"
+    choice = tuning.get("choice") or {}
+    what = choice.get("label") or "plain"
+    if choice.get("ratio"):
+        what += f" {choice['ratio']:.2f}x"
+    return f"{what} (decision {tuning.get('id')})"

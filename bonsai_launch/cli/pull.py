@@ -6,6 +6,7 @@ Examples:
     BONSAI_LAYOUT=fork bonsai pull -p ternary-27b   # fork weights + the DSpark drafter for them
     BONSAI_FAMILY=bonsai BONSAI_MODEL=8B bonsai pull --no-vision
     bonsai pull -p bonsai-27b --revision v1.1 --json
+    bonsai pull -p ternary-27b --speculative        # + the DSpark drafter, converted once
     HF_HUB_OFFLINE=1 bonsai pull -p ternary-27b     # only check what is already here
 
 Only the files the profile names are fetched (never a folder by pattern). Each is checked
@@ -26,6 +27,8 @@ NoDrafterOpt = Annotated[bool, typer.Option("--no-drafter", help="Skip the specu
 NoVisionOpt = Annotated[bool, typer.Option("--no-vision", help="Skip the vision projector (mmproj); env BONSAI_VISION=0.")]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit of the repo (default: main).")]
 LayoutOpt = Annotated[Optional[str], typer.Option("--layout", help="mainline or fork weights; env BONSAI_LAYOUT.")]
+SpeculativeOpt = Annotated[bool, typer.Option("--speculative", help="Also fetch a drafter that is only fetched for speculation "
+                                              "(the 27B bf16 sidecars, converted once); env BONSAI_SPECULATIVE=1.")]
 
 
 def command(
@@ -35,6 +38,7 @@ def command(
     layout: LayoutOpt = None,
     no_drafter: NoDrafterOpt = False,
     no_vision: NoVisionOpt = False,
+    speculative: SpeculativeOpt = False,
     revision: RevisionOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
@@ -47,9 +51,11 @@ def command(
     selection = select({"profile": profile, "family": family, "size": size, "layout": layout})
     settings = selection.settings
     err_console = console(stderr=True)
+    # None: the drafter unless it is a 7 GB legacy sidecar, which only speculation fetches
+    want_drafter = False if no_drafter else True if speculative or settings["speculative"] else None
     try:
         with RichReporter(err_console) as reporter:
-            result = pull_profile(selection.profile, layout=selection.flavour, want_drafter=not no_drafter,
+            result = pull_profile(selection.profile, layout=selection.flavour, want_drafter=want_drafter,
                                   want_vision=not no_vision and settings["vision"], revision=revision,
                                   reporter=reporter)
     except KeyboardInterrupt:
@@ -77,7 +83,7 @@ def show(result, out) -> None:
         status = f.status
         if f.status == "resumed":
             status = f"resumed from {human(f.resumed_from)}"
-        if f.verified and f.status not in ("already verified",):
+        if f.verified and f.status not in ("already verified", "converted", "already converted"):
             status += ", sha256 verified"
         table.add_row(mark, f.role, f.name, human(f.size), status)
     out.print(table)

@@ -19,8 +19,9 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt,
-                                        SizeOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt,
+                                        SizeOpt, SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._passthrough import passthrough_args
 from bonsai_launch.cli.start import start_flags
 
 PromptArg = Annotated[str, typer.Argument(help="The prompt to answer.")]
@@ -37,6 +38,7 @@ class Target:
     api_key: str | None
     temporary: bool
     name: str
+    speculative: bool = False  # proven live by the probe (start's, or ours for --url)
 
 
 @contextlib.contextmanager
@@ -44,26 +46,43 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
                url: str | None, api_key: str | None, spec_fallback: bool,
                forwarder=None) -> Iterator[Target]:
     """A server to talk to: --url, else the running server of the profile, else a temporary
-    one (started like `bonsai start`, with its checks and speculation proof; always stopped)."""
+    one (started like `bonsai start`, with its checks and speculation proof; always stopped).
+
+    With speculation asked for, the answer never comes from a server that does not speculate:
+    a --url server must pass the liveness probe (else the command stops with the fix), and a
+    running plain server of the profile is passed over for a temporary speculative one."""
     from bonsai_launch import instances, supervisor
-    from bonsai_launch.cli.start import prepare_plan
+    from bonsai_launch.cli.start import launch_settings, prepare_plan
+    from bonsai_launch.client import first_key
     from bonsai_launch.launch_inputs import explicit_model, select
     from bonsai_launch.server_process import free_port
     from bonsai_launch.settings import resolve
 
-    key = api_key or resolve(flags).get("api_key")
+    settings = resolve(flags)
+    key = first_key(api_key or settings.get("api_key"))
+    wants_spec = bool(settings.get("speculative"))
     if url:
-        yield Target(url, key, False, url)
+        from bonsai_launch import client
+
+        client.health(url, key)  # a dead URL fails here, before chat opens its prompt
+        if wants_spec:
+            _require_speculating(url, key)
+        yield Target(url, key, False, url, speculative=wants_spec)
         return
     selection = select(flags)
     if not explicit_model(selection, model) and not drafter:  # BONSAI_GGUF counts as --model
         running = instances.for_profile(selection.profile.name)
-        if running is not None:
-            yield Target(running.base_url, key, False, running.name)
+        if running is not None and (running.speculative or not wants_spec):
+            yield Target(running.base_url, key, False, running.name, speculative=running.speculative)
             return
-    if flags.get("port") is None and not resolve(flags).is_explicit("port"):
+        if running is not None:
+            sys.stderr.write(f"the running server {running.name} ({running.base_url}) does not speculate: "
+                             "starting a temporary speculative server for this answer\n")
+    if flags.get("port") is None and not launch_settings(flags, passthrough).is_explicit("port"):
         flags = {**flags, "port": free_port()}  # a temporary server must not fight over 8080
     plan, generated = prepare_plan(flags, model, drafter, passthrough)
+    if plan.tuning:  # BONSAI_SPECULATIVE=auto: say what was decided (run and chat never tune themselves)
+        sys.stderr.write(plan.tuning["message"] + "\n")
 
     def status(text: str) -> None:
         sys.stderr.write(f"temporary llama-server: {text}\n")
@@ -71,15 +90,35 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
 
     launched = supervisor.launch(plan, spec_fallback=spec_fallback, on_status=status, forwarder=forwarder)
     try:
-        if launched.proof is not None:
+        if launched.proof is not None and launched.proof.live:
             sys.stderr.write(launched.proof.summary() + "\n")
-        yield Target(plan.base_url, plan.env.get("LLAMA_API_KEY") or key, True, launched.instance.name)
+        elif launched.proof is not None:  # only with --spec-fallback: say so, loudly
+            sys.stderr.write(f"warning: {launched.proof.summary()}; answering without speculation (--spec-fallback)\n")
+        if launched.slots_proof is not None:
+            sys.stderr.write(launched.slots_proof.summary() + "\n")
+        yield Target(plan.base_url, plan.api_key or key, True, launched.instance.name,
+                     speculative=bool(launched.proof and launched.proof.live))
     finally:
         supervisor.shutdown(launched)
 
 
-def stats_line(result) -> str:
-    """`32 tokens, 41.3 tokens/s; speculative: drafted 46, accepted 46 (100.0%)`."""
+def _require_speculating(url: str, api_key: str | None) -> None:
+    """Speculation was asked for and the user named a server: it must pass the same probe
+    `bonsai start` and `bonsai verify` use (live only when it drafted tokens)."""
+    from bonsai_launch import speculation_probe
+    from bonsai_launch.errors import ActionFailed
+
+    result = speculation_probe.probe(url, api_key)
+    if not speculation_probe.is_live(result):
+        raise ActionFailed(f"speculation was asked for, but the server at {url} does not speculate: "
+                           f"{speculation_probe.not_live_reason(result)}",
+                           "start it with speculation (`bonsai start --speculative ...`), drop --url to let bonsai "
+                           "start a temporary speculative server, or unset BONSAI_SPECULATIVE/--speculative")
+
+
+def stats_line(result, speculative: bool = False) -> str:
+    """`32 tokens, 41.3 tokens/s; speculative: drafted 46, accepted 46 (100.0%)`. On a
+    speculating server an answer that drafted nothing says so, rather than looking plain."""
     from bonsai_launch.client import acceptance
 
     t = result.timings or {}
@@ -92,6 +131,8 @@ def stats_line(result) -> str:
     drafted, accepted, rate = acceptance(t)
     if drafted:
         line += f"; speculative: drafted {drafted}, accepted {accepted} ({rate * 100:.1f}%)"
+    elif speculative and t:
+        line += "; speculative: nothing drafted for this answer (n-gram types draft only on repeated text)"
     return line
 
 
@@ -108,6 +149,7 @@ def command(
     spec_nmax: SpecNmaxOpt = None,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
+    parallel: ParallelOpt = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     max_tokens: MaxTokensOpt = 1024,
@@ -115,17 +157,19 @@ def command(
     system: SystemOpt = None,
     spec_fallback: SpecFallbackOpt = False,
     json_output: JsonOpt = False,
+    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Stream one answer to PROMPT, then print decode speed and speculative acceptance."""
     from bonsai_launch import client, supervisor
     from bonsai_launch.cli._output import console, emit_json
 
-    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None)
+    speculative = "auto" if speculative_auto else speculative
+    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     err = console(stderr=True)
     with supervisor.SignalForwarder() as forwarder:
         try:
-            with server_for(flags, model, drafter, tuple(ctx.args), url=url, api_key=api_key,
+            with server_for(flags, model, drafter, passthrough_args(ctx), url=url, api_key=api_key,
                             spec_fallback=spec_fallback, forwarder=forwarder) as target:
                 result = client.StreamResult()
                 reasoning = (lambda piece: err.print(piece, style="dim", end="")) if not json_output else None
@@ -145,4 +189,4 @@ def command(
         return
     sys.stdout.write("\n")
     sys.stdout.flush()
-    err.print(stats_line(result), style="dim")
+    err.print(stats_line(result, target.speculative), style="dim")

@@ -5,25 +5,32 @@ Examples:
     BONSAI_SPECULATIVE=1 bonsai start --profile demo
     bonsai start --profile ternary-27b --dry-run --json
     bonsai start --model T.gguf --drafter D.gguf --speculative --dry-run --format powershell
-    bonsai start --profile demo -- --threads 2      # arguments after -- go to llama-server
+    bonsai start --profile demo -- --threads 2      # arguments after -- go to llama-server (checked)
     bonsai start --profile demo --detach            # keep serving in the background (`bonsai stop`)
     bonsai start --model T.gguf --drafter D.gguf --speculative --spec-fallback
+    BONSAI_SPECULATIVE=auto bonsai start --profile demo   # what `bonsai tune` measured to pay (tunes first if needed)
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
-                                        Kv4Opt, MmprojOpt, ModelOpt, NglOpt, PortOpt, ProfileOpt, SizeOpt,
-                                        SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+                                        Kv4Opt, MmprojOpt, ModelOpt, NglOpt, ParallelOpt, PortOpt, ProfileOpt, SizeOpt,
+                                        SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._passthrough import passthrough_args
+
+NoTuneOpt = Annotated[bool, typer.Option("--no-tune", help="With BONSAI_SPECULATIVE=auto and no tuning decision: start plain instead of measuring first.")]
 
 
-def start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4) -> dict:
+def start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4,
+                parallel=None) -> dict:
     """CLI flags keyed by setting name (None = not given), for the settings resolver."""
     return {"profile": profile, "family": family, "size": size, "speculative": speculative,
             "spec_type": spec_type, "spec_nmax": spec_nmax, "ctx": ctx, "ngl": ngl,
-            "host": host, "port": port, "kv4": kv4}
+            "host": host, "port": port, "kv4": kv4, "parallel": parallel}
 
 
 def command(
@@ -42,29 +49,34 @@ def command(
     host: HostOpt = None,
     port: PortOpt = None,
     kv4: Kv4Opt = None,
+    parallel: ParallelOpt = None,
     dry_run: DryRunOpt = False,
     shell_format: FormatOpt = "posix",
     json_output: JsonOpt = False,
     detach: DetachOpt = False,
     spec_fallback: SpecFallbackOpt = False,
+    no_tune: NoTuneOpt = False,
+    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Launch llama-server for a profile (or local GGUFs) with the right flags.
 
     Waits until it serves, proves speculative decoding is live when it is on, and stops the
-    server on Ctrl+C. Arguments after -- go to llama-server unchanged."""
+    server on Ctrl+C. Arguments after -- go to llama-server, read as it reads them: those bonsai
+    plans (--host, --port, -c, -np, -ub, -b, --spec-*, --api-key) count as the matching setting."""
     from bonsai_launch.errors import BonsaiError
 
     if shell_format not in ("posix", "powershell"):
         raise BonsaiError(f"--format={shell_format!r} is not known", "allowed: posix, powershell")
-    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4)
-    passthrough = tuple(ctx.args)
+    speculative = "auto" if speculative_auto else speculative
+    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4, parallel)
+    passthrough = passthrough_args(ctx)
     if mmproj:
         flags["mmproj"] = mmproj  # the flag layer of BONSAI_MMPROJ
     if dry_run:
         show_dry_run(flags, model, drafter, passthrough, shell_format, json_output)
         return
     raise typer.Exit(start_server(flags, model, drafter, passthrough, detach=detach,
-                                  spec_fallback=spec_fallback, json_output=json_output))
+                                  spec_fallback=spec_fallback, json_output=json_output, tune=not no_tune))
 
 
 def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_output: bool) -> None:
@@ -93,7 +105,28 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
         return
     for w in warnings:
         warn(w)
+    import sys
+
+    # The effective values on stderr, so stdout stays a command to paste.
+    sys.stderr.write("# " + effective_values(plan) + "\n")
+    if plan.tuning and plan.tuning.get("status") == "found":  # otherwise already a warning above
+        sys.stderr.write(plan.tuning["message"] + "\n")
     print(render_command(plan.argv, shell_format, {k: "<hidden>" for k in plan.env}))
+
+
+def effective_values(plan) -> str:
+    """`host 127.0.0.1, port 8080 (from --), context 4096, slots auto, model name demo, API key required`."""
+    passed = set(plan.from_passthrough)
+
+    def value(label: str, shown, *keys: str) -> str:
+        return f"{label} {shown}" + (" (from --)" if passed.intersection(keys) else "")
+
+    return ", ".join([
+        value("host", plan.host, "host"), value("port", plan.port, "port"), value("context", plan.ctx, "ctx"),
+        value("slots", plan.slots.count if plan.slots and plan.slots.count else "auto", "parallel"),
+        value("model name", plan.model_name, "alias"),
+        value("API key", "required" if "LLAMA_API_KEY" in plan.env else "none", "api_key"),
+    ])
 
 
 # -- the real start ---------------------------------------------------------------------------
@@ -120,12 +153,20 @@ def _profile_fetcher():
     return ensure_profile_files
 
 
-def _refuse_remote_host(host: str) -> None:
-    """The plan's own refusal, raised before any download or build."""
+def launch_settings(flags, passthrough):
+    """The settings with the owned options after -- folded in (read with the pinned build's
+    option table), for the checks made before any download or build: host, port, key. A
+    passthrough error is left for gather_plan to report with the real binary's table."""
     from bonsai_launch.errors import BonsaiError
+    from bonsai_launch.llama_options import pinned_table
+    from bonsai_launch.passthrough import fold_settings, parse
+    from bonsai_launch.settings import resolve
 
-    raise BonsaiError(f"BONSAI_HOST={host!r} is not a loopback address and remote access is not allowed",
-                      "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
+    settings = resolve(flags)
+    try:
+        return fold_settings(settings, parse(passthrough, pinned_table()))
+    except BonsaiError:
+        return settings
 
 
 def prepare_plan(flags, model, drafter, passthrough):
@@ -137,18 +178,17 @@ def prepare_plan(flags, model, drafter, passthrough):
 
     from bonsai_launch.build_choice import FORK
     from bonsai_launch.launch_inputs import explicit_model, gather_plan, select
-    from bonsai_launch.plan import is_loopback
+    from bonsai_launch.plan import check_host, is_loopback
     from bonsai_launch.server_choice import choose_server, require_fork_source
-    from bonsai_launch.settings import resolve
 
-    settings = resolve(flags)
+    settings = launch_settings(flags, passthrough)
     env = dict(os.environ)
     generated = None
     if not is_loopback(settings["host"]) and settings["allow_remote"] and not settings.get("api_key"):
         generated = secrets.token_urlsafe(24)
         env["BONSAI_API_KEY"] = generated
     if not is_loopback(settings["host"]) and not settings["allow_remote"]:
-        _refuse_remote_host(settings["host"])
+        check_host(settings)  # the plan's own refusal, before any download or build
     selection = select(flags, env)
     choice = choose_server(selection.settings, selection.flavour)
     if choice.path is None and choice.kind.flavour == FORK:
@@ -158,6 +198,10 @@ def prepare_plan(flags, model, drafter, passthrough):
         s = selection.settings
         fetch(selection.profile, layout=choice.kind.flavour, want_drafter=bool(s["speculative"]) and not drafter,
               want_vision=bool(s["vision"]) and not s.get("mmproj"), console=None)
+    if drafter:  # a legacy `dspark` drafter runs as its cached dflash conversion, made now if needed
+        from bonsai_launch.drafter_cache import usable_for_start
+
+        drafter = usable_for_start(flags, env, model, drafter)
     binary = choice.path
     if binary is None:
         # Fail on a bad setting or file now, not after a long build.
@@ -207,6 +251,20 @@ def _web_ui(base_url: str, api_key: str | None) -> bool:
         return False
 
 
+def mask_key(key: str) -> str:
+    """`sk-l***`: enough to recognise a key, not to use it."""
+    return key[:4] + "***" if len(key) > 8 else "***"
+
+
+def _per_slot(plan) -> str:
+    slots = plan.slots
+    if slots is None or not slots.count or slots.count < 2:
+        return ""
+    if slots.kv_unified:
+        return f", shared by {slots.count} slots (-kvu)"
+    return f", {slots.count} slots x {slots.per_slot_ctx}"
+
+
 def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None:
     from pathlib import Path
 
@@ -214,48 +272,101 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
 
     out = console()
     inst, server = launched.instance, launched.server
-    key = plan.env.get("LLAMA_API_KEY")
+    key = plan.api_key
+    passed = set(plan.from_passthrough)
+
+    def mark(*keys: str) -> str:
+        return " (from --)" if passed.intersection(keys) else ""
+
     out.print(f"[bold green]ready[/] in {launched.ready_s:.1f} s: llama-server pid {server.pid}, "
               f"name {inst.name}, log {server.log_path}")
+    everywhere = " (all interfaces)" if plan.host in ("0.0.0.0", "::") else ""
     rows = [
         ("model", Path(plan.model).name + (f" (profile {plan.profile})" if plan.profile else "")),
-        ("context", f"{plan.ctx} tokens"),
-        ("GPU layers", f"{plan.ngl} ({plan.backend})"),
+        ("model name", f"{plan.model_name}   (the \"model\" clients send; /v1/models lists it){mark('alias')}"),
+        ("listening on", f"{plan.host}:{plan.port}{everywhere}{mark('host', 'port')}"),
+        ("context", f"{plan.ctx} tokens{_per_slot(plan)}{mark('ctx')}"),
+        ("slots", f"{plan.slots.count if plan.slots and plan.slots.count else 'auto (llama-server decides)'}"
+                  f"{mark('parallel')}"),
+        ("GPU layers", f"{plan.ngl} ({plan.backend}){mark('ngl')}"),
     ]
     if plan.speculative is None:
         rows.append(("speculation", "off"))
     else:
         sp = plan.speculative
-        rows.append(("speculation", f"{sp.spec_type}, n-max {sp.n_max if sp.n_max is not None else 'default'}"
+        rows.append(("speculation", f"{sp.spec_type}, n-max {sp.n_max if sp.n_max is not None else _default_n_max(sp.spec_type)}"
                      + (f", drafter {Path(sp.drafter).name}" if sp.drafter else "")))
     rows.append(("OpenAI base URL", plan.base_url + "/v1"))
     if _web_ui(plan.base_url, key):
         rows.append(("web UI", plan.base_url + "/"))
     for label, value in rows:
-        out.print(f"  {label:<16} {value}")
+        out.print(f"  {label:<16} {value}", markup=False)
     if generated_key:
         out.print(f"  {'API key':<16} {generated_key}   [yellow](generated, shown only this once: "
                   f"export BONSAI_API_KEY={generated_key})[/]")
-    auth = ' -H "Authorization: Bearer $BONSAI_API_KEY"' if key else ""
-    body = '{"messages":[{"role":"user","content":"Hello!"}]}'
+        shown_key = generated_key
+    elif key:
+        source = "the arguments after --" if "api_key" in passed else "BONSAI_API_KEY"
+        out.print(f"  {'API key':<16} required on every request (from {source}); "
+                  "send it as Authorization: Bearer KEY", markup=False)
+        shown_key = mask_key(key) if "api_key" in passed else "$BONSAI_API_KEY"
+    auth = f' -H "Authorization: Bearer {shown_key}"' if key else ""
+    body = '{"model":"%s","messages":[{"role":"user","content":"Hello!"}]}' % plan.model_name
     out.print(f"  try: curl {plan.base_url}/v1/chat/completions -H 'Content-Type: application/json'"
               f"{auth} -d '{body}'", markup=False)
     if launched.proof is not None and launched.proof.live:  # not live: already warned on stderr
         out.print(f"[green]{launched.proof.summary()}[/]")
+    if launched.slots_proof is not None:
+        style = "green" if launched.slots_proof.live else "yellow"
+        out.print(f"[{style}]{launched.slots_proof.summary()}[/]")
+    if plan.tuning:
+        if plan.tuning.get("table"):
+            from bonsai_launch.cli.tune import print_decision
+
+            print_decision(out, plan.tuning, title=f"BONSAI_SPECULATIVE=auto: decision {plan.tuning['id']} "
+                           f"({plan.tuning['prompts']}, {plan.tuning['created']})")
+        out.print(plan.tuning["message"], markup=False)
     if detach:
         out.print(f"running in the background: `bonsai logs {inst.name} -f`, `bonsai stop {inst.name}`")
     else:
         out.print("press Ctrl+C to stop")
 
 
-def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallback: bool, json_output: bool) -> int:
+def _default_n_max(spec_type: str) -> str:
+    from bonsai_launch.speculation_probe import default_n_max
+
+    return f"{default_n_max(spec_type)} (llama.cpp default)"
+
+
+def tune_first(plan, flags, model, drafter, passthrough, json_output: bool) -> None:
+    """BONSAI_SPECULATIVE=auto without a usable decision: measure now (`bonsai tune`)."""
+    import sys
+    from pathlib import Path
+
+    sys.stderr.write(plan.tuning["message"].split("; plain")[0] + ": tuning first (about a minute on a small model; "
+                     "--no-tune starts plain)\n")
+    sys.stderr.flush()
+    from bonsai_launch.cli.tune import tune_now
+
+    tune_flags = {k: v for k, v in flags.items() if k in ("profile", "family", "size", "ctx", "ngl")}
+    outcome = tune_now(tune_flags, model, drafter, passthrough, binary=Path(plan.binary))
+    if not json_output:
+        sys.stderr.write(f"tuned in {outcome.elapsed_s:.0f} s: {outcome.decision.choice.describe()}\n")
+
+
+def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallback: bool, json_output: bool,
+                 tune: bool = True) -> int:
     """`bonsai start` without --dry-run. Returns the exit code (0 when the user stopped it)."""
     from bonsai_launch import supervisor
     from bonsai_launch.cli._output import emit_json, warn
+    from bonsai_launch.tune.auto import needs_tuning
 
     with supervisor.SignalForwarder() as forwarder:
         try:
             plan, generated = prepare_plan(flags, model, drafter, passthrough)
+            if tune and needs_tuning(plan):
+                tune_first(plan, flags, model, drafter, passthrough, json_output)
+                plan, generated = prepare_plan(flags, model, drafter, passthrough)
             for w in plan.warnings:
                 warn(w)
             update, stop_status = _status_reporter(json_output)
@@ -274,7 +385,9 @@ def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallb
                 data = {"name": launched.instance.name, "pid": launched.server.pid, "url": plan.base_url,
                         "openai_base_url": plan.base_url + "/v1", "log": str(launched.server.log_path),
                         "ready_s": round(launched.ready_s, 3), "detached": detach,
-                        "speculative": launched.proof.to_json() if launched.proof else None, "plan": plan.to_json()}
+                        "speculative": launched.proof.to_json() if launched.proof else None,
+                        "speculative_slots": launched.slots_proof.to_json() if launched.slots_proof else None,
+                        "plan": plan.to_json()}
                 if generated:
                     data["api_key"] = generated
                 emit_json(data)

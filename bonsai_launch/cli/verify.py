@@ -45,7 +45,9 @@ def command(url: UrlOpt = None, expect_speculative: ExpectSpecOpt = False, api_k
 
     if url is None:
         url, _why = default_url()
-    key = api_key or resolve({}).get("api_key")
+    from bonsai_launch.client import first_key
+
+    key = first_key(api_key or resolve({}).get("api_key"))
     report = verify(url, api_key=key, expect_speculative=expect_speculative)
     if json_output:
         emit_json(report.to_json())
@@ -62,7 +64,7 @@ def command(url: UrlOpt = None, expect_speculative: ExpectSpecOpt = False, api_k
             rate = report.acceptance or 0.0
             spec = f"live: drafted {report.drafted}, accepted {report.accepted} ({rate * 100:.1f}%)"
         else:
-            spec = "not live (no tokens drafted" + (", /slots: no draft context)" if report.slots_speculative is False else ")")
+            spec = f"NOT live: {report.not_live_reason}"
         out.print(f"speculative  {spec}")
         for problem in report.problems:
             out.print(f"[red]FAIL[/] {escape(problem)}")

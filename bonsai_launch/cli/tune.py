@@ -1,0 +1,102 @@
+"""`bonsai tune`: measure plain against the speculative configurations this build and model
+allow, and store which one to run with BONSAI_SPECULATIVE=auto.
+
+Examples:
+    bonsai tune --profile demo                       # about a minute; then BONSAI_SPECULATIVE=auto bonsai start --profile demo
+    bonsai tune --profile demo --budget 180 --json
+    bonsai tune --model T.gguf --drafter D.gguf --configs plain,draft-dspark
+    bonsai tune --profile demo --prompts my_prompts.jsonl -- --threads 2   # arguments after -- go to every llama-server
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from bonsai_launch.cli._options import CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt, SizeOpt
+from bonsai_launch.cli._passthrough import passthrough_args
+
+BudgetOpt = Annotated[Optional[float], typer.Option("--budget", help="Seconds to spend at most (default: about 12 plain runs, a minute on the demo).")]
+PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled tuning prompts.")]
+ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list of candidates only (e.g. plain,ngram-mod,ngram-mod/n16,draft-dspark).")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens generated per prompt.")]
+TempOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature of the measurements.")]
+
+
+def command(
+    ctx: typer.Context,
+    profile: ProfileOpt = None,
+    family: FamilyOpt = None,
+    size: SizeOpt = None,
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    prompts: PromptsOpt = None,
+    budget: BudgetOpt = None,
+    configs: ConfigsOpt = None,
+    max_tokens: MaxTokensOpt = 64,
+    temperature: TempOpt = 0.0,
+    ctx_size: CtxOpt = None,
+    ngl: NglOpt = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Decide, by measuring on this machine, whether speculative decoding pays for this model.
+
+    Stores the decision for BONSAI_SPECULATIVE=auto (start, run, chat, bench)."""
+    from bonsai_launch.cli._output import emit_json
+
+    flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl}
+    names = tuple(c.strip() for c in configs.split(",") if c.strip()) if configs else None
+    outcome = tune_now(flags, model, drafter, passthrough_args(ctx), prompts=prompts, budget=budget, configs=names,
+                       max_tokens=max_tokens, temperature=temperature)
+    if json_output:
+        emit_json({"decision": outcome.decision.to_json(), "stored": str(outcome.stored), "reports": outcome.paths,
+                   "budget_s": round(outcome.budget_s, 1), "elapsed_s": round(outcome.elapsed_s, 1),
+                   "notes": outcome.notes})
+        return
+    from bonsai_launch.cli._output import console
+
+    out = console()
+    print_decision(out, outcome.decision.to_json())
+    for note in outcome.notes:
+        out.print(f"[dim]note: {note}[/]", markup=True, highlight=False)
+    out.print(f"[dim]{outcome.elapsed_s:.0f} s; stored {outcome.stored}; report {outcome.paths.get('markdown')}[/]")
+    who = f"--profile {outcome.decision.profile}" if outcome.decision.profile else f"--model {outcome.decision.model}"
+    out.print(f"use it: BONSAI_SPECULATIVE=auto bonsai start {who}", markup=False)
+
+
+def tune_now(flags: dict, model: str | None, drafter: str | None, passthrough: tuple[str, ...], *,
+             prompts: str | None = None, budget: float | None = None, configs: tuple[str, ...] | None = None,
+             max_tokens: int = 64, temperature: float = 0.0, binary: Path | None = None):
+    """Fetch what is missing (model, drafter, llama-server), then measure with a progress bar."""
+    from bonsai_launch.cli.bench import _ProgressListener, prepare_launch
+    from bonsai_launch.tune.session import TuneOptions, TuneRequest, run_tune
+
+    if binary is None:
+        binary = prepare_launch(flags, model, drafter, ("plain", "speculative"))
+    options = TuneOptions(budget_s=budget, max_tokens=max_tokens, temperature=temperature, prompts_path=prompts,
+                          configs=configs)
+    with _ProgressListener(enabled=True) as listener:
+        return run_tune(TuneRequest(flags, model, drafter, passthrough, binary), options, listener)
+
+
+def print_decision(out, decision: dict, title: str | None = None) -> None:
+    """The decision table and the choice, as `bonsai tune` and the start summary show them."""
+    from rich.table import Table
+
+    from bonsai_launch.tune.decide import format_rows
+
+    choice = decision["choice"]
+    table = Table(title=title or f"tuning decision {decision['id'][:8]} ({decision['prompts']}, {decision['created']})",
+                  title_justify="left")
+    for col, justify in (("configuration", "left"), ("decode tok/s", "right"), ("vs plain", "right"),
+                         ("accepted", "right"), ("verdict", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in format_rows(decision["table"]):
+        table.add_row(*row)
+    out.print(table)
+    if choice["speculative"]:
+        out.print(f"choice: [bold]{choice['label']}[/] ({choice['reason']})")
+    else:
+        out.print("choice: [bold]plain[/]: no speculative configuration was faster than plain beyond noise")

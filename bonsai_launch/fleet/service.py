@@ -1,0 +1,384 @@
+"""`bonsai fleet up | ps | down` as library calls; the CLI only renders what these return.
+
+A fleet is N local replicas (each a detached `bonsai start`: own port, log and state,
+speculation proven as `start` proves it), plus remote members from a fleet file, behind one
+LiteLLM proxy on loopback. Only members that answer /health 200 join the proxy's config; a
+member that never becomes healthy is reported and left out. `up` on a running fleet restarts
+what died (same ports, same settings) and leaves the rest alone; `down` stops everything and
+checks that nothing is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bonsai_launch.errors import ActionFailed, BonsaiError
+from bonsai_launch.fleet import configs, hosts, probe, proxy
+from bonsai_launch.fleet import state as fleet_state
+from bonsai_launch.fleet.state import FleetState, MemberState, ProxyState
+
+DEFAULT_PROXY_PORT = 4000  # LiteLLM's own default
+REMOTE_WAIT_S = 60.0  # how long a remote member may take to answer /health 200
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    flags: dict[str, Any]  # `bonsai start` flags (profile, speculative, ctx, ...); port is set per replica
+    replicas: int | None  # None: not given (2 for a new fleet; a running fleet keeps its own)
+    gpus: list[str] | None = None
+    threads: int | None = None
+    port: int = DEFAULT_PROXY_PORT
+    hosts_file: Path | None = None
+    passthrough: tuple[str, ...] = ()
+    remote_wait_s: float = REMOTE_WAIT_S
+
+
+@dataclass
+class UpResult:
+    url: str
+    api_key: str | None  # None when a running proxy was kept (its key was shown when it started)
+    key_source: str  # "generated", "BONSAI_API_KEY" or "unchanged"
+    model: str
+    members: list[dict[str, Any]]
+    excluded: list[dict[str, str]]
+    config: str
+    llama_swap: str
+    restarted: list[str] = field(default_factory=list)
+    reused: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "openai_base_url": self.url + "/v1", "api_key": self.api_key,
+                "key_source": self.key_source, "model": self.model, "members": self.members,
+                "excluded": self.excluded, "config": self.config, "llama_swap": self.llama_swap,
+                "restarted": self.restarted, "reused": self.reused}
+
+
+Status = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# -- local replicas --------------------------------------------------------------------------------
+
+def _launch_replica(member: MemberState, status: Status):
+    """Start one local replica as `bonsai start --detach` does. Returns supervisor.Launched."""
+    from bonsai_launch import supervisor
+    from bonsai_launch.cli.start import prepare_plan
+
+    plan, _ = prepare_plan(member.flags, None, None, tuple(member.args))
+    if member.env:
+        plan = dataclasses.replace(plan, env={**plan.env, **member.env})
+    status(f"{member.name}: starting llama-server on port {plan.port} ({member.share})")
+    launched = supervisor.launch(plan, detach=True, spec_fallback=False,
+                                 on_status=lambda s: status(f"{member.name}: {s}"))
+    if member.cores:
+        hosts.pin_threads(launched.server.pid, tuple(member.cores))
+    member.instance = launched.instance.name
+    member.pid = launched.server.pid
+    member.url = plan.base_url
+    member.argv = list(plan.argv)
+    member.parallel = _slots(plan.argv)
+    if plan.env.get("LLAMA_API_KEY"):
+        member.api_key_env = "BONSAI_API_KEY"  # the replicas' key is the user's BONSAI_API_KEY
+    return launched
+
+
+def _slots(argv) -> int:
+    """-np of a llama-server command line (the last one wins, as in llama-server)."""
+    n = 1
+    for flag, value in zip(argv, list(argv[1:]) + [""]):
+        if flag in ("-np", "--parallel") and value.isdigit():
+            n = int(value)
+    return max(1, n)
+
+
+def _local_alive(member: MemberState) -> bool:
+    from bonsai_launch import instances
+
+    return any(i.name == member.instance and i.pid == member.pid for i in instances.running())
+
+
+def _replica_members(opts: UpOptions, backend: str) -> list[MemberState]:
+    shares = hosts.replica_shares(opts.replicas, backend, gpus=opts.gpus, threads=opts.threads,
+                                  cpus=hosts.usable_cpus(), pin=sys.platform.startswith("linux"))
+    members = []
+    for i, share in enumerate(shares):
+        port = opts.port + 1 + i
+        flags = {**opts.flags, "port": port, "host": "127.0.0.1"}
+        args = [*share.args, *opts.passthrough]  # the plan adds --metrics, which `fleet ps` reads
+        members.append(MemberState(name=f"replica-{i + 1}", url=f"http://127.0.0.1:{port}", local=True,
+                                   flags=flags, args=args, env=dict(share.env), share=share.label,
+                                   cores=list(share.cores)))
+    return members
+
+
+def _backend(opts: UpOptions) -> str:
+    """The llama.cpp backend the replicas will run on (decides GPUs versus a CPU split). The
+    first replica's plan, as `bonsai start` makes it: this also builds llama-server and fetches
+    the profile's files when they are missing, once, before any replica starts."""
+    from bonsai_launch.cli.start import prepare_plan
+
+    plan, _ = prepare_plan({**opts.flags, "port": opts.port + 1, "host": "127.0.0.1"}, None, None, opts.passthrough)
+    return plan.backend
+
+
+# -- remote members ----------------------------------------------------------------------------------
+
+def _remote_members(path: Path | None) -> list[MemberState]:
+    if path is None:
+        return []
+    return [MemberState(name=m.name, url=m.url, local=False, api_key_env=m.api_key_env, parallel=m.parallel)
+            for m in hosts.parse_fleet_file(path)]
+
+
+def _wait_healthy(member: MemberState, wait_s: float) -> str | None:
+    """None once /health is 200; else why not, after `wait_s`."""
+    if member.api_key_env and not os.environ.get(member.api_key_env):
+        return f"its key variable {member.api_key_env} is not set"
+    deadline = time.monotonic() + wait_s
+    while True:
+        p = probe.probe(member.url, probe.member_key(member.api_key_env))
+        if p.healthy:
+            return None
+        if time.monotonic() >= deadline:
+            return f"/health is {p.health} after {wait_s:.0f} s"
+        time.sleep(1.0)
+
+
+# -- configs and the proxy -----------------------------------------------------------------------------
+
+def _write_configs(model: str, members: list[MemberState]) -> tuple[Path, Path]:
+    import yaml
+
+    routed = [configs.Member(m.name, m.url, m.local, m.api_key_env, tuple(m.argv), dict(m.env), m.parallel)
+              for m in members]
+    folder = fleet_state.fleet_dir()
+    litellm_path, swap_path = folder / "litellm.yaml", folder / "llama-swap.yaml"
+    header = "# written by `bonsai fleet up`; the master key comes from the environment, never this file\n"
+    fleet_state.write_atomic(litellm_path, header + yaml.safe_dump(configs.litellm_config(model, routed), sort_keys=False))
+    swap = configs.llama_swap_config(model, routed)
+    problems = configs.llama_swap_problems(swap)
+    if problems:  # our own bug, never the user's: say so rather than write a file llama-swap rejects
+        raise ActionFailed("internal: the llama-swap config has undocumented keys: " + "; ".join(problems))
+    fleet_state.write_atomic(swap_path, "# for llama-swap users (written by `bonsai fleet up`, not run by it)\n"
+                             + yaml.safe_dump(swap, sort_keys=False))
+    return litellm_path, swap_path
+
+
+def _master_key() -> tuple[str, str]:
+    from bonsai_launch.settings import resolve
+
+    given = (resolve({}).get("api_key") or "").strip()  # BONSAI_API_KEY, through the settings registry
+    if given:
+        return given, "BONSAI_API_KEY"
+    return "sk-" + secrets.token_urlsafe(24), "generated"
+
+
+def _start_proxy(model: str, config: Path, port: int, status: Status) -> tuple[ProxyState, str, str]:
+    from bonsai_launch import instances
+    from bonsai_launch.supervisor import check_port_free, log_path_for
+
+    exe = proxy.require_litellm()
+    check_port_free("127.0.0.1", port)
+    key, source = _master_key()
+    status(f"starting the LiteLLM proxy on 127.0.0.1:{port}")
+    server = proxy.spawn(exe, config, port, key, log_path_for("fleet-proxy"))
+    st = ProxyState(server.pid, instances.process_create_time(server.pid) or time.time(), "127.0.0.1", port,
+                    str(server.log_path), str(config))
+    try:
+        proxy.wait_ready(server)
+        _check_routes(st.url, key, model)
+    except BaseException:
+        proxy.stop(st)
+        raise
+    return st, key, source
+
+
+def _check_routes(url: str, key: str, model: str) -> None:
+    """The proxy knows the model and one request goes through it end to end."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=120.0, trust_env=False, headers=headers) as http:
+        r = http.get(url + "/v1/models")
+        if r.status_code != 200 or model not in {m.get("id") for m in r.json().get("data", [])}:
+            raise ActionFailed(f"the LiteLLM proxy does not list model {model!r} (HTTP {r.status_code}: {r.text[:200]})")
+        r = http.post(url + "/v1/chat/completions",
+                      json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+        if r.status_code != 200:
+            raise ActionFailed(f"a request through the LiteLLM proxy failed: HTTP {r.status_code}: {r.text[:300]}")
+
+
+# -- up ----------------------------------------------------------------------------------------------
+
+def _member_json(m: MemberState, healthy: bool | None = None, speculative: Any = None) -> dict[str, Any]:
+    data = {"name": m.name, "url": m.url, "local": m.local, "pid": m.pid if m.local else None,
+            "instance": m.instance if m.local else None,  # its name in `bonsai ps` / `bonsai logs`
+            "api_key_env": m.api_key_env, "share": m.share or None}
+    if healthy is not None:
+        data["healthy"] = healthy
+    if speculative is not None:
+        data["speculative"] = speculative
+    return data
+
+
+def up(opts: UpOptions, status: Status = _quiet) -> UpResult:
+    proxy.require_litellm()  # before anything starts: the one thing a fresh install may lack
+    existing = fleet_state.load()
+    if existing is not None and (proxy.alive(existing.proxy) or any(_local_alive(m) for m in existing.members if m.local)):
+        _refuse_a_different_fleet(existing, opts)
+        return _reconcile(existing, status)
+    if existing is not None:
+        fleet_state.remove()  # a fleet whose processes are all gone: start afresh
+    return _fresh(opts, status)
+
+
+def _refuse_a_different_fleet(st: FleetState, opts: UpOptions) -> None:
+    """`up` on a running fleet restarts what died; it never silently ignores a different ask."""
+    local = sum(1 for m in st.members if m.local) + sum(1 for e in st.excluded if e["name"].startswith("replica-"))
+    wanted_profile = opts.flags.get("profile")
+    if (wanted_profile and wanted_profile != st.profile) or (opts.replicas is not None and opts.replicas != local):
+        raise BonsaiError(f"a fleet of {local} replica(s) of {st.profile or st.model!r} is running",
+                          "`bonsai fleet down` first to start a different one, or run `bonsai fleet up` "
+                          "without --profile/--replicas to restart what died")
+
+
+def _fresh(opts: UpOptions, status: Status) -> UpResult:
+    from bonsai_launch import instances
+    from bonsai_launch.supervisor import SignalForwarder
+
+    remote = _remote_members(opts.hosts_file)  # a bad fleet file fails before anything starts
+    if opts.replicas is None:
+        opts = dataclasses.replace(opts, replicas=2)
+    if opts.replicas == 0 and not remote:
+        raise BonsaiError("--replicas=0 and no --hosts: the fleet would be empty", "ask for replicas or give a fleet file")
+    local = _replica_members(opts, _backend(opts)) if opts.replicas else []
+    started: list[MemberState] = []
+    excluded: list[dict[str, str]] = []
+    proxy_st: ProxyState | None = None
+    proofs: dict[str, Any] = {}
+    with SignalForwarder():
+        try:
+            for m in local:
+                try:
+                    launched = _launch_replica(m, status)
+                except ActionFailed as exc:  # it died, never got ready, or speculation is not live
+                    status(f"{m.name}: not healthy, left out: {exc.message}")
+                    excluded.append({"name": m.name, "url": m.url, "why": str(exc)})
+                    # A bad setting or a busy port (BonsaiError) fails every replica alike: raised once.
+                proofs[m.name] = launched.proof.to_json() if launched.proof else None
+                started.append(m)
+            for m in remote:
+                status(f"{m.name}: waiting for {m.url}/health")
+                why = _wait_healthy(m, opts.remote_wait_s)
+                if why:
+                    excluded.append({"name": m.name, "url": m.url, "why": why})
+                    status(f"{m.name}: not healthy, left out: {why}")
+                else:
+                    started.append(m)
+            if not started:
+                raise ActionFailed("no member of the fleet became healthy: "
+                                   + "; ".join(f"{e['name']}: {e['why']}" for e in excluded),
+                                   "see `bonsai logs`, fix the cause, then `bonsai fleet up` again")
+            model = _model_name(opts)
+            litellm_path, swap_path = _write_configs(model, started)
+            proxy_st, key, source = _start_proxy(model, litellm_path, opts.port, status)
+            st = FleetState(model, opts.flags.get("profile"), started, proxy_st, str(swap_path), excluded)
+            fleet_state.save(st)
+        except BaseException:
+            for m in started:
+                if m.local:
+                    for inst in instances.running():
+                        if inst.name == m.instance:
+                            instances.stop(inst)
+            raise
+    members = [_member_json(m, True, proofs.get(m.name)) for m in started]
+    return UpResult(proxy_st.url, key, source, model, members, excluded, str(litellm_path), str(swap_path))
+
+
+def _model_name(opts: UpOptions) -> str:
+    profile = opts.flags.get("profile")
+    if profile:
+        return str(profile)
+    from bonsai_launch.launch_inputs import select
+
+    return select(opts.flags).profile.name
+
+
+def _reconcile(st: FleetState, status: Status) -> UpResult:
+    """A fleet is running: restart the local replicas that died and the proxy if it died."""
+    restarted: list[str] = []
+    proofs: dict[str, Any] = {}
+    for m in st.members:
+        if m.local and not _local_alive(m):
+            status(f"{m.name}: not running, starting it again")
+            launched = _launch_replica(m, status)
+            proofs[m.name] = launched.proof.to_json() if launched.proof else None
+            restarted.append(m.name)
+    key, source = None, "unchanged"
+    if not proxy.alive(st.proxy):
+        port = st.proxy.port if st.proxy else DEFAULT_PROXY_PORT
+        config = Path(st.proxy.config) if st.proxy else fleet_state.fleet_dir() / "litellm.yaml"
+        st.proxy, key, source = _start_proxy(st.model, config, port, status)
+        restarted.append("proxy")
+    fleet_state.save(st)
+    members = [_member_json(m, probe.probe(m.url, probe.member_key(m.api_key_env)).healthy, proofs.get(m.name))
+               for m in st.members]
+    return UpResult(st.proxy.url, key, source, st.model, members, st.excluded, st.proxy.config,
+                    st.llama_swap or "", restarted, reused=True)
+
+
+# -- ps ----------------------------------------------------------------------------------------------
+
+def ps() -> dict[str, Any]:
+    """Each member's URL, pid (local), health, requests in flight and speculative acceptance."""
+    st = fleet_state.load()
+    if st is None:
+        return {"running": False, "url": None, "model": None, "proxy": None, "members": [], "excluded": []}
+    members = []
+    for m in st.members:
+        p = probe.probe(m.url, probe.member_key(m.api_key_env))
+        alive = _local_alive(m) if m.local else None
+        health = p.health if (alive is not False) else "dead"
+        members.append({**_member_json(m), "alive": alive, "health": health, "in_flight": p.in_flight,
+                        "drafted": p.drafted, "accepted": p.accepted, "acceptance": p.acceptance})
+    proxy_alive = proxy.alive(st.proxy)
+    return {"running": True, "url": st.proxy.url if st.proxy else None, "model": st.model,
+            "proxy": {**dataclasses.asdict(st.proxy), "alive": proxy_alive} if st.proxy else None,
+            "members": members, "excluded": st.excluded, "llama_swap": st.llama_swap}
+
+
+# -- down --------------------------------------------------------------------------------------------
+
+def down() -> dict[str, Any]:
+    """Stop the proxy and every local replica; raise if any process is left."""
+    from bonsai_launch import instances
+
+    st = fleet_state.load()
+    if st is None:
+        return {"stopped": [], "was_running": False}
+    stopped, left, already_gone = [], [], []
+    if st.proxy is not None:
+        (stopped if proxy.stop(st.proxy) else left).append("proxy")
+    live = {i.name: i for i in instances.running()}
+    for m in st.members:
+        if not m.local:
+            continue
+        inst = live.get(m.instance or "")
+        if inst is None or inst.pid != m.pid:
+            already_gone.append(m.name)
+            continue
+        (stopped if instances.stop(inst) else left).append(m.name)
+    if left:
+        raise ActionFailed(f"could not stop: {', '.join(left)}", "see `bonsai fleet ps`; stop them by pid")
+    fleet_state.remove()
+    return {"stopped": stopped, "already_gone": already_gone, "was_running": True}

@@ -1,0 +1,98 @@
+"""Which configurations `bonsai tune` measures against plain decoding.
+
+Pure: from what the binary supports (its --spec-type list), the drafter (if any) and the
+profile's draft-free mode, a list in the order worth measuring when time is short: the
+drafter first (n-max always equals its block size), then the profile's own n-gram type, the
+other n-gram types at their default draft length, shorter draft lengths of the profile's type,
+and ngram-cache last (it rarely pays: its drafts are seldom accepted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from bonsai_launch.errors import BonsaiError
+
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-map-k4v", "ngram-cache")
+# Draft lengths tried besides each type's default (ngram-mod 64, the map/simple types 48):
+# shorter drafts are proposed more often and cost less when they are rejected.
+NMAX_VARIANTS = (16, 8)
+LENGTH_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v")  # n-max has a flag
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # plain, draft-dspark, ngram-mod, ngram-mod/n16
+    spec_type: str | None = None  # None: plain
+    n_max: int | None = None  # None: the type's default (the drafter's block size for a drafter)
+
+    @property
+    def label(self) -> str:
+        if self.spec_type is None:
+            return "plain"
+        return self.spec_type + (f" n-max {self.n_max}" if self.n_max is not None and "/" in self.name else "")
+
+    def flags(self) -> dict[str, Any]:
+        """Settings flags that make the launch plan run this configuration."""
+        if self.spec_type is None:
+            return {"speculative": False, "spec_type": None, "spec_nmax": None}
+        n_max = None if self.spec_type.startswith("draft-") else self.n_max
+        return {"speculative": True, "spec_type": self.spec_type, "spec_nmax": n_max}
+
+
+PLAIN = Candidate("plain")
+
+
+def all_candidates(spec_types: Iterable[str] | None, drafter_type: str | None = None,
+                   drafter_block: int | None = None, profile_type: str | None = None) -> list[Candidate]:
+    """Every configuration worth measuring, most promising first. `spec_types` is what the
+    binary lists (None: not probed, assume all); `drafter_type` is draft-dspark/draft-dflash
+    when a drafter that fits the target is present."""
+    known = set(spec_types) if spec_types is not None else None
+
+    def supported(t: str) -> bool:
+        return known is None or t in known
+
+    out = [PLAIN]
+    if drafter_type and supported(drafter_type):
+        out.append(Candidate(drafter_type, drafter_type, drafter_block))
+    own = profile_type if profile_type in NGRAM_TYPES else "ngram-mod"
+    ordered = [own] + [t for t in NGRAM_TYPES if t not in (own, "ngram-cache")]
+    out += [Candidate(t, t) for t in ordered if supported(t)]
+    if own in LENGTH_TYPES and supported(own):
+        out += [Candidate(f"{own}/n{n}", own, n) for n in NMAX_VARIANTS]
+    if own != "ngram-cache" and supported("ngram-cache"):
+        out.append(Candidate("ngram-cache", "ngram-cache"))
+    return out
+
+
+def restrict(candidates: list[Candidate], names: Iterable[str]) -> list[Candidate]:
+    """Only the named configurations (plain is always kept: it is the baseline). A name may be
+    a type with any draft length, `TYPE/nN` for one length not in the default list, or
+    `drafter` for the drafter."""
+    by_name = {c.name: c for c in candidates}
+    drafter = next((c for c in candidates if c.spec_type and c.spec_type.startswith("draft-")), None)
+    chosen = [PLAIN]
+    for raw in names:
+        name = raw.strip()
+        if not name or name == "plain":
+            continue
+        if name in ("drafter", "speculative") and drafter is not None:
+            found = drafter
+        elif name in by_name:
+            found = by_name[name]
+        elif "/n" in name and name.split("/n", 1)[0] in LENGTH_TYPES and name.split("/n", 1)[1].isdigit() \
+                and any(c.spec_type == name.split("/n", 1)[0] for c in candidates):
+            t, n = name.split("/n", 1)
+            if not 1 <= int(n) <= 1024:
+                raise BonsaiError(f"--configs: draft length in {name!r} must be 1-1024", "for example ngram-mod/n16")
+            found = Candidate(name, t, int(n))
+        else:
+            raise BonsaiError(f"--configs: {name!r} cannot be measured with this build and model",
+                              "choose from " + ", ".join(c.name for c in candidates))
+        if found not in chosen:
+            chosen.append(found)
+    if len(chosen) < 2:
+        raise BonsaiError("--configs names no speculative configuration", "for example --configs plain,ngram-mod")
+    return chosen

@@ -1,0 +1,350 @@
+"""`bonsai tune`: a short, bounded measurement of plain against the speculative configurations
+this build and model allow, ending in a stored decision.
+
+It measures with the bench's own machinery (bench/runner.py: a fresh llama-server per run, one
+discarded warm-up request, server-side decode timings; bench/summary.py: paired ratios and the
+noise rule), in three rounds that fit a time budget:
+
+1. screening: plain, then every candidate once, most promising first (candidates.py). When
+   the budget would not leave room for confirmation, the rest is skipped and reported so;
+2. and 3. confirmation: plain and the best one or two candidates that beat plain in screening,
+   again, in reversed and then original order. Screening counts as the first of the three
+   paired runs the noise rule needs.
+
+Every run sees the same prompts, which are not the bench suite's: `bonsai bench` can then
+check a decision on prompts the tuning never saw. The default budget is twelve times the first
+plain run (about a minute for the demo model on a laptop CPU), so it scales with the model's
+speed; `--budget` sets it in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bonsai_launch.bench import prompts as suite
+from bonsai_launch.bench import runner, summary
+from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec, Listener, ServerRun
+from bonsai_launch.errors import BonsaiError
+from bonsai_launch.tune import candidates as cands
+from bonsai_launch.tune.decide import RULE, decide
+from bonsai_launch.tune.identity import TuneKey, build_id, file_sha256, machine_id, prompts_sha256, tune_dir
+from bonsai_launch.tune.store import Decision, save
+
+PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
+BUDGET_RUNS = 12  # default budget: this many times the first plain run
+MIN_BUDGET_S = 20.0
+CONFIRM_ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    budget_s: float | None = None  # None: BUDGET_RUNS x the first plain run
+    max_tokens: int = 64
+    temperature: float = 0.0
+    prompts_path: str | None = None  # None: the bundled tuning prompts
+    configs: tuple[str, ...] | None = None  # only these candidates (plain always)
+    finalists: int = 2
+    seed: int = 42
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What to tune: the launch a user would make (settings flags, files, llama-server)."""
+
+    flags: dict[str, Any]
+    model: str | None = None
+    drafter: str | None = None
+    passthrough: tuple[str, ...] = ()
+    binary: Path | None = None
+
+
+@dataclass
+class TuneOutcome:
+    decision: Decision
+    doc: dict[str, Any]
+    paths: dict[str, str]
+    stored: Path
+    budget_s: float
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """The model, drafter and binary being tuned, with the key their decision is stored under."""
+
+    profile: str | None
+    model: Path
+    drafter: Path | None
+    key: TuneKey
+    candidates: tuple[cands.Candidate, ...]
+    unusable: dict[str, str]  # candidates that cannot run here, with why
+
+
+def load_tuning_prompts(path: str | None) -> tuple[list[suite.Prompt], str]:
+    prompts = suite.load_prompts(path or PROMPTS_FILE)
+    return prompts, (str(Path(path).expanduser()) if path else "bundled tuning prompts")
+
+
+def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[str, ...] | None = None) -> Subject:
+    """Resolve the files and the candidates; hash what the decision's key needs."""
+    from bonsai_launch.binaries import probe
+    from bonsai_launch.gguf_info import check_pair, inspect_gguf
+    from bonsai_launch.launch_inputs import explicit_model, model_files, select
+
+    if request.binary is None:
+        raise BonsaiError("no llama-server to tune with", "run `bonsai build` or set BONSAI_LLAMA_SERVER")
+    selection = select({**request.flags, "speculative": None})
+    files = model_files(selection, request.model, request.drafter)
+    if not files.model.is_file():
+        raise BonsaiError(f"model file {files.model} is not present",
+                          f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH")
+    unusable: dict[str, str] = {}
+    drafter_type = block = None
+    drafter_path = files.drafter if files.drafter is not None and files.drafter.is_file() else None
+    if files.drafter is not None and drafter_path is None:
+        unusable["drafter"] = f"{files.drafter.name} is not downloaded"
+    elif files.drafter_unavailable:
+        unusable["drafter"] = files.drafter_unavailable
+    if drafter_path is not None:
+        target, drafter = inspect_gguf(files.model), inspect_gguf(drafter_path)
+        problems = check_pair(target, drafter)
+        if problems or drafter.drafter is None:
+            unusable["drafter"] = "does not fit the target: " + "; ".join(problems or ["not a drafter"])
+        else:
+            drafter_type = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
+            block = drafter.drafter.block_size
+    caps = probe(request.binary)
+    own = not explicit_model(selection, request.model) or selection.names_model  # the profile's model, or named by it
+    profile_type = selection.profile.draft_free_type if own else None
+    found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type)
+    if configs:
+        found = cands.restrict(found, configs)
+    key = TuneKey(machine_id(), build_id(request.binary), file_sha256(files.model),
+                  file_sha256(drafter_path) if drafter_path else None, prompts_sha256(prompts))
+    profile = selection.profile.name if own else None
+    return Subject(profile, files.model, drafter_path, key, tuple(found), unusable)
+
+
+def plan_candidates(request: TuneRequest, found: tuple[cands.Candidate, ...]) -> tuple[list[ConfigSpec], dict[str, str]]:
+    """A launch plan per candidate, all with one context size (the largest any asks for), as
+    the bench plans its configurations. A candidate the plan refuses is skipped with why."""
+    from bonsai_launch.launch_inputs import gather_plan
+
+    def build(ctx: int | None) -> tuple[list[ConfigSpec], dict[str, str]]:
+        specs, refused = [], {}
+        for cand in found:
+            flags = {**request.flags, **cand.flags(), "port": 8080}  # the port is replaced per server
+            if ctx is not None:
+                flags["ctx"] = ctx
+            try:
+                plan = gather_plan(flags, request.model, request.drafter if cand.spec_type and cand.spec_type.startswith("draft-") else None,
+                                   request.passthrough, request.binary)
+            except BonsaiError as exc:
+                if cand.spec_type is None:
+                    raise
+                refused[cand.name] = str(exc).split("\n")[0]
+                continue
+            spec_type = plan.speculative.spec_type if plan.speculative else None
+            spec = ConfigSpec(cand.name, cand.spec_type is None, spec_type, flags, plan=plan)
+            specs.append(spec)
+        return specs, refused
+
+    specs, refused = build(request.flags.get("ctx") or None)
+    ctxs = {s.plan.ctx for s in specs}
+    if len(ctxs) > 1:
+        specs, refused = build(max(ctxs))
+    return specs, refused
+
+
+class _OutOfTime(Exception):
+    """The budget ran out in the middle of a run: its partial results are dropped."""
+
+
+class _Clock:
+    """Elapsed time against the budget, and how long one server run takes."""
+
+    def __init__(self, budget_s: float | None) -> None:
+        self.started = time.monotonic()
+        self.budget_s = budget_s
+        self.runs: list[float] = []
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def estimate(self) -> float:
+        return max(self.runs) if self.runs else 0.0
+
+    def over(self) -> bool:
+        return self.budget_s is not None and self.elapsed > self.budget_s
+
+    def fits(self, runs: int) -> bool:
+        return self.budget_s is None or self.elapsed + self.estimate() * runs <= self.budget_s
+
+
+def _screening_ratios(data: BenchData, baseline: str) -> dict[str, float]:
+    """Pooled decode speed of each configuration's first run over plain's."""
+    by: dict[str, list] = defaultdict(list)
+    for r in data.requests:
+        if r.repeat == 0 and r.phase == "suite":
+            by[r.config].append(r)
+    base = summary.aggregate(by.get(baseline, [])).get("decode_tps")
+    ratios = {}
+    for name, reqs in by.items():
+        tps = summary.aggregate(reqs).get("decode_tps")
+        if name != baseline and tps and base:
+            ratios[name] = tps / base
+    return ratios
+
+
+def _rounds(plain: ConfigSpec, others: list[ConfigSpec], measure, clock: _Clock, data: BenchData,
+            skipped: dict[str, str], notes: list[str], options: TuneOptions, n_prompts: int, listener: Listener) -> None:
+    """Screening, then confirmation of the best candidates that beat plain once."""
+    measure(plain, 0)
+    if clock.budget_s is None:
+        clock.budget_s = max(MIN_BUDGET_S, BUDGET_RUNS * clock.runs[0])
+        notes.append(f"budget {clock.budget_s:.0f} s: {BUDGET_RUNS} x the first plain run ({clock.runs[0]:.1f} s)")
+    for spec in others:
+        if not clock.fits(1 + CONFIRM_ROUNDS * 2):
+            skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
+            continue
+        measure(spec, 0)
+    ratios = _screening_ratios(data, plain.name)
+    finalists = [s for s in sorted(others, key=lambda s: ratios.get(s.name, 0.0), reverse=True)
+                 if ratios.get(s.name, 0.0) > 1.0][:options.finalists]
+    listener.total(len(data.requests) + n_prompts * CONFIRM_ROUNDS * (1 + len(finalists)))
+    for round_number in range(1, CONFIRM_ROUNDS + 1) if finalists else ():
+        while len(finalists) > 1 and not clock.fits(1 + len(finalists)):
+            finalists.pop()
+        if not clock.fits(1 + len(finalists)):
+            notes.append(f"the budget ({clock.budget_s:.0f} s) ran out before confirmation round {round_number}: "
+                         "no gain can be confirmed, so plain is kept; raise --budget")
+            break
+        order = finalists + [plain] if round_number % 2 else [plain] + finalists
+        for spec in order:
+            measure(spec, round_number)
+
+
+def run_tune(request: TuneRequest, options: TuneOptions = TuneOptions(), listener: Listener | None = None,
+             log_dir: Path | None = None) -> TuneOutcome:
+    """Measure, decide, store. Every server it starts is stopped, also on errors and Ctrl+C."""
+    from bonsai_launch.bench import report
+    from bonsai_launch.bench.pipeline import busy_note
+    from bonsai_launch.paths import logs_dir
+
+    listener = listener or Listener()
+    if options.max_tokens < 16:
+        raise BonsaiError(f"--max-tokens {options.max_tokens} is too small to measure decode speed", "use 32 or more")
+    if options.budget_s is not None and options.budget_s < 5:
+        raise BonsaiError(f"--budget {options.budget_s:g} is too short", "give at least 30 seconds, or leave it out")
+    prompts, prompts_name = load_tuning_prompts(options.prompts_path)
+    subj = subject(request, prompts, options.configs)
+    specs, refused = plan_candidates(request, subj.candidates)
+    skipped: dict[str, str] = {**refused}
+    for name, why in subj.unusable.items():
+        skipped.setdefault(name, why)
+    plain = next(s for s in specs if s.baseline)
+    others = [s for s in specs if not s.baseline]
+    if not others:
+        raise BonsaiError("no speculative configuration can run with this build and model: "
+                          + "; ".join(f"{k}: {v}" for k, v in skipped.items()),
+                          "rebuild with `bonsai build`, or pass --drafter PATH")
+
+    bench_options = BenchOptions(configs=tuple(s.name for s in specs), temps=(options.temperature,), repeats=3,
+                                 max_tokens=options.max_tokens, tradeoffs=False, seed=options.seed,
+                                 prompts_path=options.prompts_path, per_category=None)
+    data = BenchData("launch", bench_options, specs, prompts)
+    data.environment = runner.environment(str(request.binary))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_dir = log_dir or (logs_dir() / "tune" / stamp)
+    clock = _Clock(options.budget_s)
+    measured: dict[str, int] = defaultdict(int)
+    listener.total(len(prompts) * (len(specs) + CONFIRM_ROUNDS * (1 + options.finalists)))
+
+    def measure(spec: ConfigSpec, repeat: int) -> None:
+        """One fresh server, all prompts; stopped at the budget (its partial run then dropped)."""
+        run = ServerRun(spec.name, repeat, f"temp={options.temperature:g}")
+        data.servers.append(run)
+        t0, done_before = time.monotonic(), len(data.requests)
+        with runner.launched(spec, run, log_dir, listener) as endpoint, httpx.Client(trust_env=False) as http:
+            runner.warm_up(http, endpoint, spec, bench_options)
+            for prompt in prompts:
+                if clock.over():
+                    del data.requests[done_before:]
+                    raise _OutOfTime(spec.name)
+                runner.run_suite(http, endpoint, spec, bench_options, [prompt], options.temperature, repeat, data,
+                                 listener)
+        clock.runs.append(time.monotonic() - t0)
+        measured[spec.name] += 1
+
+    budget = f"{options.budget_s:.0f} s" if options.budget_s else f"{BUDGET_RUNS} x the first plain run"
+    listener.note(f"tuning {subj.model.name}: plain against {', '.join(s.name for s in others)} "
+                  f"({len(prompts)} prompts, {options.max_tokens} tokens each; budget {budget})")
+    notes: list[str] = []
+    try:
+        _rounds(plain, others, measure, clock, data, skipped, notes, options, len(prompts), listener)
+    except _OutOfTime as stopped:
+        notes.append(f"the budget ({clock.budget_s:.0f} s) ran out while measuring {stopped}: its partial run was "
+                     "dropped; without three paired runs no gain is confirmed, so plain is kept; raise --budget")
+        for spec in others:
+            if not measured.get(spec.name):
+                skipped.setdefault(spec.name, f"budget ({clock.budget_s:.0f} s; raise --budget)")
+    data.finished = time.time()
+    data.environment["load_average_end"] = runner._loadavg()
+    busy = busy_note(data.environment)
+    if busy:
+        notes.append(busy)
+    data.notes.extend(notes)
+
+    doc = summary.summarize(data)
+    choice, table = decide(doc, skipped)
+    out_dir = tune_dir() / "reports" / stamp
+    paths = report.write_reports(doc, out_dir)
+    first = plain.plan
+    decision = Decision(
+        key=subj.key, choice=choice, table=tuple(table),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), source="tune",
+        model=str(subj.model.resolve()), profile=subj.profile,
+        drafter=str(subj.drafter.resolve()) if subj.drafter else None, prompts=prompts_name,
+        evidence={"report": paths.get("json"), "duration_s": round(clock.elapsed, 1),
+                  "budget_s": round(clock.budget_s or 0, 1), "prompts": len(prompts), "max_tokens": options.max_tokens,
+                  "temperature": options.temperature, "runs": dict(measured), "rule": RULE,
+                  "noise_rule": doc["definitions"]["noise_rule"], "notes": notes,
+                  "conditions": {"ctx": first.ctx, "ngl": first.ngl, "backend": first.backend,
+                                 "passthrough": list(request.passthrough)}})
+    stored = save(decision)
+    return TuneOutcome(decision, doc, paths, stored, clock.budget_s or 0.0, clock.elapsed, notes)
+
+
+def decision_from_bench(doc: dict[str, Any], flags: dict[str, Any], model: str | None, drafter: str | None,
+                        binary: Path, prompts: list[suite.Prompt], prompts_name: str) -> Decision:
+    """`bonsai bench --save`: the same rule over a bench run, stored for the same key a tune
+    run of that model and drafter would use (the prompt set is the bench's)."""
+    if doc.get("mode") != "launch":
+        raise BonsaiError("--save needs a bench that launched its own servers", "leave out --url")
+    if len(doc["options"]["temps"]) and doc["options"]["repeats"] < 3:
+        raise BonsaiError(f"--save needs at least 3 repeats (this run: {doc['options']['repeats']})",
+                          "use --repeats 3 or more")
+    request = TuneRequest(flags, model, drafter, (), binary)
+    subj = subject(request, prompts)
+    choice, table = decide(doc)
+    decision = Decision(
+        key=subj.key, choice=choice, table=tuple(table), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        source="bench", model=str(subj.model.resolve()), profile=subj.profile,
+        drafter=str(subj.drafter.resolve()) if subj.drafter else None, prompts=prompts_name,
+        evidence={"duration_s": doc.get("duration_s"), "prompts": len(prompts), "rule": RULE,
+                  "noise_rule": doc["definitions"]["noise_rule"], "temperatures": doc["options"]["temps"],
+                  "repeats": doc["options"]["repeats"], "max_tokens": doc["options"]["max_tokens"]})
+    return decision
+
+
+def with_report(decision: Decision, report_path: str | None) -> Decision:
+    return dataclasses.replace(decision, evidence={**decision.evidence, "report": report_path})
