@@ -101,7 +101,7 @@ class SignalForwarder:
         self._signals = signals
         self._previous: dict[int, object] = {}
 
-    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+    def _handle(self, signum, frame) -> None:  # signal handler signature
         if self.received is None:
             self.received = signum
             raise StopRequested(signum)

@@ -45,7 +45,7 @@ def stale_build_problem(server: Path) -> str | None:
 
         try:
             build = probe_uncached(server).build_number
-        except Exception as exc:  # noqa: BLE001 - any failure to run it is the problem
+        except Exception as exc:  # any failure to run it is the problem
             return f"{server} cannot be probed ({exc})"
         pinned = pin.version.split(".")[0]
         return None if str(build) == pinned else f"{server} is llama.cpp build {build}, not the pinned {pinned}"
@@ -71,13 +71,13 @@ def find_real_server() -> tuple[Path | None, str | None]:
             from bonsai_launch.binaries import find_server
 
             path = find_server(None)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return None, f"no llama-server found ({exc})"
         if path is None:
             return None, "no llama-server is built"
     try:
         return path, stale_build_problem(path)
-    except Exception as exc:  # noqa: BLE001 - an unreadable pin is a problem to report, not a crash
+    except Exception as exc:  # an unreadable pin is a problem to report, not a crash
         return path, f"cannot check {path} against the pin ({exc})"
 
 

@@ -13,18 +13,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import tiny_gguf as tg  # noqa: E402
-from bonsai_launch.bench import prompts as suite  # noqa: E402
-from bonsai_launch.bench.measure import RequestResult  # noqa: E402
-from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec  # noqa: E402
-from bonsai_launch.bench.summary import summarize  # noqa: E402
-from bonsai_launch.errors import BonsaiError  # noqa: E402
-from bonsai_launch.settings import resolve  # noqa: E402
-from bonsai_launch.tune import candidates as cands  # noqa: E402
-from bonsai_launch.tune import identity, store  # noqa: E402
-from bonsai_launch.tune.decide import decide, format_rows  # noqa: E402
-from bonsai_launch.tune.identity import TuneKey  # noqa: E402
-from bonsai_launch.tune.store import Choice, Decision  # noqa: E402
+import tiny_gguf as tg
+from bonsai_launch.bench import prompts as suite
+from bonsai_launch.bench.measure import RequestResult
+from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec
+from bonsai_launch.bench.summary import summarize
+from bonsai_launch.errors import BonsaiError
+from bonsai_launch.settings import resolve
+from bonsai_launch.tune import candidates as cands
+from bonsai_launch.tune import identity, store
+from bonsai_launch.tune.decide import decide, format_rows
+from bonsai_launch.tune.identity import TuneKey
+from bonsai_launch.tune.store import Choice, Decision
 
 
 def key(**changes) -> TuneKey:

@@ -21,11 +21,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import tiny_gguf as tg  # noqa: E402
-from start_helpers import bonsai, bonsai_env, json_out, no_server_left, stop_all  # noqa: E402
+import tiny_gguf as tg
+from start_helpers import bonsai, bonsai_env, json_out, no_server_left, stop_all
 
-from bonsai_launch.tune import store  # noqa: E402
-from bonsai_launch.tune.session import TuneOptions, TuneRequest, run_tune  # noqa: E402
+from bonsai_launch.tune import store
+from bonsai_launch.tune.session import TuneOptions, TuneRequest, run_tune
 
 pytestmark = pytest.mark.server
 
