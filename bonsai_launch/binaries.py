@@ -16,8 +16,14 @@ import os
 import subprocess
 from pathlib import Path
 
-from bonsai_launch.capabilities import (Capabilities, backend_from_devices, parse_devices, parse_help_full,
-                                        parse_shared_drafting, parse_version)
+from bonsai_launch.capabilities import (
+    Capabilities,
+    backend_from_devices,
+    parse_devices,
+    parse_help_full,
+    parse_shared_drafting,
+    parse_version,
+)
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.llama_options import parse_option_table
 from bonsai_launch.paths import bonsai_home, exe_name

@@ -11,9 +11,10 @@ their manifests say.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.profiles import ModelFile, Profile

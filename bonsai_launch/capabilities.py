@@ -52,7 +52,7 @@ class Capabilities:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Capabilities":
+    def from_json(cls, data: dict[str, Any]) -> Capabilities:
         return cls(
             binary=data["binary"],
             version=data.get("version"),

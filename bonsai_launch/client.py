@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from bonsai_launch.errors import ActionFailed
 
@@ -34,7 +35,7 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _client(api_key: str | None, timeout: float) -> "httpx.Client":
+def _client(api_key: str | None, timeout: float) -> httpx.Client:
     import httpx
 
     # trust_env=False: a proxy from the environment must never sit between us and a loopback server.
@@ -46,7 +47,7 @@ def _fail(url: str, exc: Exception) -> ActionFailed:
                         "is the server running? check the URL and port (`bonsai ps`)")
 
 
-def _get(url: str, api_key: str | None, timeout: float = DEFAULT_TIMEOUT) -> "httpx.Response":
+def _get(url: str, api_key: str | None, timeout: float = DEFAULT_TIMEOUT) -> httpx.Response:
     import httpx
 
     try:
@@ -56,7 +57,7 @@ def _get(url: str, api_key: str | None, timeout: float = DEFAULT_TIMEOUT) -> "ht
         raise _fail(url, exc) from None
 
 
-def _check(r: "httpx.Response") -> "httpx.Response":
+def _check(r: httpx.Response) -> httpx.Response:
     if r.status_code == 401:
         raise ActionFailed(f"{r.request.url} refused the request (401 unauthorized)",
                            "pass the server's API key (--api-key or BONSAI_API_KEY)")
@@ -203,7 +204,7 @@ class StreamResult:
     finish_reason: str | None = None
 
 
-def sse_chunks(response: "httpx.Response") -> Iterator[dict[str, Any]]:
+def sse_chunks(response: httpx.Response) -> Iterator[dict[str, Any]]:
     """The JSON objects of an OpenAI-style server-sent event stream, up to `data: [DONE]`."""
     for line in response.iter_lines():
         if not line.startswith("data:"):

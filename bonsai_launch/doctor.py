@@ -69,10 +69,9 @@ def _toolchain(report: Report, hw) -> Any:
 
 def _builds(report: Report) -> None:
     from bonsai_launch.build.install import installed_builds
+    from bonsai_launch.build.patches import load_series, series_hash
     from bonsai_launch.build.pin import load_pin
     from bonsai_launch.paths import builds_dir
-
-    from bonsai_launch.build.patches import load_series, series_hash
 
     try:
         pinned, patches_id = load_pin().default, series_hash(load_series())

@@ -9,7 +9,8 @@ http_get expects, so the library's own download loop drives our bars.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 class Bar(Protocol):
@@ -36,7 +37,7 @@ class _TqdmShim:
     def close(self) -> None:
         pass  # the pull closes the bar once the file is verified
 
-    def __enter__(self) -> "_TqdmShim":
+    def __enter__(self) -> _TqdmShim:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -90,8 +91,14 @@ class RichReporter:
 
     def __init__(self, console: Any = None) -> None:
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         self.console = console or Console(stderr=True, highlight=False)
         self._progress = Progress(
@@ -100,7 +107,7 @@ class RichReporter:
 
         self._started = False
 
-    def __enter__(self) -> "RichReporter":
+    def __enter__(self) -> RichReporter:
         return self
 
     def __exit__(self, *exc: Any) -> None:

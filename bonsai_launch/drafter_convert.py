@@ -30,9 +30,10 @@ import re
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.gguf_info import GGUFInfo, inspect_gguf
@@ -459,7 +460,7 @@ def write_converted(plan: ConversionPlan, dest: Path, *, on_bytes: Callable[[int
     return dataclasses.replace(provenance, source_sha256=sha)
 
 
-def _stream_tensors(plan: ConversionPlan, out, on_bytes: Callable[[int], None] | None) -> "hashlib._Hash":
+def _stream_tensors(plan: ConversionPlan, out, on_bytes: Callable[[int], None] | None) -> hashlib._Hash:
     """One sequential pass over the source: every byte is hashed, the kept tensors' bytes are
     copied, each padded to the alignment. Memory: one block, whatever the file size."""
     digest = hashlib.sha256()
@@ -505,9 +506,7 @@ def find_quantize() -> Path:
     (newest first; quantizing does not depend on our patches or the backend)."""
     from bonsai_launch.binaries import find_server
     from bonsai_launch.build.install import installed_builds
-    from bonsai_launch.paths import builds_dir
-
-    from bonsai_launch.paths import exe_name
+    from bonsai_launch.paths import builds_dir, exe_name
 
     server = find_server(os.environ.get("BONSAI_LLAMA_SERVER") or None)
     candidates = [server.parent / exe_name("llama-quantize")] if server is not None else []

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bonsai_launch.errors import ActionFailed, BonsaiError
 
@@ -118,8 +119,13 @@ def translate(exc: BaseException, *, repo: str, token: Token, revision: str | No
               file: str | None = None, profile: str | None = None) -> BonsaiError | None:
     """A huggingface_hub / network exception as one user-facing error (None: not ours to explain)."""
     import httpx2
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                        RemoteEntryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     what = file or repo
     cmd = f"`bonsai pull --profile {profile}`" if profile else "`bonsai pull`"

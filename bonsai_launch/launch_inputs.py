@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from bonsai_launch.build_choice import BuildKind, choose_file, wanted_flavour, why_no_file
 from bonsai_launch.errors import BonsaiError
@@ -93,7 +94,7 @@ def _check_known_file(path: Path, origin: str, kind: BuildKind) -> None:
         for entry in profile.files:
             if entry.name == path.name and (why := cannot_load(entry, kind)):
                 raise BonsaiError(f"{origin}={str(path)!r} cannot run on this {kind.label()}: {why}",
-                                  f"use a file this build loads (`bonsai models` lists which build each needs)")
+                                  "use a file this build loads (`bonsai models` lists which build each needs)")
 
 
 def model_files(selection: Selection, model: str | None, drafter: str | None,
@@ -176,7 +177,8 @@ def gather_plan(
     from bonsai_launch import hardware
     from bonsai_launch.binaries import probe
     from bonsai_launch.gguf_info import inspect_gguf
-    from bonsai_launch.passthrough import inherited_env_warnings, parse as parse_passthrough
+    from bonsai_launch.passthrough import inherited_env_warnings
+    from bonsai_launch.passthrough import parse as parse_passthrough
     from bonsai_launch.plan import PlanInputs, build_plan
     from bonsai_launch.server_choice import kind_of_binary
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import difflib
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 _ENV = re.compile(r"\(env: ([A-Z0-9_]+)\)")
 PINNED_TABLE = Path(__file__).with_name("llama_options_pinned.txt")
@@ -41,7 +41,7 @@ class Option:
         return "\t".join([",".join(self.names), str(self.values), self.env or "-", "removed" if self.removed else "-"])
 
     @classmethod
-    def from_line(cls, line: str) -> "Option":
+    def from_line(cls, line: str) -> Option:
         names, values, env, removed = line.rstrip("\n").split("\t")
         return cls(tuple(names.split(",")), int(values), None if env == "-" else env, removed == "removed")
 
@@ -75,7 +75,7 @@ class OptionTable:
         return "".join(opt.to_line() + "\n" for opt in self.options)
 
     @classmethod
-    def from_text(cls, text: str) -> "OptionTable":
+    def from_text(cls, text: str) -> OptionTable:
         return cls(tuple(Option.from_line(line) for line in text.splitlines() if line.strip()))
 
 

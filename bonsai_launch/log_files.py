@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 # Windows SDK values (winnt.h / fileapi.h), so this module imports and is tested anywhere.
 FILE_APPEND_DATA = 0x0004
@@ -32,6 +33,7 @@ def _win32_open(path: Path, access: int, disposition: int, flags: int, mode: str
     try:
         if win32file is None:
             import msvcrt
+
             import win32file
     except ImportError:
         return None

@@ -161,7 +161,7 @@ def install(partial: Path, profile_name: str, name: str) -> Path:
 
 # --- hashing --------------------------------------------------------------------------------
 
-def sha256_file(path: Path, bar: ByteBar | None = None, limit: int | None = None) -> "hashlib._Hash":
+def sha256_file(path: Path, bar: ByteBar | None = None, limit: int | None = None) -> hashlib._Hash:
     """The sha256 object of a file (or of its first `limit` bytes), reading it in large blocks."""
     digest = hashlib.sha256()
     remaining = limit
@@ -238,7 +238,7 @@ class HashingFile:
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
 
-    def __enter__(self) -> "HashingFile":
+    def __enter__(self) -> HashingFile:
         return self
 
     def __exit__(self, *exc: Any) -> None:

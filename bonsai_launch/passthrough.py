@@ -19,8 +19,9 @@ Nothing here touches processes or disk: `parse` and the folding are pure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.llama_options import Option, OptionTable, closest

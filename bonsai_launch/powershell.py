@@ -17,7 +17,7 @@ passing); `bonsai start` itself never depends on the shell, since it passes argv
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 _PLAIN_FLAG = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*")
 _PLAIN_INT = re.compile(r"0|[1-9][0-9]*")

@@ -31,8 +31,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 # Windows constants, spelled out so that the Windows branch can be built (and tested) on
 # any system; the values are those of the Windows SDK and of Python's subprocess/signal.

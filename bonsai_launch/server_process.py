@@ -12,8 +12,8 @@ import os
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from bonsai_launch import process_control
 from bonsai_launch.errors import ActionFailed
@@ -72,7 +72,7 @@ class ServerProcess:
     @classmethod
     def spawn(cls, argv: Sequence[str], *, env: Mapping[str, str] | None, log_path: Path,
               base_url: str, die_with_parent: bool = True,
-              control: process_control.ProcessControl | None = None) -> "ServerProcess":
+              control: process_control.ProcessControl | None = None) -> ServerProcess:
         """Start `argv` with stdout and stderr appended to `log_path`.
 
         `argv` is a list handed to the OS as it is: no shell, no quoting. `env` holds extra

@@ -9,8 +9,9 @@ variable, the value and what is allowed (exit code 2).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from bonsai_launch.errors import BonsaiError
 

@@ -28,8 +28,9 @@ which the plan places itself; bonsai_launch.passthrough), so it runs once, here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from bonsai_launch.errors import BonsaiError
 

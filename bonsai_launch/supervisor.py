@@ -18,9 +18,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from bonsai_launch import instances, process_control, speculation_probe
 from bonsai_launch.errors import ActionFailed, BonsaiError
@@ -28,8 +29,7 @@ from bonsai_launch.log_files import open_read_shared
 from bonsai_launch.paths import logs_dir
 from bonsai_launch.plan import LaunchPlan, SpecPlan
 from bonsai_launch.server_process import ServerProcess
-from bonsai_launch.speculation_probe import (PROOF_PROMPT, PROOF_TOKENS, SpecProof,  # noqa: F401 - re-exported
-                                             speculation_failure_reason)
+from bonsai_launch.speculation_probe import PROOF_PROMPT, PROOF_TOKENS, SpecProof, speculation_failure_reason  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from bonsai_launch.slot_proof import SlotsProof
@@ -108,7 +108,7 @@ class SignalForwarder:
         if self.server is not None:
             self.server.kill()
 
-    def __enter__(self) -> "SignalForwarder":
+    def __enter__(self) -> SignalForwarder:
         if threading.current_thread() is threading.main_thread():
             for sig in self._signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -139,7 +139,7 @@ class Launched:
     instance: instances.Instance
     ready_s: float  # from spawn to /health 200
     proof: SpecProof | None
-    slots_proof: "SlotsProof | None" = None  # with several slots: concurrent requests, each drafted
+    slots_proof: SlotsProof | None = None  # with several slots: concurrent requests, each drafted
 
 
 def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = False,
@@ -187,7 +187,7 @@ def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = Fals
             instances.unregister(name, server.pid)
 
 
-def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> "SlotsProof | None":
+def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> SlotsProof | None:
     """With several slots, speculation must draft on more than one of them at once."""
     from bonsai_launch.slot_proof import prove_slots
 

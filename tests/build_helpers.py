@@ -49,7 +49,7 @@ def file_index(root: Path, project: str, archive: Path, sha256: str | None) -> s
 
 def use_index(monkeypatch, *urls: str, find_links: str | None = None) -> None:
     """Make pip's configuration say: these indexes only (the first is the main one)."""
-    monkeypatch.setattr(package_index, "_pip_config", lambda: {})
+    monkeypatch.setattr(package_index, "_pip_config", dict)
     for var in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX"):
         monkeypatch.delenv(var, raising=False)
     if urls:

@@ -108,7 +108,7 @@ class FakeHub:
         self.repos[repo_id] = FakeRepo(repo_id, private=private)
         return self.repos[repo_id]
 
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         hub = self
 
         class Handler(_Handler):

@@ -6,9 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from bonsai_launch.build_choice import (FORK, MAINLINE, BuildKind, builds_text, cannot_load, choose_file,
-                                        kind_of_manifest, release_of_tag, runnable_profiles, wanted_flavour,
-                                        why_no_file)
+from bonsai_launch.build_choice import (
+    FORK,
+    MAINLINE,
+    BuildKind,
+    builds_text,
+    cannot_load,
+    choose_file,
+    kind_of_manifest,
+    release_of_tag,
+    runnable_profiles,
+    wanted_flavour,
+    why_no_file,
+)
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.profiles import get_profile, load_all, parse_profile
 from bonsai_launch.settings import resolve

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from build_helpers import fake_tree, file_index, help_patch, make_sdist, use_index, use_pin, write_pin
 from rich.console import Console
 
 from bonsai_launch.build import BuildRequest, build, builder, cmake_build, ensure_server, find_installed, toolchain
 from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.hardware import GPU, Hardware
 from bonsai_launch.paths import builds_dir
+from build_helpers import fake_tree, file_index, help_patch, make_sdist, use_index, use_pin, write_pin
 
 
 def _console() -> tuple[Console, io.StringIO]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from build_helpers import bad_patch, fake_tree, file_index, help_patch, make_sdist, use_index, write_pin
 
 from bonsai_launch.build.patches import apply_series, load_series, series_hash
 from bonsai_launch.build.source import prepare_pin
 from bonsai_launch.errors import ActionFailed
 from bonsai_launch.paths import sources_dir
+from build_helpers import bad_patch, fake_tree, file_index, help_patch, make_sdist, use_index, write_pin
 
 
 def test_series_is_ordered_and_hashed(tmp_path):

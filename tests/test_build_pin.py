@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from build_helpers import file_index, make_sdist, use_index, write_pin
 
 from bonsai_launch.build import package_index
 from bonsai_launch.build.pin import load_pin
 from bonsai_launch.build.source import STAMP, parse_source, prepare_pin
 from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.paths import sources_dir, vendor_dir
+from build_helpers import file_index, make_sdist, use_index, write_pin
 
 
 def test_vendored_pin_names_the_sdist():

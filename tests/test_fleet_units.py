@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from bonsai_launch.errors import BonsaiError
-from real_parts import require_litellm
 from bonsai_launch.fleet import configs, export, hosts, proxy
 from bonsai_launch.fleet.configs import Member
+from real_parts import require_litellm
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,8 +54,9 @@ def test_litellm_config_keys_are_the_routers_own(monkeypatch):
     """Every router_settings key is an argument of the installed litellm.Router."""
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline, as the proxy runs
     require_litellm()
-    import litellm.router as router
     import inspect
+
+    import litellm.router as router
 
     accepted = set(inspect.signature(router.Router.__init__).parameters)
     cfg = configs.litellm_config("m", LOCAL)

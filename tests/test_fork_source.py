@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from build_helpers import fake_tree, file_index, help_patch, make_sdist, use_index, use_pin
 
 import tiny_gguf
 from bonsai_launch.build import BuildRequest, build, builder, ensure_server, find_installed
@@ -23,6 +22,7 @@ from bonsai_launch.build import source as source_module
 from bonsai_launch.build.pin import load_pin
 from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.paths import builds_dir, sources_dir
+from build_helpers import fake_tree, file_index, help_patch, make_sdist, use_index, use_pin
 
 TAG = "prism-b10743-abcdef0"
 GIT = ["git", "-c", "user.email=t@example.invalid", "-c", "user.name=t"]

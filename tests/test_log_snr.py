@@ -239,9 +239,8 @@ def test_conditioning_holds_with_several_slots_drafting_at_once(llama_server, tm
     # several sequences' blocks may share one ubatch: each block's first row is its anchor
     pair = R.write_conditioning_pair(tmp_path, convention="spec", focus="anchor", token=T)
     args = ["-m", pair.target, "-md", pair.drafter, "--spec-draft-n-max", "4", "-np", "3", "-c", "4096"]
-    with tiny_gguf.serve(llama_server, args, tmp_path / "server.log") as srv:
-        with ThreadPoolExecutor(3) as pool:
-            answers = list(pool.map(lambda i: srv.completion(f"tok{i} tok2", n_predict=32), range(3)))
+    with tiny_gguf.serve(llama_server, args, tmp_path / "server.log") as srv, ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda i: srv.completion(f"tok{i} tok2", n_predict=32), range(3)))
     for answer in answers:
         timings = answer["timings"]
         assert timings["draft_n"] > 0 and timings["draft_n_accepted"] == timings["draft_n"], timings

@@ -10,7 +10,6 @@ The bench's temperature-0 equality check is fed prompt-dependent outputs, real a
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 

@@ -18,8 +18,14 @@ import pytest
 from bonsai_launch import settings
 from bonsai_launch.plan import render_command
 from cli_runner import run_cli
-from powershell_syntax import (argument_value, calls_inside_array_expression, commands, comments, env_variables,
-                               syntax_errors)
+from powershell_syntax import (
+    argument_value,
+    calls_inside_array_expression,
+    commands,
+    comments,
+    env_variables,
+    syntax_errors,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"

@@ -76,8 +76,8 @@ def test_popen_options_per_system():
     detached = win.popen_options(die_with_parent=False, detached=True)
     assert detached["creationflags"] == pc.CREATE_NEW_PROCESS_GROUP | pc.DETACHED_PROCESS
     # The constants match Python's own where they exist.
-    assert pc.CREATE_NEW_PROCESS_GROUP == getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0x200)
-    assert pc.CTRL_BREAK_EVENT == getattr(signal, "CTRL_BREAK_EVENT", 1)
+    assert getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0x200) == pc.CREATE_NEW_PROCESS_GROUP
+    assert getattr(signal, "CTRL_BREAK_EVENT", 1) == pc.CTRL_BREAK_EVENT
 
 
 @posix_only

@@ -17,8 +17,8 @@ from bonsai_launch.download_progress import RecordingReporter
 from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.profiles import get_profile
 from bonsai_launch.pull import ensure_profile_files, pull_profile, wanted_files
-from fake_hub import BONSAI_8B, GOOD_TOKEN, TERNARY_27B, hub, tiny_repo_files  # noqa: F401  (fixtures)
 from cli_runner import run_cli as bonsai
+from fake_hub import BONSAI_8B, GOOD_TOKEN, TERNARY_27B, hub, tiny_repo_files  # noqa: F401  (fixtures)
 
 # the fork's drafter is the bf16 sidecar too (the Q4_1 file loads on no current build): pulled
 # only for speculation, see test_drafter_profiles.py
@@ -269,8 +269,6 @@ def test_hand_placed_file_is_hashed_once_and_a_wrong_one_replaced(hub):
 
 
 def test_drafter_that_does_not_fit_its_target_names_the_file_to_replace(hub, tmp_path):
-    import tiny_gguf
-
     from legacy_dspark_gguf import write_legacy_drafter
 
     wrong = write_legacy_drafter(tmp_path / "wrong.gguf", vocab=2048, embedding=32, target_layers=(0,))

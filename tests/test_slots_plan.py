@@ -9,8 +9,7 @@ import pytest
 
 from bonsai_launch.capabilities import parse_shared_drafting
 from bonsai_launch.errors import BonsaiError
-from bonsai_launch.slots import (LLAMA_BATCH_DEFAULT, LLAMA_UBATCH_DEFAULT, context_for_slots, draft_length,
-                                 size_batches)
+from bonsai_launch.slots import LLAMA_BATCH_DEFAULT, LLAMA_UBATCH_DEFAULT, context_for_slots, draft_length, size_batches
 from test_plan import CAPS, HW, arg, drafter, plan_for, target
 
 DEMO = dict(profile="demo", with_drafter=False,

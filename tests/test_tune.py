@@ -75,7 +75,7 @@ def test_any_prompt_set_serves_a_launch_and_the_newest_wins():
 ])
 def test_a_decision_whose_inputs_changed_is_stale(change, words):
     store.save(decision(key(drafter_sha256="d" * 64)))
-    found = store.lookup(key(drafter_sha256="d" * 64, **{**change}) if "drafter_sha256" not in change
+    found = store.lookup(key(drafter_sha256="d" * 64, **change) if "drafter_sha256" not in change
                          else key(**change))
     assert found.status == "stale" and list(found.changed) == words
     assert found.decision is not None  # reported, never used

@@ -22,10 +22,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import tiny_gguf as tg
-from start_helpers import bonsai, bonsai_env, json_out, no_server_left, stop_all
-
 from bonsai_launch.tune import store
 from bonsai_launch.tune.session import TuneOptions, TuneRequest, run_tune
+from start_helpers import bonsai, bonsai_env, json_out, no_server_left, stop_all
 
 pytestmark = pytest.mark.server
 
@@ -150,7 +149,7 @@ def test_bench_save_feeds_the_store_and_bench_runs_auto(llama_server, pair_dir, 
     assert "stored as the tuning decision for BONSAI_SPECULATIVE=auto: plain" in done.stdout
     [saved] = store.load_all()
     assert saved.source == "bench" and saved.evidence["report"].endswith("bench.json")
-    assert "bench suite (code-edit; 1 per category)" == saved.prompts
+    assert saved.prompts == "bench suite (code-edit; 1 per category)"
 
     # --speculative auto: plain against the stored choice
     done = bonsai(["bench", "--model", target, "--drafter", drafter, "--speculative", "auto",

@@ -272,7 +272,7 @@ class MemorySampler:
         self._thread: threading.Thread | None = None
         self._nvml = None
 
-    def __enter__(self) -> "MemorySampler":
+    def __enter__(self) -> MemorySampler:
         self._nvml = _nvml_handles()
         self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
         self._thread.start()

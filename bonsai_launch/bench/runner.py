@@ -22,18 +22,28 @@ import os
 import platform
 import signal
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
 
 from bonsai_launch.bench import prompts as suite
-from bonsai_launch.bench.measure import (Endpoint, MemorySampler, RequestResult, counter_delta, pid_listening_on,
-                                         read_metrics, served_model, spec_counters, stream_request)
+from bonsai_launch.bench.measure import (
+    Endpoint,
+    MemorySampler,
+    RequestResult,
+    counter_delta,
+    pid_listening_on,
+    read_metrics,
+    served_model,
+    spec_counters,
+    stream_request,
+)
 from bonsai_launch.errors import ActionFailed, BonsaiError
 
 SPECIAL_CONFIGS = ("plain", "speculative", "auto")  # auto: the stored tuning decision (bonsai tune)

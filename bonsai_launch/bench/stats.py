@@ -17,8 +17,8 @@ The noise rule (also written into every report):
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
 
 MIN_REPEATS = 3
 MIN_BAND = 0.05

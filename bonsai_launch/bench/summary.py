@@ -11,12 +11,12 @@ import datetime as _dt
 import math
 import statistics
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from bonsai_launch.bench.measure import RequestResult
 from bonsai_launch.bench.runner import BenchData
-from bonsai_launch.bench.stats import (NOISE_RULE, Spread, first_difference, paired_ratios, piece_index, spread,
-                                       verdict)
+from bonsai_launch.bench.stats import NOISE_RULE, first_difference, paired_ratios, piece_index, spread, verdict
 
 SCHEMA_ID = "bonsai-bench/1"
 
@@ -108,7 +108,7 @@ def _group(requests: Iterable[RequestResult], *keys: str) -> dict[tuple, list[Re
 
 
 def _iso(ts: float | None) -> str | None:
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="seconds") if ts else None
+    return _dt.datetime.fromtimestamp(ts, _dt.UTC).isoformat(timespec="seconds") if ts else None
 
 
 def summarize(data: BenchData) -> dict[str, Any]:

@@ -6,8 +6,16 @@ and backend choice), cmake_build (configure and compile), install (binaries and 
 builder (the whole flow, the up-to-date check, `ensure_server` for `bonsai start`).
 """
 
-from bonsai_launch.build.builder import (BuildPlan, BuildRequest, BuildResult, build, detected_backend,
-                                         ensure_server, find_installed, plan_build)
+from bonsai_launch.build.builder import (
+                                         BuildPlan,
+                                         BuildRequest,
+                                         BuildResult,
+                                         build,
+                                         detected_backend,
+                                         ensure_server,
+                                         find_installed,
+                                         plan_build,
+)
 
 __all__ = ["BuildPlan", "BuildRequest", "BuildResult", "build", "detected_backend", "ensure_server",
            "find_installed", "plan_build"]

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +199,7 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
         src, work = plan.source.path.resolve(), plan.work_dir.resolve()
         timings: dict[str, float] = {}
         with open(plan.log_path, "w") as log:
-            log.write(f"# bonsai build {plan.key} at {datetime.now(timezone.utc).isoformat()}\n")
+            log.write(f"# bonsai build {plan.key} at {datetime.now(UTC).isoformat()}\n")
             # Configure again when forced, when never finished, or when flags that are not part of
             # the key (ccache appeared or went) changed; otherwise ninja alone is incremental.
             flags_file = work / ".bonsai-cmake-flags.json"
@@ -229,7 +229,7 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
             "compiler": plan.compiler,
             "build_seconds": round(sum(timings.values()), 2),
             **{k: round(v, 2) for k, v in timings.items()},
-            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "binaries": {t.removesuffix(EXE): str(p) for t, p in binaries.items()},
             "version": caps.version,
             "capabilities": caps.to_json(),

@@ -14,9 +14,10 @@ import re
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from bonsai_launch import process_control
 from bonsai_launch.errors import ActionFailed

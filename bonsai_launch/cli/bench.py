@@ -19,33 +19,33 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt, SpecAutoOpt
 from bonsai_launch.cli._passthrough import passthrough_args
 
-ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode), auto (the tuned decision) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
-PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled suite.")]
-CategoriesOpt = Annotated[Optional[str], typer.Option("--categories", help="Comma list of categories to run (default: all).")]
-PerCategoryOpt = Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts of each category (default: all; --quick: 2).")]
-TempsOpt = Annotated[Optional[str], typer.Option("--temps", help="Comma list of temperatures (default 0,0.7).")]
-RepeatsOpt = Annotated[Optional[int], typer.Option("--repeats", help="Runs per configuration (default 3; fewer gives no verdict).")]
-MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Tokens generated per request (default 128).")]
-ConcurrencyOpt = Annotated[Optional[str], typer.Option("--concurrency", help="Comma list of simultaneous clients (default 1,4).")]
-ParallelListOpt = Annotated[Optional[str], typer.Option("--parallel", help="Comma list of server slot counts (e.g. 1,4): the concurrency rounds run on one server per count, and the report says which configuration and slot count to use for K users. A single value also comes from BONSAI_PARALLEL.")]
+ConfigsOpt = Annotated[str | None, typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode), auto (the tuned decision) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
+PromptsOpt = Annotated[str | None, typer.Option("--prompts", help="JSONL prompt file instead of the bundled suite.")]
+CategoriesOpt = Annotated[str | None, typer.Option("--categories", help="Comma list of categories to run (default: all).")]
+PerCategoryOpt = Annotated[int | None, typer.Option("--per-category", help="At most this many prompts of each category (default: all; --quick: 2).")]
+TempsOpt = Annotated[str | None, typer.Option("--temps", help="Comma list of temperatures (default 0,0.7).")]
+RepeatsOpt = Annotated[int | None, typer.Option("--repeats", help="Runs per configuration (default 3; fewer gives no verdict).")]
+MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Tokens generated per request (default 128).")]
+ConcurrencyOpt = Annotated[str | None, typer.Option("--concurrency", help="Comma list of simultaneous clients (default 1,4).")]
+ParallelListOpt = Annotated[str | None, typer.Option("--parallel", help="Comma list of server slot counts (e.g. 1,4): the concurrency rounds run on one server per count, and the report says which configuration and slot count to use for K users. A single value also comes from BONSAI_PARALLEL.")]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="A small subset: 2 prompts per category, temperature 0, 96 tokens.")]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Folder for bench.json, bench.md, bench.svg.")]
-UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Measure this running OpenAI-compatible server instead of launching one.")]
-BaselineUrlOpt = Annotated[Optional[str], typer.Option("--baseline-url", help="With --url: the same model served without speculation.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Folder for bench.json, bench.md, bench.svg.")]
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Measure this running OpenAI-compatible server instead of launching one.")]
+BaselineUrlOpt = Annotated[str | None, typer.Option("--baseline-url", help="With --url: the same model served without speculation.")]
 ApiOpt = Annotated[str, typer.Option("--api", help="chat (/v1/chat/completions) or completion (/v1/completions).")]
-ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", help="API key for --url servers; env BONSAI_API_KEY.")]
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Benchmark this local GGUF instead of the profile's weights.")]
-DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", help="DSpark/DFlash drafter GGUF for the speculative configuration.")]
-CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")]
-NglOpt = Annotated[Optional[int], typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
-TradeoffTokensOpt = Annotated[Optional[int], typer.Option("--tradeoff-tokens", help="Tokens per multi-turn and concurrency request (default 48; --quick: 32).")]
+ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", help="API key for --url servers; env BONSAI_API_KEY.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Benchmark this local GGUF instead of the profile's weights.")]
+DrafterOpt = Annotated[str | None, typer.Option("--drafter", help="DSpark/DFlash drafter GGUF for the speculative configuration.")]
+CtxOpt = Annotated[int | None, typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")]
+NglOpt = Annotated[int | None, typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
+TradeoffTokensOpt = Annotated[int | None, typer.Option("--tradeoff-tokens", help="Tokens per multi-turn and concurrency request (default 48; --quick: 32).")]
 InterleaveOpt = Annotated[bool, typer.Option("--interleave-conversations", help="Multi-turn: every conversation's turn 1, then every turn 2...: with fewer slots than conversations this measures the prompt cache (BONSAI_CACHE_RAM, BONSAI_CTX_CHECKPOINTS).")]
 NoTradeoffsOpt = Annotated[bool, typer.Option("--no-tradeoffs", help="Skip the multi-turn and concurrency measurements.")]
 NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.svg.")]
@@ -246,7 +246,7 @@ class _ProgressListener:
         self._progress = None
         self._task = None
 
-    def __enter__(self) -> "_ProgressListener":
+    def __enter__(self) -> _ProgressListener:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

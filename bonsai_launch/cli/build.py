@@ -11,20 +11,20 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from bonsai_launch.cli._options import JsonOpt
 
 BackendOpt = Annotated[str, typer.Option("--backend", help="auto, cpu, cuda, metal, vulkan or hip.")]
-SourceOpt = Annotated[Optional[str], typer.Option(
+SourceOpt = Annotated[str | None, typer.Option(
     "--source", help="pin (default), a name from vendor/llama.cpp/pin.toml, git+URL@REF, or a folder.")]
-CudaArchsOpt = Annotated[Optional[str], typer.Option(
+CudaArchsOpt = Annotated[str | None, typer.Option(
     "--cuda-archs", help="CUDA architectures, e.g. 90 or 86,89 (default: the visible GPUs').")]
-GpuTargetsOpt = Annotated[Optional[str], typer.Option(
+GpuTargetsOpt = Annotated[str | None, typer.Option(
     "--gpu-targets", help="HIP targets, e.g. gfx1100 (default: the visible GPUs').")]
-JobsOpt = Annotated[Optional[int], typer.Option("--jobs", "-j", help="Parallel compile jobs (default: cores, capped by RAM).")]
+JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel compile jobs (default: cores, capped by RAM).")]
 PortableOpt = Annotated[bool, typer.Option("--portable", help="Do not tune for this CPU (GGML_NATIVE=OFF).")]
 ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Configure, compile and install even when up to date; re-fetch a git source.")]

@@ -16,11 +16,24 @@ import sys
 
 import typer
 
-from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt, SizeOpt,
-                                        SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._options import (
+    CtxOpt,
+    DrafterOpt,
+    FamilyOpt,
+    ModelOpt,
+    NglOpt,
+    ParallelOpt,
+    ProfileOpt,
+    SizeOpt,
+    SpecAutoOpt,
+    SpecFallbackOpt,
+    SpecNmaxOpt,
+    SpecOpt,
+    SpecTypeOpt,
+)
 from bonsai_launch.cli._passthrough import passthrough_args
-from bonsai_launch.cli.start import start_flags
 from bonsai_launch.cli.run import ApiKeyOpt, MaxTokensOpt, SystemOpt, TempOpt, UrlOpt, server_for, stats_line
+from bonsai_launch.cli.start import start_flags
 
 
 def command(

@@ -7,7 +7,7 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -17,7 +17,7 @@ EngineOpt = Annotated[str, typer.Option("--engine", help="vllm or sglang.")]
 SpeculativeFlag = Annotated[bool, typer.Option("--speculative", help="Add the engine's speculative decoding settings with a safetensors drafter.")]
 UnpackedOpt = Annotated[bool, typer.Option("--unpacked", help="27B: the unpacked BF16 checkpoint instead of the AWQ INT4 one.")]
 ExportPortOpt = Annotated[int, typer.Option("--port", help="Port in the generated command.")]
-MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="Context length in the generated command.")]
+MaxLenOpt = Annotated[int | None, typer.Option("--max-model-len", help="Context length in the generated command.")]
 
 
 def command(engine: EngineOpt, profile: ProfileOpt = None, speculative: SpeculativeFlag = False,

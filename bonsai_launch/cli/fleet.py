@@ -13,24 +13,35 @@ Needs the optional extra: pip install 'bonsai-launch[fleet]'.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from bonsai_launch.cli._options import (CtxOpt, FamilyOpt, JsonOpt, Kv4Opt, NglOpt, ParallelOpt, ProfileOpt, SizeOpt,
-                                        SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._options import (
+    CtxOpt,
+    FamilyOpt,
+    JsonOpt,
+    Kv4Opt,
+    NglOpt,
+    ParallelOpt,
+    ProfileOpt,
+    SizeOpt,
+    SpecNmaxOpt,
+    SpecOpt,
+    SpecTypeOpt,
+)
 from bonsai_launch.cli._passthrough import PassthroughCommand, passthrough_args
 
 app = typer.Typer(name="fleet", no_args_is_help=True, add_completion=False,
                   help="Replicas of a profile behind the LiteLLM proxy (least-busy routing, retries, failover).",
                   context_settings={"help_option_names": ["-h", "--help"]})
 
-ReplicasOpt = Annotated[Optional[int], typer.Option("--replicas", "-n", help="Local llama-server replicas to start (default 2; 0: remote members only).")]
-GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help="GPU device numbers, one replica per entry in turn, e.g. 0,1.")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads-per-replica", help="CPU threads per replica (default: the cores split evenly, each replica pinned to its own).")]
+ReplicasOpt = Annotated[int | None, typer.Option("--replicas", "-n", help="Local llama-server replicas to start (default 2; 0: remote members only).")]
+GpusOpt = Annotated[str | None, typer.Option("--gpus", help="GPU device numbers, one replica per entry in turn, e.g. 0,1.")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads-per-replica", help="CPU threads per replica (default: the cores split evenly, each replica pinned to its own).")]
 ProxyPortOpt = Annotated[int, typer.Option("--port", help="The proxy's port; replicas take the next ports (PORT+1, PORT+2, ...).")]
 RemoteWaitOpt = Annotated[float, typer.Option("--remote-wait", help="Seconds a remote member may take to answer /health 200 before it is left out.")]
-HostsOpt = Annotated[Optional[Path], typer.Option("--hosts", help="Fleet file listing remote members (url, api_key_env).")]
+HostsOpt = Annotated[Path | None, typer.Option("--hosts", help="Fleet file listing remote members (url, api_key_env).")]
 
 
 @app.command("up", cls=PassthroughCommand)

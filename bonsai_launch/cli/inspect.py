@@ -8,7 +8,7 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -17,7 +17,7 @@ from bonsai_launch.cli._options import JsonOpt
 
 def command(
     file: Annotated[str, typer.Argument(help="A .gguf file.")],
-    target: Annotated[Optional[str], typer.Option("--target", help="Check FILE as a drafter for this target GGUF.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Check FILE as a drafter for this target GGUF.")] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Show architecture, sizes, vocabulary fingerprint and drafter details of a GGUF file."""

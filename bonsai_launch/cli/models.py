@@ -97,7 +97,7 @@ def command(json_output: JsonOpt = False) -> None:
             layout = f" [dim]({f['builds']})[/]"
             size = f" {human(f['size'])}" if f["size"] else ""
             lines.append(f"{mark} {f['role']}: {f['name']}{layout}{size}" + (f" [dim]{state}[/]" if state else ""))
-        spec = entry["drafter"] and "drafter" or entry["draft_free_type"] or "-"
+        spec = (entry["drafter"] and "drafter") or entry["draft_free_type"] or "-"
         if entry["drafter_state"]:
             ds = entry["drafter_state"]
             spec = f"drafter: {ds['state']}" + (f"\n[dim]{ds['reasons'][0]}[/]" if ds["state"] == "converted" and ds["reasons"] else "")

@@ -17,7 +17,7 @@ HF_TOKEN / `hf auth login`.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -25,8 +25,8 @@ from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
 
 NoDrafterOpt = Annotated[bool, typer.Option("--no-drafter", help="Skip the speculative-decoding drafter.")]
 NoVisionOpt = Annotated[bool, typer.Option("--no-vision", help="Skip the vision projector (mmproj); env BONSAI_VISION=0.")]
-RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit of the repo (default: main).")]
-LayoutOpt = Annotated[Optional[str], typer.Option("--layout", help="mainline or fork weights; env BONSAI_LAYOUT.")]
+RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Branch, tag or commit of the repo (default: main).")]
+LayoutOpt = Annotated[str | None, typer.Option("--layout", help="mainline or fork weights; env BONSAI_LAYOUT.")]
 SpeculativeOpt = Annotated[bool, typer.Option("--speculative", help="Also fetch a drafter that is only fetched for speculation "
                                               "(the 27B bf16 sidecars, converted once); env BONSAI_SPECULATIVE=1.")]
 

@@ -14,22 +14,37 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Iterator, Optional
+from typing import Annotated
 
 import typer
 
-from bonsai_launch.cli._options import (CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ParallelOpt, ProfileOpt,
-                                        SizeOpt, SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._options import (
+    CtxOpt,
+    DrafterOpt,
+    FamilyOpt,
+    JsonOpt,
+    ModelOpt,
+    NglOpt,
+    ParallelOpt,
+    ProfileOpt,
+    SizeOpt,
+    SpecAutoOpt,
+    SpecFallbackOpt,
+    SpecNmaxOpt,
+    SpecOpt,
+    SpecTypeOpt,
+)
 from bonsai_launch.cli._passthrough import passthrough_args
 from bonsai_launch.cli.start import start_flags
 
 PromptArg = Annotated[str, typer.Argument(help="The prompt to answer.")]
-UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Use this server instead of the profile's.")]
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Use this server instead of the profile's.")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="Longest answer, in tokens.")]
-TempOpt = Annotated[Optional[float], typer.Option("--temperature", "-t", help="Sampling temperature (default: the profile's).")]
-SystemOpt = Annotated[Optional[str], typer.Option("--system", help="A system prompt.")]
-ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", help="API key for the server; env BONSAI_API_KEY.")]
+TempOpt = Annotated[float | None, typer.Option("--temperature", "-t", help="Sampling temperature (default: the profile's).")]
+SystemOpt = Annotated[str | None, typer.Option("--system", help="A system prompt.")]
+ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", help="API key for the server; env BONSAI_API_KEY.")]
 
 
 @dataclass

@@ -17,9 +17,29 @@ from typing import Annotated
 
 import typer
 
-from bonsai_launch.cli._options import (CtxOpt, DetachOpt, DrafterOpt, DryRunOpt, FamilyOpt, FormatOpt, HostOpt, JsonOpt,
-                                        Kv4Opt, MmprojOpt, ModelOpt, NglOpt, ParallelOpt, PortOpt, ProfileOpt, SizeOpt,
-                                        SpecAutoOpt, SpecFallbackOpt, SpecNmaxOpt, SpecOpt, SpecTypeOpt)
+from bonsai_launch.cli._options import (
+    CtxOpt,
+    DetachOpt,
+    DrafterOpt,
+    DryRunOpt,
+    FamilyOpt,
+    FormatOpt,
+    HostOpt,
+    JsonOpt,
+    Kv4Opt,
+    MmprojOpt,
+    ModelOpt,
+    NglOpt,
+    ParallelOpt,
+    PortOpt,
+    ProfileOpt,
+    SizeOpt,
+    SpecAutoOpt,
+    SpecFallbackOpt,
+    SpecNmaxOpt,
+    SpecOpt,
+    SpecTypeOpt,
+)
 from bonsai_launch.cli._passthrough import passthrough_args
 
 NoTuneOpt = Annotated[bool, typer.Option("--no-tune", help="With BONSAI_SPECULATIVE=auto and no tuning decision: start plain instead of measuring first.")]

@@ -8,11 +8,11 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-NameArg = Annotated[Optional[str], typer.Argument(help="Server name, port or pid (see `bonsai ps`).")]
+NameArg = Annotated[str | None, typer.Argument(help="Server name, port or pid (see `bonsai ps`).")]
 AllOpt = Annotated[bool, typer.Option("--all", "-a", help="Stop every running server.")]
 
 

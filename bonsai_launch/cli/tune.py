@@ -11,16 +11,16 @@ Examples:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from bonsai_launch.cli._options import CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt, SizeOpt
 from bonsai_launch.cli._passthrough import passthrough_args
 
-BudgetOpt = Annotated[Optional[float], typer.Option("--budget", help="Seconds to spend at most (default: about 12 plain runs, a minute on the demo).")]
-PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help="JSONL prompt file instead of the bundled tuning prompts.")]
-ConfigsOpt = Annotated[Optional[str], typer.Option("--configs", help="Comma list of candidates only (e.g. plain,ngram-mod,ngram-mod/n16,draft-dspark).")]
+BudgetOpt = Annotated[float | None, typer.Option("--budget", help="Seconds to spend at most (default: about 12 plain runs, a minute on the demo).")]
+PromptsOpt = Annotated[str | None, typer.Option("--prompts", help="JSONL prompt file instead of the bundled tuning prompts.")]
+ConfigsOpt = Annotated[str | None, typer.Option("--configs", help="Comma list of candidates only (e.g. plain,ngram-mod,ngram-mod/n16,draft-dspark).")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens generated per prompt.")]
 TempOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature of the measurements.")]
 

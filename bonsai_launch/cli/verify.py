@@ -8,15 +8,15 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from bonsai_launch.cli._options import JsonOpt
 
-UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Server base URL (with or without /v1).")]
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Server base URL (with or without /v1).")]
 ExpectSpecOpt = Annotated[bool, typer.Option("--expect-speculative", help="Fail unless speculative decoding is live.")]
-ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", help="API key for the server; env BONSAI_API_KEY.")]
+ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", help="API key for the server; env BONSAI_API_KEY.")]
 
 
 def default_url() -> tuple[str, str]:

@@ -15,9 +15,10 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.fleet import configs, hosts, probe, proxy

@@ -65,7 +65,7 @@ class FleetState:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "FleetState":
+    def from_json(cls, data: dict[str, Any]) -> FleetState:
         members = [MemberState(**m) for m in data.get("members", [])]
         proxy = ProxyState(**data["proxy"]) if data.get("proxy") else None
         return cls(data["model"], data.get("profile"), members, proxy, data.get("llama_swap"), data.get("excluded", []))

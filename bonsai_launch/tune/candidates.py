@@ -9,8 +9,9 @@ and ngram-cache last (it rarely pays: its drafts are seldom accepted).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from bonsai_launch.errors import BonsaiError
 

@@ -42,7 +42,7 @@ class TuneKey:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "TuneKey":
+    def from_json(cls, data: dict[str, Any]) -> TuneKey:
         return cls(data["machine"], data["build"], data["model_sha256"], data.get("drafter_sha256"),
                    data["prompts_sha256"])
 

@@ -59,7 +59,7 @@ class Choice:
                 "ratio_max": self.ratio_max, "band": self.band, "reason": self.reason}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Choice":
+    def from_json(cls, data: dict[str, Any]) -> Choice:
         return cls(data["config"], data.get("label") or data["config"], data.get("spec_type"), data.get("n_max"),
                    data.get("ratio"), data.get("ratio_min"), data.get("ratio_max"), data.get("band"),
                    data.get("reason", ""))
@@ -84,7 +84,7 @@ class Decision:
                 "profile": self.profile, "drafter": self.drafter, "prompts": self.prompts, "evidence": self.evidence}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Decision":
+    def from_json(cls, data: dict[str, Any]) -> Decision:
         return cls(TuneKey.from_json(data["key"]), Choice.from_json(data["choice"]), tuple(data.get("table") or ()),
                    data["created"], data.get("source", "tune"), data["model"], data.get("profile"),
                    data.get("drafter"), data.get("prompts", ""), dict(data.get("evidence") or {}))
