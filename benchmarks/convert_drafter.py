@@ -64,13 +64,32 @@ def _write_streamed(writer: GGUFWriter, tensors: list[tuple[str, tuple[int, ...]
     writer.close()
 
 
-def write_legacy(path: Path, *, e: int, f: int, layers: int, vocab: int, rank: int, heads: int, heads_kv: int,
-                 head_dim: int, target_layers: list[int]) -> None:
+def write_legacy(
+    path: Path,
+    *,
+    e: int,
+    f: int,
+    layers: int,
+    vocab: int,
+    rank: int,
+    heads: int,
+    heads_kv: int,
+    head_dim: int,
+    target_layers: list[int],
+) -> None:
     w = GGUFWriter(str(path), "dspark")
     w.add_string("general.name", "generated Bonsai-27B-dspark shape")
-    for key, val in (("block_count", layers), ("context_length", 4096), ("embedding_length", e),
-                     ("feed_forward_length", f), ("attention.head_count", heads), ("attention.head_count_kv", heads_kv),
-                     ("attention.key_length", head_dim), ("attention.value_length", head_dim), ("vocab_size", vocab)):
+    for key, val in (
+        ("block_count", layers),
+        ("context_length", 4096),
+        ("embedding_length", e),
+        ("feed_forward_length", f),
+        ("attention.head_count", heads),
+        ("attention.head_count_kv", heads_kv),
+        ("attention.key_length", head_dim),
+        ("attention.value_length", head_dim),
+        ("vocab_size", vocab),
+    ):
         w.add_uint32(f"dspark.{key}", val)
     w.add_float32("dspark.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32("dspark.rope.freq_base", 1e7)
@@ -86,19 +105,35 @@ def write_legacy(path: Path, *, e: int, f: int, layers: int, vocab: int, rank: i
     w.add_float32("dspark.dspark.max_log_snr", 9.0)
     BF, F32 = GGMLQuantizationType.BF16, GGMLQuantizationType.F32
     q, kv = heads * head_dim, heads_kv * head_dim
-    tensors = [("token_embd.weight", (e, vocab), BF), ("output.weight", (e, vocab), BF), ("output_norm.weight", (e,), F32),
-               ("dspark.fc.weight", (len(target_layers) * e, e), BF), ("dspark.hidden_norm.weight", (e,), F32),
-               ("dspark.markov_head_a.weight", (rank, vocab), BF), ("dspark.markov_head_b.weight", (rank, vocab), BF),
-               ("dspark.confidence_head.weight", (e + rank, 1), BF), ("dspark.confidence_head.bias", (1,), F32),
-               ("dspark.log_snr_fc1.weight", (128, e), BF), ("dspark.log_snr_fc1.bias", (e,), F32),
-               ("dspark.log_snr_fc2.weight", (e, e), BF), ("dspark.log_snr_fc2.bias", (e,), F32)]
+    tensors = [
+        ("token_embd.weight", (e, vocab), BF),
+        ("output.weight", (e, vocab), BF),
+        ("output_norm.weight", (e,), F32),
+        ("dspark.fc.weight", (len(target_layers) * e, e), BF),
+        ("dspark.hidden_norm.weight", (e,), F32),
+        ("dspark.markov_head_a.weight", (rank, vocab), BF),
+        ("dspark.markov_head_b.weight", (rank, vocab), BF),
+        ("dspark.confidence_head.weight", (e + rank, 1), BF),
+        ("dspark.confidence_head.bias", (1,), F32),
+        ("dspark.log_snr_fc1.weight", (128, e), BF),
+        ("dspark.log_snr_fc1.bias", (e,), F32),
+        ("dspark.log_snr_fc2.weight", (e, e), BF),
+        ("dspark.log_snr_fc2.bias", (e,), F32),
+    ]
     for i in range(layers):
-        tensors += [(f"blk.{i}.attn_norm.weight", (e,), F32), (f"blk.{i}.attn_q.weight", (e, q), BF),
-                    (f"blk.{i}.attn_k.weight", (e, kv), BF), (f"blk.{i}.attn_v.weight", (e, kv), BF),
-                    (f"blk.{i}.attn_output.weight", (q, e), BF), (f"blk.{i}.attn_q_norm.weight", (head_dim,), F32),
-                    (f"blk.{i}.attn_k_norm.weight", (head_dim,), F32), (f"blk.{i}.ffn_norm.weight", (e,), F32),
-                    (f"blk.{i}.ffn_gate.weight", (e, f), BF), (f"blk.{i}.ffn_up.weight", (e, f), BF),
-                    (f"blk.{i}.ffn_down.weight", (f, e), BF)]
+        tensors += [
+            (f"blk.{i}.attn_norm.weight", (e,), F32),
+            (f"blk.{i}.attn_q.weight", (e, q), BF),
+            (f"blk.{i}.attn_k.weight", (e, kv), BF),
+            (f"blk.{i}.attn_v.weight", (e, kv), BF),
+            (f"blk.{i}.attn_output.weight", (q, e), BF),
+            (f"blk.{i}.attn_q_norm.weight", (head_dim,), F32),
+            (f"blk.{i}.attn_k_norm.weight", (head_dim,), F32),
+            (f"blk.{i}.ffn_norm.weight", (e,), F32),
+            (f"blk.{i}.ffn_gate.weight", (e, f), BF),
+            (f"blk.{i}.ffn_up.weight", (e, f), BF),
+            (f"blk.{i}.ffn_down.weight", (f, e), BF),
+        ]
     _write_streamed(w, tensors)
 
 
@@ -156,7 +191,9 @@ def measure(argv: list[str], env: dict[str, str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--embedding", type=int, default=5120)
-    ap.add_argument("--ff", type=int, default=None, help="feed-forward size (default: the embedding size, as the 27B drafter)")
+    ap.add_argument(
+        "--ff", type=int, default=None, help="feed-forward size (default: the embedding size, as the 27B drafter)"
+    )
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--vocab", type=int, default=248320)
     ap.add_argument("--rank", type=int, default=256)
@@ -170,20 +207,49 @@ def main() -> None:
     heads, head_dim = max(1, e // 128), 128 if e >= 128 else e
     heads_kv = max(1, heads // 10)
     work = Path(tempfile.mkdtemp(prefix="bonsai-convert-bench-", dir=args.dir))
-    legacy, target, converted, quantized = (work / n for n in ("legacy-dspark-bf16.gguf", "target.gguf",
-                                                               "converted.gguf", "converted-Q4_0.gguf"))
+    legacy, target, converted, quantized = (
+        work / n for n in ("legacy-dspark-bf16.gguf", "target.gguf", "converted.gguf", "converted-Q4_0.gguf")
+    )
     try:
         t0 = time.monotonic()
-        write_legacy(legacy, e=e, f=f, layers=args.layers, vocab=args.vocab, rank=args.rank, heads=heads,
-                     heads_kv=heads_kv, head_dim=head_dim, target_layers=[1, 16, 31, 46, 61])
+        write_legacy(
+            legacy,
+            e=e,
+            f=f,
+            layers=args.layers,
+            vocab=args.vocab,
+            rank=args.rank,
+            heads=heads,
+            heads_kv=heads_kv,
+            head_dim=head_dim,
+            target_layers=[1, 16, 31, 46, 61],
+        )
         write_target_header(target, e=e, layers=64, vocab=args.vocab)
         generate = round(time.monotonic() - t0, 1)
         env = dict(os.environ)
-        convert = measure([sys.executable, "-m", "bonsai_launch", "convert-drafter", str(legacy), "--target",
-                           str(target), "-o", str(converted), "--quantize", "none"], env)
-        result = {"shape": {"embedding": e, "ff": f, "layers": args.layers, "vocab": args.vocab, "rank": args.rank},
-                  "source_bytes": legacy.stat().st_size, "converted_bytes": converted.stat().st_size,
-                  "generate_seconds": generate, "convert": convert}
+        convert = measure(
+            [
+                sys.executable,
+                "-m",
+                "bonsai_launch",
+                "convert-drafter",
+                str(legacy),
+                "--target",
+                str(target),
+                "-o",
+                str(converted),
+                "--quantize",
+                "none",
+            ],
+            env,
+        )
+        result = {
+            "shape": {"embedding": e, "ff": f, "layers": args.layers, "vocab": args.vocab, "rank": args.rank},
+            "source_bytes": legacy.stat().st_size,
+            "converted_bytes": converted.stat().st_size,
+            "generate_seconds": generate,
+            "convert": convert,
+        }
         result["convert"]["mb_per_s"] = round(legacy.stat().st_size / 1e6 / max(convert["seconds"], 1e-9), 1)
         if not args.no_quantize:
             from bonsai_launch.drafter_convert import find_quantize
@@ -197,8 +263,11 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
-    print(f"shape E={e} F={f} layers={args.layers} V={args.vocab} R={args.rank}: source {gb(result['source_bytes'])}, "
-          f"converted {gb(result['converted_bytes'])}" + (f", Q4_0 {gb(result['quantized_bytes'])}" if "quantized_bytes" in result else ""))
+    print(
+        f"shape E={e} F={f} layers={args.layers} V={args.vocab} R={args.rank}: source {gb(result['source_bytes'])}, "
+        f"converted {gb(result['converted_bytes'])}"
+        + (f", Q4_0 {gb(result['quantized_bytes'])}" if "quantized_bytes" in result else "")
+    )
     print(f"convert-drafter: {convert['seconds']} s ({convert['mb_per_s']} MB/s), peak RSS {convert['peak_rss_mb']} MB")
     if "quantize_q4_0" in result:
         q = result["quantize_q4_0"]

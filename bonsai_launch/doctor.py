@@ -55,10 +55,21 @@ def _toolchain(report: Report, hw) -> Any:
     if not tools.cmake.found or not tools.ninja.found:
         add(Problem("error", "the cmake/ninja PyPI packages are missing", "pip install cmake ninja"))
     if not tools.ccache.found:
-        add(Problem("warning", "ccache is not installed: every rebuild compiles from scratch", toolchain.hint("ccache", hw.os)))
+        add(
+            Problem(
+                "warning",
+                "ccache is not installed: every rebuild compiles from scratch",
+                toolchain.hint("ccache", hw.os),
+            )
+        )
     if hw.gpus and not tools.nvcc.found:
-        add(Problem("warning", f"an NVIDIA GPU ({hw.gpus[0].name}) is present but nvcc is not: builds are CPU-only",
-                    toolchain.hint("cuda", hw.os)))
+        add(
+            Problem(
+                "warning",
+                f"an NVIDIA GPU ({hw.gpus[0].name}) is present but nvcc is not: builds are CPU-only",
+                toolchain.hint("cuda", hw.os),
+            )
+        )
     try:
         choice = toolchain.choose_backend("auto", hw, tools)
         report.backend = {"backend": choice.backend, "reason": choice.reason, "cmake_flags": list(choice.cmake_flags)}
@@ -89,33 +100,58 @@ def _builds(report: Report) -> None:
     for key_dir, m in installed_builds(builds_dir()):
         caps = m.get("capabilities", {})
         kind = kind_of_manifest(m)
-        report.builds.append({
-            "key": m.get("key"), "backend": m.get("backend"), "version": m.get("version"),
-            "flavour": kind.flavour, "fork_release": kind.release, "kind": kind.label(),
-            "profiles": runnable_profiles(kind, profiles),
-            "build_number": caps.get("build_number"),
-            "source": m.get("source", {}).get("spec"),
-            "is_pin": bool(pinned) and m.get("source", {}).get("identity") == pinned.sha256,
-            "current_patches": m.get("patches_hash") == patches_id,
-            "built_at": m.get("built_at"), "build_seconds": m.get("build_seconds"),
-            "llama_server": m.get("binaries", {}).get("llama-server"),
-            "spec_types": caps.get("spec_types", []), "devices": caps.get("devices", []), "path": str(key_dir),
-        })
+        report.builds.append(
+            {
+                "key": m.get("key"),
+                "backend": m.get("backend"),
+                "version": m.get("version"),
+                "flavour": kind.flavour,
+                "fork_release": kind.release,
+                "kind": kind.label(),
+                "profiles": runnable_profiles(kind, profiles),
+                "build_number": caps.get("build_number"),
+                "source": m.get("source", {}).get("spec"),
+                "is_pin": bool(pinned) and m.get("source", {}).get("identity") == pinned.sha256,
+                "current_patches": m.get("patches_hash") == patches_id,
+                "built_at": m.get("built_at"),
+                "build_seconds": m.get("build_seconds"),
+                "llama_server": m.get("binaries", {}).get("llama-server"),
+                "spec_types": caps.get("spec_types", []),
+                "devices": caps.get("devices", []),
+                "path": str(key_dir),
+            }
+        )
     wanted = report.backend.get("backend", "cpu")
     mine = [b for b in report.builds if b["backend"] == wanted and b["flavour"] == "mainline"]
     if not mine:
-        report.problems.append(Problem("warning", f"no llama-server is built for {wanted}",
-                                       "run `bonsai build` (or let `bonsai start` build it; a cold CPU build takes about 12 minutes on 2 cores)"))
+        report.problems.append(
+            Problem(
+                "warning",
+                f"no llama-server is built for {wanted}",
+                "run `bonsai build` (or let `bonsai start` build it; a cold CPU build takes about 12 minutes on 2 cores)",
+            )
+        )
     elif pinned and not any(b["is_pin"] for b in mine):
-        report.problems.append(Problem("warning", f"no {wanted} build of the pinned llama.cpp ({pinned.package}=={pinned.version})",
-                                       "run `bonsai build`"))
+        report.problems.append(
+            Problem(
+                "warning",
+                f"no {wanted} build of the pinned llama.cpp ({pinned.package}=={pinned.version})",
+                "run `bonsai build`",
+            )
+        )
     elif pinned and not any(b["is_pin"] and b["current_patches"] for b in mine):
-        report.problems.append(Problem("warning", f"the {wanted} build of the pin predates the current patch series "
-                                                  "(vendor/llama.cpp/patches)", "run `bonsai build`"))
+        report.problems.append(
+            Problem(
+                "warning",
+                f"the {wanted} build of the pin predates the current patch series (vendor/llama.cpp/patches)",
+                "run `bonsai build`",
+            )
+        )
     for b in mine:
         if b["is_pin"] and "draft-dspark" not in b["spec_types"]:
-            report.problems.append(Problem("warning", f"build {b['key']} does not list draft-dspark",
-                                           "run `bonsai build --force`"))
+            report.problems.append(
+                Problem("warning", f"build {b['key']} does not list draft-dspark", "run `bonsai build --force`")
+            )
 
 
 def _explicit_server(report: Report) -> None:
@@ -135,16 +171,28 @@ def _explicit_server(report: Report) -> None:
         found = explicit_binary(resolve())
         assert found is not None
         caps = probe(found[0])
-        report.llama_server = {"path": str(found[0]), "setting": name, **caps.to_json(), "flags": len(caps.flags),
-                               "options": len(caps.options.options) if caps.options else 0}
+        report.llama_server = {
+            "path": str(found[0]),
+            "setting": name,
+            **caps.to_json(),
+            "flags": len(caps.flags),
+            "options": len(caps.options.options) if caps.options else 0,
+        }
         if "draft-dspark" not in caps.spec_types:
-            report.problems.append(Problem("warning", f"{name}={explicit} does not know draft-dspark "
-                                                      "(DSpark drafters need it)",
-                                           f"unset {name} to use `bonsai build`'s binary"))
+            report.problems.append(
+                Problem(
+                    "warning",
+                    f"{name}={explicit} does not know draft-dspark (DSpark drafters need it)",
+                    f"unset {name} to use `bonsai build`'s binary",
+                )
+            )
     except Exception as exc:
         report.llama_server = {"path": explicit, "setting": name, "error": str(exc)}
-        report.problems.append(Problem("error", f"{name}={explicit} cannot be used: {exc}",
-                                       "point it at a working llama-server or unset it"))
+        report.problems.append(
+            Problem(
+                "error", f"{name}={explicit} cannot be used: {exc}", "point it at a working llama-server or unset it"
+            )
+        )
 
 
 def _models(report: Report) -> None:
@@ -154,14 +202,22 @@ def _models(report: Report) -> None:
     try:
         profiles = load_all()
     except Exception as exc:
-        report.problems.append(Problem("error", f"profiles cannot be loaded: {exc}", "fix or remove the profile file named"))
+        report.problems.append(
+            Problem("error", f"profiles cannot be loaded: {exc}", "fix or remove the profile file named")
+        )
         return
     for profile in profiles.values():
         present = [f.name for f in profile.files if local_path(profile, f.name).is_file()]
         if present:
             size = sum(local_path(profile, n).stat().st_size for n in present)
-            report.models.append({"profile": profile.name, "files": present, "bytes": size,
-                                  "complete": len(present) == len(profile.files)})
+            report.models.append(
+                {
+                    "profile": profile.name,
+                    "files": present,
+                    "bytes": size,
+                    "complete": len(present) == len(profile.files),
+                }
+            )
 
 
 def _port(report: Report) -> None:
@@ -176,8 +232,13 @@ def _port(report: Report) -> None:
     free = port_free(host if host in ("127.0.0.1", "localhost", "::1") else "127.0.0.1", port)
     report.port = {"host": host, "port": port, "free": free}
     if not free:
-        report.problems.append(Problem("warning", f"port {port} on {host} is in use (another llama-server?)",
-                                       "stop it (`bonsai ps`, `bonsai stop`) or set BONSAI_PORT to a free port"))
+        report.problems.append(
+            Problem(
+                "warning",
+                f"port {port} on {host} is in use (another llama-server?)",
+                "stop it (`bonsai ps`, `bonsai stop`) or set BONSAI_PORT to a free port",
+            )
+        )
 
 
 def gather() -> Report:

@@ -102,8 +102,14 @@ class RichReporter:
 
         self.console = console or Console(stderr=True, highlight=False)
         self._progress = Progress(
-            TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
-            TransferSpeedColumn(), TimeRemainingColumn(), console=self.console, transient=False)
+            TextColumn("{task.description}", markup=False),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
 
         self._started = False
 

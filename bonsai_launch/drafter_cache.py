@@ -58,8 +58,11 @@ def cache_output(source: Path, target: Path) -> Path:
 
 # --- the source's sha256, without re-hashing gigabytes --------------------------------------------
 
+
 def _memo_file(path: Path) -> Path:
-    return bonsai_home() / "cache" / "sha256" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24] + ".json")
+    return (
+        bonsai_home() / "cache" / "sha256" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24] + ".json")
+    )
 
 
 def remember_sha256(path: Path, sha: str) -> None:
@@ -67,8 +70,9 @@ def remember_sha256(path: Path, sha: str) -> None:
     memo = _memo_file(path)
     memo.parent.mkdir(parents=True, exist_ok=True)
     tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                               "sha256": sha}))
+    tmp.write_text(
+        json.dumps({"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha})
+    )
     os.replace(tmp, memo)
 
 
@@ -93,6 +97,7 @@ def _profile_sha(profile: Profile, entry: ModelFile) -> str | None:
 
 # --- states ---------------------------------------------------------------------------------------
 
+
 def state_of(source: Path | None, converted: Path, target: Path, source_sha: str | None) -> DrafterState:
     """absent: neither file; downloaded: only the source; converted: a conversion that is stale
     (or cannot be checked: the target is missing); current: a conversion that fits."""
@@ -116,8 +121,10 @@ def profile_drafter_state(profile: Profile, entry: ModelFile, target: Path) -> D
 
 # --- converting -------------------------------------------------------------------------------------
 
-def ensure_converted(source: Path, target: Path, output: Path, *, source_sha: str | None = None,
-                     reporter=None) -> tuple[Path, bool]:
+
+def ensure_converted(
+    source: Path, target: Path, output: Path, *, source_sha: str | None = None, reporter=None
+) -> tuple[Path, bool]:
     """`output` as the current conversion of `source` for `target`: (path, converted now?).
 
     Converts (and quantizes to Q4_0) when the output is absent or stale; the source's sha256
@@ -131,8 +138,14 @@ def ensure_converted(source: Path, target: Path, output: Path, *, source_sha: st
         sha = source_sha or known_sha256(source)
         if state_of(source, output, target, sha).state == "current":
             return output, False
-        result = drafter_convert.convert_drafter(source, target, output, force=True, reporter=reporter,
-                                                 quantize_finder=lambda: find_quantize_or_build(reporter))
+        result = drafter_convert.convert_drafter(
+            source,
+            target,
+            output,
+            force=True,
+            reporter=reporter,
+            quantize_finder=lambda: find_quantize_or_build(reporter),
+        )
     remember_sha256(source, result.provenance.source_sha256)
     return output, True
 
@@ -148,7 +161,9 @@ def find_quantize_or_build(reporter=None) -> Path:
     from bonsai_launch.cli._output import console
 
     if reporter is not None:
-        reporter.note("llama-quantize (needed to shrink the converted drafter) is not built yet: running `bonsai build`")
+        reporter.note(
+            "llama-quantize (needed to shrink the converted drafter) is not built yet: running `bonsai build`"
+        )
     build(BuildRequest(backend=detected_backend()), console=console(stderr=True))
     return drafter_convert.find_quantize()
 
@@ -159,8 +174,10 @@ def usable_drafter(drafter: Path, target: Path, *, reporter=None) -> Path:
     if not drafter_convert.is_legacy_drafter(drafter):
         return drafter
     if not target.is_file():
-        raise BonsaiError(f"model file {target} is not present, so the legacy drafter {drafter.name} cannot be "
-                          "converted for it", "pull the model first, or pass --model PATH")
+        raise BonsaiError(
+            f"model file {target} is not present, so the legacy drafter {drafter.name} cannot be converted for it",
+            "pull the model first, or pass --model PATH",
+        )
     output = cache_output(drafter, target)
     path, made = ensure_converted(drafter, target, output, reporter=reporter)
     if made and reporter is not None:
@@ -171,9 +188,11 @@ def usable_drafter(drafter: Path, target: Path, *, reporter=None) -> Path:
 def refusal_for_legacy(drafter: Path, target: Path) -> BonsaiError:
     """The one line for a legacy drafter where nothing may be converted (a dry run)."""
     out = cache_output(drafter, target) if target.is_file() else Path(drafter_convert.default_output_name(drafter))
-    return BonsaiError(f"{drafter.name} is a legacy 'dspark' drafter, which llama-server cannot load as it is",
-                       f"convert it once: bonsai convert-drafter {drafter} --target {target} -o {out} "
-                       "(`bonsai start` without --dry-run does this for you)")
+    return BonsaiError(
+        f"{drafter.name} is a legacy 'dspark' drafter, which llama-server cannot load as it is",
+        f"convert it once: bonsai convert-drafter {drafter} --target {target} -o {out} "
+        "(`bonsai start` without --dry-run does this for you)",
+    )
 
 
 def usable_for_start(flags, env, model: str | None, drafter: str) -> str:

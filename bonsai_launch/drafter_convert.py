@@ -68,8 +68,10 @@ VERSION_KEY = PROVENANCE_PREFIX + "converter_version"
 SHARED_KEY = PROVENANCE_PREFIX + "shared_tensors"
 QUANT_KEY = PROVENANCE_PREFIX + "quantization"
 
-SIDECAR_FIX = ("convert the `*-dspark-bf16.gguf` sidecar from the same Hugging Face repo instead "
-               "(the Q4_1 file's fc tensor uses the retired legacy type 42)")
+SIDECAR_FIX = (
+    "convert the `*-dspark-bf16.gguf` sidecar from the same Hugging Face repo instead "
+    "(the Q4_1 file's fc tensor uses the retired legacy type 42)"
+)
 
 # GGUF value types
 _STRING, _ARRAY = 8, 9
@@ -101,10 +103,17 @@ class Provenance:
     quantization: str
 
     def key_values(self) -> list[KeyValue]:
-        return [KeyValue(k, _STRING, v.encode()) for k, v in (
-            (SOURCE_SHA256_KEY, self.source_sha256), (SOURCE_NAME_KEY, self.source_name),
-            (TARGET_VOCAB_KEY, self.target_vocab_fingerprint), (VERSION_KEY, self.converter_version),
-            (SHARED_KEY, self.shared_tensors), (QUANT_KEY, self.quantization))]
+        return [
+            KeyValue(k, _STRING, v.encode())
+            for k, v in (
+                (SOURCE_SHA256_KEY, self.source_sha256),
+                (SOURCE_NAME_KEY, self.source_name),
+                (TARGET_VOCAB_KEY, self.target_vocab_fingerprint),
+                (VERSION_KEY, self.converter_version),
+                (SHARED_KEY, self.shared_tensors),
+                (QUANT_KEY, self.quantization),
+            )
+        ]
 
     def to_json(self) -> dict[str, str]:
         return dict(self.__dict__)
@@ -153,13 +162,21 @@ class ConversionResult:
     log_snr: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {"output": str(self.output), "source": str(self.source), "target": str(self.target),
-                "tensors": self.tensors, "dropped": list(self.dropped), "size": self.size,
-                "seconds": round(self.seconds, 2), "log_snr_conditioning": self.log_snr,
-                "provenance": self.provenance.to_json()}
+        return {
+            "output": str(self.output),
+            "source": str(self.source),
+            "target": str(self.target),
+            "tensors": self.tensors,
+            "dropped": list(self.dropped),
+            "size": self.size,
+            "seconds": round(self.seconds, 2),
+            "log_snr_conditioning": self.log_snr,
+            "provenance": self.provenance.to_json(),
+        }
 
 
 # --- reading ------------------------------------------------------------------------------------
+
 
 class _Cursor:
     def __init__(self, buf: mmap.mmap) -> None:
@@ -168,7 +185,7 @@ class _Cursor:
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.buf):
             raise EOFError
-        chunk = self.buf[self.pos:self.pos + n]
+        chunk = self.buf[self.pos : self.pos + n]
         self.pos += n
         return chunk
 
@@ -209,17 +226,22 @@ def read_key_values(path: Path) -> list[KeyValue]:
                         raw = r.take(count * np.dtype(_NUMPY[sub]).itemsize)
                         out.append(KeyValue(key, vtype, np.frombuffer(raw, _NUMPY[sub]).tolist(), sub))
                     else:
-                        raise BonsaiError(f"{path.name}: key {key} holds an array of arrays, which bonsai cannot copy",
-                                          "use a target GGUF written by a current llama.cpp")
+                        raise BonsaiError(
+                            f"{path.name}: key {key} holds an array of arrays, which bonsai cannot copy",
+                            "use a target GGUF written by a current llama.cpp",
+                        )
                 elif vtype in _SCALARS:
                     out.append(KeyValue(key, vtype, r.scalar(vtype)))
                 else:
-                    raise BonsaiError(f"{path.name}: key {key} has unknown GGUF value type {vtype}",
-                                      "use a target GGUF written by a current llama.cpp")
+                    raise BonsaiError(
+                        f"{path.name}: key {key} has unknown GGUF value type {vtype}",
+                        "use a target GGUF written by a current llama.cpp",
+                    )
             return out
         except (EOFError, struct.error):
-            raise BonsaiError(f"{path.name} is truncated inside its header",
-                              "download it again (`bonsai pull` resumes and verifies)") from None
+            raise BonsaiError(
+                f"{path.name} is truncated inside its header", "download it again (`bonsai pull` resumes and verifies)"
+            ) from None
 
 
 def _legacy_key_values(reader) -> list[KeyValue]:
@@ -253,25 +275,33 @@ def _open_legacy(source: Path):
         return GGUFReader(source)
     except ValueError as exc:
         if "is not a valid GGMLQuantizationType" in str(exc):
-            raise BonsaiError(f"{source.name} has a tensor of a type the gguf package does not know ({exc})",
-                              SIDECAR_FIX) from None
+            raise BonsaiError(
+                f"{source.name} has a tensor of a type the gguf package does not know ({exc})", SIDECAR_FIX
+            ) from None
         raise BonsaiError(f"{source.name} cannot be read as GGUF: {exc}", "download it again") from None
 
 
 # --- planning -----------------------------------------------------------------------------------
 
+
 def _refuse_source(info: GGUFInfo) -> None:
     name = info.path.name
     if info.architecture == "dflash":
-        raise BonsaiError(f"{name} is already in the dflash layout (nothing to convert)",
-                          f"pass it to llama-server as it is: bonsai start --drafter {info.path}")
+        raise BonsaiError(
+            f"{name} is already in the dflash layout (nothing to convert)",
+            f"pass it to llama-server as it is: bonsai start --drafter {info.path}",
+        )
     if info.architecture != "dspark":
-        raise BonsaiError(f"{name} has architecture {info.architecture!r}, not a legacy 'dspark' drafter",
-                          "convert-drafter takes PrismML's `*-dspark-bf16.gguf` drafter file")
+        raise BonsaiError(
+            f"{name} has architecture {info.architecture!r}, not a legacy 'dspark' drafter",
+            "convert-drafter takes PrismML's `*-dspark-bf16.gguf` drafter file",
+        )
     unknown = [t for t in info.tensor_types if t.startswith("type")]
     if unknown:
-        raise BonsaiError(f"{name} has tensors of legacy type {unknown[0].removeprefix('type')}, which no current "
-                          "llama.cpp reads", SIDECAR_FIX)
+        raise BonsaiError(
+            f"{name} has tensors of legacy type {unknown[0].removeprefix('type')}, which no current llama.cpp reads",
+            SIDECAR_FIX,
+        )
 
 
 def _renamed_key(key: str) -> str | None:
@@ -285,8 +315,9 @@ def _renamed_key(key: str) -> str | None:
     return key
 
 
-def plan_conversion(source: str | Path, target: str | Path, *, keep_shared_tensors: bool = False,
-                    quantization: str = DEFAULT_QUANT) -> ConversionPlan:
+def plan_conversion(
+    source: str | Path, target: str | Path, *, keep_shared_tensors: bool = False, quantization: str = DEFAULT_QUANT
+) -> ConversionPlan:
     """Read both headers and decide the output; raises BonsaiError naming the fix for any file
     that cannot give a drafter llama-server loads for this target."""
     source, target = Path(source), Path(target)
@@ -296,8 +327,10 @@ def plan_conversion(source: str | Path, target: str | Path, *, keep_shared_tenso
     _refuse_source(src_info)
     tgt_info = inspect_gguf(target)
     if tgt_info.architecture in ("dspark", "dflash"):
-        raise BonsaiError(f"--target {target.name} is a drafter ({tgt_info.architecture}), not a target model",
-                          "pass the target model the drafter will serve (its tokenizer is copied)")
+        raise BonsaiError(
+            f"--target {target.name} is a drafter ({tgt_info.architecture}), not a target model",
+            "pass the target model the drafter will serve (its tokenizer is copied)",
+        )
 
     reader = _open_legacy(source)
     legacy = _legacy_key_values(reader)
@@ -314,14 +347,18 @@ def plan_conversion(source: str | Path, target: str | Path, *, keep_shared_tenso
         if new is None:
             continue
         if new in seen:
-            raise BonsaiError(f"{source.name} has both {seen[new]} and {item.key}, which both become {new}",
-                              "remove one of them from the legacy file")
+            raise BonsaiError(
+                f"{source.name} has both {seen[new]} and {item.key}, which both become {new}",
+                "remove one of them from the legacy file",
+            )
         seen[new] = item.key
 
     block_size = value("dspark.dspark.block_size")
     if block_size is None:
-        raise BonsaiError(f"{source.name} has no dspark.dspark.block_size", "the drafter file is incomplete; "
-                          "download the `*-dspark-bf16.gguf` sidecar again")
+        raise BonsaiError(
+            f"{source.name} has no dspark.dspark.block_size",
+            "the drafter file is incomplete; download the `*-dspark-bf16.gguf` sidecar again",
+        )
     layers_item = kv.get("dspark.dspark.target_layers")
     if layers_item is None or layers_item.vtype != _ARRAY or not layers_item.value:
         raise BonsaiError(f"{source.name} has no dspark.dspark.target_layers", "the drafter file is incomplete")
@@ -339,19 +376,26 @@ def plan_conversion(source: str | Path, target: str | Path, *, keep_shared_tenso
         if t.name.startswith("dspark."):
             new = TENSOR_MAP.get(t.name)
             if new is None:
-                raise BonsaiError(f"{source.name} has tensor {t.name}, which has no dflash equivalent",
-                                  "this drafter needs a newer bonsai (or the PrismML fork): it cannot be converted")
+                raise BonsaiError(
+                    f"{source.name} has tensor {t.name}, which has no dflash equivalent",
+                    "this drafter needs a newer bonsai (or the PrismML fork): it cannot be converted",
+                )
         else:
             new = t.name
         by_name[new] = ne
         tensors.append(TensorCopy(t.name, new, ne, int(t.tensor_type), int(t.data_offset), int(t.n_bytes)))
     tensors.sort(key=lambda c: c.offset)  # output in source order: one sequential pass over the source
     if log_snr:
-        missing = [n for n in ("log_snr_fc1.weight", "log_snr_fc1.bias", "log_snr_fc2.weight", "log_snr_fc2.bias")
-                   if n not in by_name]
+        missing = [
+            n
+            for n in ("log_snr_fc1.weight", "log_snr_fc1.bias", "log_snr_fc2.weight", "log_snr_fc2.bias")
+            if n not in by_name
+        ]
         if missing:
-            raise BonsaiError(f"{source.name} declares log-SNR conditioning but lacks {', '.join(missing)}",
-                              "the drafter file is incomplete; download it again")
+            raise BonsaiError(
+                f"{source.name} declares log-SNR conditioning but lacks {', '.join(missing)}",
+                "the drafter file is incomplete; download it again",
+            )
 
     # --- the target: the checks PrismML's script does not make ----------------------------------
     donor = read_key_values(target)
@@ -359,35 +403,48 @@ def plan_conversion(source: str | Path, target: str | Path, *, keep_shared_tenso
     tokens = next((k for k in donor_tok if k.key == "tokenizer.ggml.tokens"), None)
     fix = "pass the target model this drafter was trained for (the matching `--target`)"
     if tokens is None or not tgt_info.vocab_fingerprint:
-        raise DrafterDoesNotFit(f"--target {target.name} has no tokenizer.ggml.tokens, so it cannot give the drafter "
-                          "a vocabulary", fix)
+        raise DrafterDoesNotFit(
+            f"--target {target.name} has no tokenizer.ggml.tokens, so it cannot give the drafter a vocabulary", fix
+        )
     n_vocab = len(tokens.value)
     for name in ("markov_w1.weight", "markov_w2.weight") + (SHARED_TENSORS if keep_shared_tensors else ()):
         if name in by_name and by_name[name][-1] != n_vocab:
-            raise DrafterDoesNotFit(f"{source.name} has a {by_name[name][-1]}-token vocabulary ({name}) but --target "
-                              f"{target.name} has {n_vocab} tokens", fix)
+            raise DrafterDoesNotFit(
+                f"{source.name} has a {by_name[name][-1]}-token vocabulary ({name}) but --target "
+                f"{target.name} has {n_vocab} tokens",
+                fix,
+            )
     if embedding is not None and tgt_info.embedding is not None and int(embedding) != tgt_info.embedding:
-        raise DrafterDoesNotFit(f"{source.name} has embedding size {embedding} but --target {target.name} has "
-                          f"{tgt_info.embedding}", fix)
+        raise DrafterDoesNotFit(
+            f"{source.name} has embedding size {embedding} but --target {target.name} has {tgt_info.embedding}", fix
+        )
     if tgt_info.layers is not None and max(shifted) > tgt_info.layers - 1:
-        raise DrafterDoesNotFit(f"{source.name} reads target layers {list(layers_item.value)} (inputs of {list(shifted)}) "
-                          f"but --target {target.name} has only {tgt_info.layers} layers", fix)
+        raise DrafterDoesNotFit(
+            f"{source.name} reads target layers {list(layers_item.value)} (inputs of {list(shifted)}) "
+            f"but --target {target.name} has only {tgt_info.layers} layers",
+            fix,
+        )
     legacy_mask = value("dspark.dspark.mask_token_id")
     donor_mask = next((k.value for k in donor_tok if k.key == "tokenizer.ggml.mask_token_id"), None)
     mask = legacy_mask if legacy_mask is not None else donor_mask
     if mask is None:
-        raise DrafterDoesNotFit(f"{source.name} has no mask token id (dspark.dspark.mask_token_id), nor does {target.name}",
-                          "the drafter file is incomplete")
+        raise DrafterDoesNotFit(
+            f"{source.name} has no mask token id (dspark.dspark.mask_token_id), nor does {target.name}",
+            "the drafter file is incomplete",
+        )
     if not 0 <= int(mask) < n_vocab:
-        raise DrafterDoesNotFit(f"{source.name} has mask token id {mask}, outside the {n_vocab}-token vocabulary of "
-                          f"{target.name}", fix)
+        raise DrafterDoesNotFit(
+            f"{source.name} has mask token id {mask}, outside the {n_vocab}-token vocabulary of {target.name}", fix
+        )
     if "conf_proj.weight" in by_name and "markov_w1.weight" in by_name:
         rank = by_name["markov_w1.weight"][0]
         width = by_name["conf_proj.weight"][0]
         if embedding is not None and width != int(embedding) + rank:
-            raise DrafterDoesNotFit(f"{source.name} has a confidence head {width} wide, but upstream llama.cpp needs "
-                              f"{int(embedding) + rank} (embedding + Markov rank: confidence_head_with_markov)",
-                              "this drafter's confidence head is not supported upstream; it cannot be converted")
+            raise DrafterDoesNotFit(
+                f"{source.name} has a confidence head {width} wide, but upstream llama.cpp needs "
+                f"{int(embedding) + rank} (embedding + Markov rank: confidence_head_with_markov)",
+                "this drafter's confidence head is not supported upstream; it cannot be converted",
+            )
 
     # --- the output's keys: source order renamed, then the target's tokenizer, then the mask ------
     out: list[KeyValue] = []
@@ -400,19 +457,37 @@ def plan_conversion(source: str | Path, target: str | Path, *, keep_shared_tenso
         else:
             item = KeyValue(new, item.vtype, item.value, item.sub_type)
         out.append(item)
-    out += [k for k in donor_tok if k.key != "tokenizer.ggml.mask_token_id" and not
-            (k.vtype == _ARRAY and len(k.value) == 0)]  # gguf's writer cannot write empty arrays
+    out += [
+        k
+        for k in donor_tok
+        if k.key != "tokenizer.ggml.mask_token_id" and not (k.vtype == _ARRAY and len(k.value) == 0)
+    ]  # gguf's writer cannot write empty arrays
     mask_item = kv.get("dspark.dspark.mask_token_id")
     out.append(KeyValue("tokenizer.ggml.mask_token_id", mask_item.vtype if mask_item else 4, int(mask)))
     notes = []
     if donor_mask is not None and legacy_mask is not None and donor_mask != legacy_mask:
         notes.append(f"the target's mask token id {donor_mask} was replaced by the drafter's own, {legacy_mask}")
     alignment = int(value("general.alignment") or 32)
-    return ConversionPlan(source, target, out, tensors, dropped, alignment, int(block_size), int(mask), shifted,
-                          log_snr, str(tgt_info.vocab_fingerprint), keep_shared_tensors, quantization, notes)
+    return ConversionPlan(
+        source,
+        target,
+        out,
+        tensors,
+        dropped,
+        alignment,
+        int(block_size),
+        int(mask),
+        shifted,
+        log_snr,
+        str(tgt_info.vocab_fingerprint),
+        keep_shared_tensors,
+        quantization,
+        notes,
+    )
 
 
 # --- writing ------------------------------------------------------------------------------------
+
 
 def _pad(n: int, align: int) -> int:
     return (n + align - 1) // align * align
@@ -428,17 +503,32 @@ def write_converted(plan: ConversionPlan, dest: Path, *, on_bytes: Callable[[int
     from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
     placeholder = ("pending-" + uuid.uuid4().hex).ljust(64, "0")
-    provenance = Provenance(placeholder, plan.source.name, plan.target_vocab_fingerprint, CONVERTER_VERSION,
-                            "kept" if plan.keep_shared_tensors else "dropped", plan.quantization)
+    provenance = Provenance(
+        placeholder,
+        plan.source.name,
+        plan.target_vocab_fingerprint,
+        CONVERTER_VERSION,
+        "kept" if plan.keep_shared_tensors else "dropped",
+        plan.quantization,
+    )
     writer = GGUFWriter(str(dest), "dflash")
     writer.data_alignment = plan.alignment
     try:
         for item in plan.key_values + provenance.key_values():
-            writer.add_key_value(item.key, item.value, GGUFValueType(item.vtype),
-                                 sub_type=GGUFValueType(item.sub_type) if item.sub_type is not None else None)
+            writer.add_key_value(
+                item.key,
+                item.value,
+                GGUFValueType(item.vtype),
+                sub_type=GGUFValueType(item.sub_type) if item.sub_type is not None else None,
+            )
         for t in plan.tensors:
-            writer.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), t.nbytes,
-                                   raw_dtype=GGMLQuantizationType(t.ggml_type))
+            writer.add_tensor_info(
+                t.name,
+                tuple(reversed(t.ne)),
+                np.dtype(np.float32),
+                t.nbytes,
+                raw_dtype=GGMLQuantizationType(t.ggml_type),
+            )
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
@@ -472,10 +562,12 @@ def _stream_tensors(plan: ConversionPlan, out, on_bytes: Callable[[int], None] |
         def advance(until: int, sink=None) -> None:
             nonlocal pos
             while pos < until:
-                n = src.readinto(view[:min(COPY_BLOCK, until - pos)])
+                n = src.readinto(view[: min(COPY_BLOCK, until - pos)])
                 if not n:
-                    raise ActionFailed(f"{plan.source.name} ended at byte {pos:,} while its tensors need {until:,}",
-                                       "download it again (`bonsai pull` verifies it)")
+                    raise ActionFailed(
+                        f"{plan.source.name} ended at byte {pos:,} while its tensors need {until:,}",
+                        "download it again (`bonsai pull` verifies it)",
+                    )
                 chunk = view[:n]
                 digest.update(chunk)
                 if sink is not None:
@@ -487,8 +579,10 @@ def _stream_tensors(plan: ConversionPlan, out, on_bytes: Callable[[int], None] |
         written = 0
         for t in plan.tensors:
             if t.offset < pos:
-                raise ActionFailed(f"{plan.source.name}: tensor {t.source_name} overlaps the one before it",
-                                   "the file is damaged; download it again")
+                raise ActionFailed(
+                    f"{plan.source.name}: tensor {t.source_name} overlaps the one before it",
+                    "the file is damaged; download it again",
+                )
             advance(t.offset)
             advance(t.offset + t.nbytes, out)
             padded = _pad(t.nbytes, plan.alignment)
@@ -501,6 +595,7 @@ def _stream_tensors(plan: ConversionPlan, out, on_bytes: Callable[[int], None] |
 
 # --- quantizing ---------------------------------------------------------------------------------
 
+
 def find_quantize() -> Path:
     """llama-quantize: next to the llama-server bonsai runs, else from any installed build
     (newest first; quantizing does not depend on our patches or the backend)."""
@@ -510,20 +605,26 @@ def find_quantize() -> Path:
 
     server = find_server(os.environ.get("BONSAI_LLAMA_SERVER") or None)
     candidates = [server.parent / exe_name("llama-quantize")] if server is not None else []
-    candidates += [Path(m["binaries"]["llama-quantize"]) for _d, m in installed_builds(builds_dir())
-                   if m.get("binaries", {}).get("llama-quantize")]
+    candidates += [
+        Path(m["binaries"]["llama-quantize"])
+        for _d, m in installed_builds(builds_dir())
+        if m.get("binaries", {}).get("llama-quantize")
+    ]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise BonsaiError("llama-quantize is not built" + (f" (not next to {server})" if server else ""),
-                      "run `bonsai build` (it builds llama-quantize with llama-server), or pass --quantize none")
+    raise BonsaiError(
+        "llama-quantize is not built" + (f" (not next to {server})" if server else ""),
+        "run `bonsai build` (it builds llama-quantize with llama-server), or pass --quantize none",
+    )
 
 
 _QUANT_STEP = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
 
 
-def quantize(source: Path, dest: Path, qtype: str, *, on_tensor: Callable[[str], None] | None = None,
-             binary: Path | None = None) -> None:
+def quantize(
+    source: Path, dest: Path, qtype: str, *, on_tensor: Callable[[str], None] | None = None, binary: Path | None = None
+) -> None:
     """llama-quantize source dest qtype; `on_tensor` hears each tensor's name as it is done
     (`[ i/ n] name - ...` lines; not in file order). The log is shown on failure, then removed."""
     from bonsai_launch.build.cmake_build import run_logged, tail
@@ -538,26 +639,38 @@ def quantize(source: Path, dest: Path, qtype: str, *, on_tensor: Callable[[str],
 
     try:
         with log_path.open("w") as log:
-            rc = run_logged([str(binary), str(source), str(dest), qtype], cwd=None, env=dict(os.environ), log=log,
-                            on_line=on_line)
+            rc = run_logged(
+                [str(binary), str(source), str(dest), qtype], cwd=None, env=dict(os.environ), log=log, on_line=on_line
+            )
         if rc != 0:
             last = " | ".join(line for line in tail(log_path, 6) if line.strip() and not line.startswith("$ "))
-            raise ActionFailed(f"llama-quantize failed (exit {rc}): {last}",
-                               "convert with --quantize none to keep BF16, then run "
-                               f"`{binary} THAT.gguf OUT.gguf {qtype}` to see its whole log")
+            raise ActionFailed(
+                f"llama-quantize failed (exit {rc}): {last}",
+                "convert with --quantize none to keep BF16, then run "
+                f"`{binary} THAT.gguf OUT.gguf {qtype}` to see its whole log",
+            )
     finally:
         log_path.unlink(missing_ok=True)
 
 
 # --- the whole job ------------------------------------------------------------------------------
 
+
 def _temp(path: Path, tag: str) -> Path:
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}.tmp")
 
 
-def convert_drafter(source: str | Path, target: str | Path, output: str | Path, *,
-                    keep_shared_tensors: bool = False, quantization: str = DEFAULT_QUANT, force: bool = False,
-                    reporter=None, quantize_finder: Callable[[], Path] | None = None) -> ConversionResult:
+def convert_drafter(
+    source: str | Path,
+    target: str | Path,
+    output: str | Path,
+    *,
+    keep_shared_tensors: bool = False,
+    quantization: str = DEFAULT_QUANT,
+    force: bool = False,
+    reporter=None,
+    quantize_finder: Callable[[], Path] | None = None,
+) -> ConversionResult:
     """Convert (and quantize) a legacy drafter for `target` into `output`.
 
     Refuses before writing anything when a file is wrong or `output` exists without `force`.
@@ -597,8 +710,13 @@ def convert_drafter(source: str | Path, target: str | Path, output: str | Path, 
             sizes = {t.name: t.nbytes for t in plan.tensors}  # the bar counts source bytes done
             qbar = reporter.bar(f"quantizing to {quantization}", sum(sizes.values()))
             try:
-                quantize(converted, quantized, quantization, on_tensor=lambda name: qbar.update(sizes.pop(name, 0)),
-                         binary=quantize_bin)
+                quantize(
+                    converted,
+                    quantized,
+                    quantization,
+                    on_tensor=lambda name: qbar.update(sizes.pop(name, 0)),
+                    binary=quantize_bin,
+                )
             finally:
                 qbar.close()
             converted.unlink()
@@ -608,11 +726,21 @@ def convert_drafter(source: str | Path, target: str | Path, output: str | Path, 
         converted.unlink(missing_ok=True)
         quantized.unlink(missing_ok=True)
         raise
-    return ConversionResult(output, source, target, provenance, len(plan.tensors), tuple(plan.dropped),
-                            output.stat().st_size, time.monotonic() - started, plan.log_snr)
+    return ConversionResult(
+        output,
+        source,
+        target,
+        provenance,
+        len(plan.tensors),
+        tuple(plan.dropped),
+        output.stat().st_size,
+        time.monotonic() - started,
+        plan.log_snr,
+    )
 
 
 # --- provenance and currency ----------------------------------------------------------------------
+
 
 def read_provenance(path: str | Path) -> Provenance | None:
     """The bonsai.drafter.* record of a converted file; None for any other file."""
@@ -622,8 +750,12 @@ def read_provenance(path: str | Path) -> Provenance | None:
     except (BonsaiError, OSError):
         return None
     try:
-        return Provenance(*(kv[k].decode() for k in (SOURCE_SHA256_KEY, SOURCE_NAME_KEY, TARGET_VOCAB_KEY,
-                                                     VERSION_KEY, SHARED_KEY, QUANT_KEY)))
+        return Provenance(
+            *(
+                kv[k].decode()
+                for k in (SOURCE_SHA256_KEY, SOURCE_NAME_KEY, TARGET_VOCAB_KEY, VERSION_KEY, SHARED_KEY, QUANT_KEY)
+            )
+        )
     except (KeyError, AttributeError):
         return None
 
@@ -640,7 +772,9 @@ def stale_reasons(converted: Path, source_sha256: str | None, target: Path) -> l
         reasons.append(f"made from another source file (sha256 {prov.source_sha256[:12]}…, now {source_sha256[:12]}…)")
     fingerprint = inspect_gguf(target).vocab_fingerprint
     if prov.target_vocab_fingerprint != fingerprint:
-        reasons.append(f"made for another vocabulary ({prov.target_vocab_fingerprint}, {target.name} has {fingerprint})")
+        reasons.append(
+            f"made for another vocabulary ({prov.target_vocab_fingerprint}, {target.name} has {fingerprint})"
+        )
     return reasons
 
 

@@ -31,7 +31,9 @@ def render() -> str:
         if s.kind == "bool" and not s.default_text:
             default = "1" if s.default else "0"
         allowed = s.allowed().replace("|", "\\|")
-        rows.append(f"| `{s.env}` | {s.kind} | {default or '-'} | {allowed} | {', '.join(s.commands)} | {s.description} |")
+        rows.append(
+            f"| `{s.env}` | {s.kind} | {default or '-'} | {allowed} | {', '.join(s.commands)} | {s.description} |"
+        )
     return HEADER + "\n".join(rows) + "\n"
 
 

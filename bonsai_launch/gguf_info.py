@@ -60,14 +60,18 @@ class DrafterInfo:
         present = set(self.log_snr_tensors)
         if not self.log_snr:
             if present:
-                return [f"{name} holds the log-SNR tensors ({', '.join(sorted(present))}) but does not set "
-                        f"dflash.log_snr_conditioning = true, so llama-server refuses it (wrong number of tensors); {fix}"]
+                return [
+                    f"{name} holds the log-SNR tensors ({', '.join(sorted(present))}) but does not set "
+                    f"dflash.log_snr_conditioning = true, so llama-server refuses it (wrong number of tensors); {fix}"
+                ]
             return []
         problems = []
         missing = [t for t in LOG_SNR_TENSORS if t not in present]
         if missing:
-            problems.append(f"{name} declares log-SNR conditioning (dflash.log_snr_conditioning = true) but lacks "
-                            f"the tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)}: the file is incomplete; {fix}")
+            problems.append(
+                f"{name} declares log-SNR conditioning (dflash.log_snr_conditioning = true) but lacks "
+                f"the tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)}: the file is incomplete; {fix}"
+            )
         lo, hi = self.log_snr_min, self.log_snr_max
         if lo is None or hi is None:
             absent = [k for k, v in (("dflash.min_log_snr", lo), ("dflash.max_log_snr", hi)) if v is None]
@@ -117,23 +121,43 @@ class GGUFInfo:
         return int(self.layers * self.head_count_kv * (head_dim + value_dim) * bytes_per_value)
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in (
-            "file_size", "version", "architecture", "name", "layers", "embedding", "context_length",
-            "head_count", "head_count_kv", "vocab_size", "vocab_fingerprint", "tokenizer_model",
-            "has_chat_template", "tensor_count", "tensor_types")}
-        out["path"] = str(self.path)
-        out["drafter"] = None if self.drafter is None else {
-            "kind": self.drafter.kind,
-            "block_size": self.drafter.block_size,
-            "target_layers": list(self.drafter.target_layers),
-            "mask_token_id": self.drafter.mask_token_id,
-            "draft_layers": self.drafter.draft_layers,
-            "has_confidence_head": self.drafter.has_confidence_head,
-            "log_snr": self.drafter.log_snr,
-            "log_snr_min": self.drafter.log_snr_min,
-            "log_snr_max": self.drafter.log_snr_max,
-            "log_snr_tensors": list(self.drafter.log_snr_tensors),
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "file_size",
+                "version",
+                "architecture",
+                "name",
+                "layers",
+                "embedding",
+                "context_length",
+                "head_count",
+                "head_count_kv",
+                "vocab_size",
+                "vocab_fingerprint",
+                "tokenizer_model",
+                "has_chat_template",
+                "tensor_count",
+                "tensor_types",
+            )
         }
+        out["path"] = str(self.path)
+        out["drafter"] = (
+            None
+            if self.drafter is None
+            else {
+                "kind": self.drafter.kind,
+                "block_size": self.drafter.block_size,
+                "target_layers": list(self.drafter.target_layers),
+                "mask_token_id": self.drafter.mask_token_id,
+                "draft_layers": self.drafter.draft_layers,
+                "has_confidence_head": self.drafter.has_confidence_head,
+                "log_snr": self.drafter.log_snr,
+                "log_snr_min": self.drafter.log_snr_min,
+                "log_snr_max": self.drafter.log_snr_max,
+                "log_snr_tensors": list(self.drafter.log_snr_tensors),
+            }
+        )
         return out
 
 
@@ -148,7 +172,7 @@ class _HeaderReader:
         end = self.pos + n
         if end > len(self.buf):
             raise _Truncated
-        chunk = self.buf[self.pos:end]
+        chunk = self.buf[self.pos : end]
         self.pos = end
         return chunk
 
@@ -216,15 +240,18 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
         return cached
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != GGUF_MAGIC:
-            raise BonsaiError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')",
-                              "point at a .gguf model file")
+            raise BonsaiError(
+                f"{path.name} is not a GGUF file (it does not start with 'GGUF')", "point at a .gguf model file"
+            )
         try:
             info = _parse(path, size, buf)
             _cache_put(path, stat, info)
             return info
         except _Truncated:
-            raise BonsaiError(f"{path.name} is truncated: the file ends inside its header ({size} bytes)",
-                              "download it again (`bonsai pull` resumes and verifies)") from None
+            raise BonsaiError(
+                f"{path.name} is truncated: the file ends inside its header ({size} bytes)",
+                "download it again (`bonsai pull` resumes and verifies)",
+            ) from None
 
 
 # Header facts are cached by path, size and mtime: walking a 262k-token vocabulary costs
@@ -249,8 +276,13 @@ def _cache_get(path: Path, stat) -> GGUFInfo | None:
             return None
         drafter = data.pop("drafter")
         if drafter is not None:
-            drafter = DrafterInfo(**{**drafter, "target_layers": tuple(drafter["target_layers"]),
-                                     "log_snr_tensors": tuple(drafter["log_snr_tensors"])})
+            drafter = DrafterInfo(
+                **{
+                    **drafter,
+                    "target_layers": tuple(drafter["target_layers"]),
+                    "log_snr_tensors": tuple(drafter["log_snr_tensors"]),
+                }
+            )
         return GGUFInfo(**{**data, "path": path, "drafter": drafter, "keys": tuple(data["keys"])})
     except (OSError, ValueError, TypeError, KeyError):
         return None
@@ -303,7 +335,9 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
     r.take(4)
     version = r.scalar("<I")
     if version not in (2, 3):
-        raise BonsaiError(f"{path.name}: GGUF version {version} is not supported", "convert it with a current llama.cpp")
+        raise BonsaiError(
+            f"{path.name}: GGUF version {version} is not supported", "convert it with a current llama.cpp"
+        )
     n_tensors = r.scalar("<Q")
     n_kv = r.scalar("<Q")
     kv: dict[str, Any] = {}
@@ -338,7 +372,8 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
     if data_start + data_bytes > size:
         raise BonsaiError(
             f"{path.name} is truncated: its tensors need {data_start + data_bytes:,} bytes but the file has {size:,}",
-            "download it again (`bonsai pull` resumes and verifies)")
+            "download it again (`bonsai pull` resumes and verifies)",
+        )
 
     arch = str(kv.get("general.architecture", "?"))
 
@@ -350,7 +385,7 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
     vocab_size = fingerprint = None
     if isinstance(tokens, _ArrayRef):
         vocab_size = tokens.count
-        fingerprint = hashlib.sha256(buf[tokens.start:tokens.end]).hexdigest()[:16]
+        fingerprint = hashlib.sha256(buf[tokens.start : tokens.end]).hexdigest()[:16]
 
     block_size = arch_key("block_size")
     if block_size is None:
@@ -379,8 +414,7 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
             log_snr=kv.get(f"{snr_prefix}.log_snr_conditioning") is True,
             log_snr_min=float(snr_min) if isinstance(snr_min, (int, float)) else None,
             log_snr_max=float(snr_max) if isinstance(snr_max, (int, float)) else None,
-            log_snr_tensors=tuple(t for t in LOG_SNR_TENSORS
-                                  if t in tensor_names or f"dspark.{t}" in tensor_names),
+            log_snr_tensors=tuple(t for t in LOG_SNR_TENSORS if t in tensor_names or f"dspark.{t}" in tensor_names),
         )
 
     tokenizer_model = kv.get("tokenizer.ggml.model")
@@ -422,8 +456,10 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> list[str]:
         return [f"{name} is not a DSpark/DFlash drafter (architecture {drafter.architecture!r})"]
     problems: list[str] = []
     if d.kind == "legacy-dspark":
-        problems.append(f"{name} is a legacy 'dspark' drafter that upstream llama.cpp cannot load; "
-                        "use the PrismML fork (bonsai build --source git:...) or a dflash conversion")
+        problems.append(
+            f"{name} is a legacy 'dspark' drafter that upstream llama.cpp cannot load; "
+            "use the PrismML fork (bonsai build --source git:...) or a dflash conversion"
+        )
     problems += d.log_snr_problems(name)
     if d.block_size is None:
         problems.append(f"{name} has no block size (dflash.block_size); it cannot be used, and guessing one is unsafe")
@@ -437,11 +473,17 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> list[str]:
     elif t.vocab_size is not None and d.mask_token_id >= t.vocab_size:
         problems.append(f"{name} has mask token id {d.mask_token_id}, outside the vocabulary of {t.vocab_size}")
     if drafter.vocab_size != t.vocab_size:
-        problems.append(f"{name} has {drafter.vocab_size} tokens but {tname} has {t.vocab_size}: not the same vocabulary")
+        problems.append(
+            f"{name} has {drafter.vocab_size} tokens but {tname} has {t.vocab_size}: not the same vocabulary"
+        )
     elif drafter.vocab_fingerprint != t.vocab_fingerprint:
-        problems.append(f"{name} and {tname} have different token lists (fingerprints "
-                        f"{drafter.vocab_fingerprint} vs {t.vocab_fingerprint})")
+        problems.append(
+            f"{name} and {tname} have different token lists (fingerprints "
+            f"{drafter.vocab_fingerprint} vs {t.vocab_fingerprint})"
+        )
     if t.architecture not in LAYER_INPUT_ARCHS:
-        problems.append(f"{tname} has architecture {t.architecture!r}, which does not expose layer inputs to a drafter "
-                        f"(supported: {', '.join(sorted(LAYER_INPUT_ARCHS))})")
+        problems.append(
+            f"{tname} has architecture {t.architecture!r}, which does not expose layer inputs to a drafter "
+            f"(supported: {', '.join(sorted(LAYER_INPUT_ARCHS))})"
+        )
     return problems

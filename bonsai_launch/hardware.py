@@ -66,7 +66,9 @@ def _nvidia_gpus(notes: list[str]) -> tuple[GPU, ...]:
                 cc = f"{major}.{minor}"
             except Exception:
                 cc = None
-            gpus.append(GPU(i, name.decode() if isinstance(name, bytes) else str(name), int(mem.total), int(mem.free), cc))
+            gpus.append(
+                GPU(i, name.decode() if isinstance(name, bytes) else str(name), int(mem.total), int(mem.free), cc)
+            )
     except Exception as exc:
         notes.append(f"NVIDIA probe failed: {exc}")
     finally:

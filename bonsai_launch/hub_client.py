@@ -25,8 +25,10 @@ from typing import Any
 from bonsai_launch.errors import ActionFailed, BonsaiError
 
 TOKEN_FILE = ".bonsai_token"
-TOKEN_FIX = ("set BONSAI_TOKEN=hf_..., or save the token in a .bonsai_token file (in this folder or in "
-             "BONSAI_HOME), or set HF_TOKEN / run `hf auth login`; create one at https://huggingface.co/settings/tokens")
+TOKEN_FIX = (
+    "set BONSAI_TOKEN=hf_..., or save the token in a .bonsai_token file (in this folder or in "
+    "BONSAI_HOME), or set HF_TOKEN / run `hf auth login`; create one at https://huggingface.co/settings/tokens"
+)
 
 
 def endpoint() -> str:
@@ -106,17 +108,31 @@ class RemoteListing:
 def _refused(repo: str, code: int, token: Token, gated: bool) -> BonsaiError:
     sent = token.describe()
     if gated:
-        return BonsaiError(f"{repo} is gated: the hub answered {code}",
-                           f"accept its terms at https://huggingface.co/{repo} with the account of your token; {TOKEN_FIX}")
+        return BonsaiError(
+            f"{repo} is gated: the hub answered {code}",
+            f"accept its terms at https://huggingface.co/{repo} with the account of your token; {TOKEN_FIX}",
+        )
     if sent is None:
-        return BonsaiError(f"{repo} needs a Hugging Face read token: the hub answered {code} to a request without one "
-                           "(the repo is private, or does not exist)", TOKEN_FIX)
-    return BonsaiError(f"the hub refused the token from {sent} for {repo} (HTTP {code})",
-                       f"check that the token is valid and can read {repo}; replace it in {sent}")
+        return BonsaiError(
+            f"{repo} needs a Hugging Face read token: the hub answered {code} to a request without one "
+            "(the repo is private, or does not exist)",
+            TOKEN_FIX,
+        )
+    return BonsaiError(
+        f"the hub refused the token from {sent} for {repo} (HTTP {code})",
+        f"check that the token is valid and can read {repo}; replace it in {sent}",
+    )
 
 
-def translate(exc: BaseException, *, repo: str, token: Token, revision: str | None = None,
-              file: str | None = None, profile: str | None = None) -> BonsaiError | None:
+def translate(
+    exc: BaseException,
+    *,
+    repo: str,
+    token: Token,
+    revision: str | None = None,
+    file: str | None = None,
+    profile: str | None = None,
+) -> BonsaiError | None:
     """A huggingface_hub / network exception as one user-facing error (None: not ours to explain)."""
     import httpx2
     from huggingface_hub.errors import (
@@ -131,30 +147,44 @@ def translate(exc: BaseException, *, repo: str, token: Token, revision: str | No
     cmd = f"`bonsai pull --profile {profile}`" if profile else "`bonsai pull`"
     again = f"run {cmd} again"
     if isinstance(exc, OfflineModeIsEnabled):
-        return BonsaiError(f"offline (HF_HUB_OFFLINE is set): cannot fetch {what}",
-                           "unset HF_HUB_OFFLINE to download, or copy the file into the models folder")
+        return BonsaiError(
+            f"offline (HF_HUB_OFFLINE is set): cannot fetch {what}",
+            "unset HF_HUB_OFFLINE to download, or copy the file into the models folder",
+        )
     if isinstance(exc, HfHubHTTPError) and exc.response is not None:
         code = exc.response.status_code
         if code in (401, 403) or isinstance(exc, GatedRepoError):
             return _refused(repo, code, token, isinstance(exc, GatedRepoError))
         if isinstance(exc, RevisionNotFoundError):
-            return BonsaiError(f"--revision={revision!r} is not a branch, tag or commit of {repo}",
-                               "pass an existing revision, or leave --revision out for main")
+            return BonsaiError(
+                f"--revision={revision!r} is not a branch, tag or commit of {repo}",
+                "pass an existing revision, or leave --revision out for main",
+            )
         if isinstance(exc, RemoteEntryNotFoundError) or (code == 404 and file):
-            return ActionFailed(f"{file} is not in {repo} (HTTP 404 at revision {revision or 'main'})",
-                                "the profile names a file the repo does not have: fix the profile or pass --revision")
+            return ActionFailed(
+                f"{file} is not in {repo} (HTTP 404 at revision {revision or 'main'})",
+                "the profile names a file the repo does not have: fix the profile or pass --revision",
+            )
         if code == 404:
-            return ActionFailed(f"repo {repo} not found at {endpoint()} (HTTP 404)",
-                                "check the profile's repo field, and HF_ENDPOINT if you set it")
+            return ActionFailed(
+                f"repo {repo} not found at {endpoint()} (HTTP 404)",
+                "check the profile's repo field, and HF_ENDPOINT if you set it",
+            )
         said = (getattr(exc, "server_message", None) or "").strip().splitlines()
-        return ActionFailed(f"the hub answered HTTP {code} for {what}" + (f": {said[0]}" if said else ""),
-                            f"try again later; {cmd} resumes the download")
+        return ActionFailed(
+            f"the hub answered HTTP {code} for {what}" + (f": {said[0]}" if said else ""),
+            f"try again later; {cmd} resumes the download",
+        )
     if isinstance(exc, httpx2.TransportError):
-        return HubUnreachable(f"cannot reach the Hugging Face Hub at {endpoint()} for {what}: {exc or type(exc).__name__}",
-                              f"check the network and {again}, or set HF_HUB_OFFLINE=1 to use only local files")
+        return HubUnreachable(
+            f"cannot reach the Hugging Face Hub at {endpoint()} for {what}: {exc or type(exc).__name__}",
+            f"check the network and {again}, or set HF_HUB_OFFLINE=1 to use only local files",
+        )
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return ActionFailed(f"the disk filled up while writing {what}",
-                            f"free space, then {again}: the partial download is kept and resumes")
+        return ActionFailed(
+            f"the disk filled up while writing {what}",
+            f"free space, then {again}: the partial download is kept and resumes",
+        )
     return None
 
 
@@ -174,15 +204,27 @@ def list_files(repo: str, *, revision: str | None, token: Token, profile: str | 
     for sibling in info.siblings or []:
         lfs = sibling.lfs
         size = lfs.size if lfs is not None else sibling.size
-        files[sibling.rfilename] = RemoteFile(sibling.rfilename, int(size or 0), lfs.sha256 if lfs is not None else None)
+        files[sibling.rfilename] = RemoteFile(
+            sibling.rfilename, int(size or 0), lfs.sha256 if lfs is not None else None
+        )
     if not info.sha:
-        raise ActionFailed(f"{endpoint()} did not say which commit {repo} is at",
-                           "check HF_ENDPOINT: it must point at a Hugging Face Hub")
+        raise ActionFailed(
+            f"{endpoint()} did not say which commit {repo} is at",
+            "check HF_ENDPOINT: it must point at a Hugging Face Hub",
+        )
     return RemoteListing(repo, revision or "main", info.sha, files)
 
 
-def download(repo: str, commit: str, name: str, out: Any, *, expected_size: int, token: Token,
-             progress: Callable[..., Any] | None) -> None:
+def download(
+    repo: str,
+    commit: str,
+    name: str,
+    out: Any,
+    *,
+    expected_size: int,
+    token: Token,
+    progress: Callable[..., Any] | None,
+) -> None:
     """Append the rest of `name` (from out.tell()) to `out`, a HashingFile opened at its end.
 
     `progress` is a tqdm-like factory for huggingface_hub (see download_progress.py). Errors
@@ -194,5 +236,12 @@ def download(repo: str, commit: str, name: str, out: Any, *, expected_size: int,
 
     url = hf_hub_url(repo, name, revision=commit, endpoint=endpoint())
     headers = build_hf_headers(token=token.value, library_name="bonsai")
-    http_get(url, out, resume_size=out.tell(), headers=headers, expected_size=expected_size,
-             displayed_filename=name, tqdm_class=progress)
+    http_get(
+        url,
+        out,
+        resume_size=out.tell(),
+        headers=headers,
+        expected_size=expected_size,
+        displayed_filename=name,
+        tqdm_class=progress,
+    )

@@ -166,13 +166,15 @@ def find(selector: str | None) -> Instance:
     if selector is None:
         if len(live) == 1:
             return live[0]
-        raise BonsaiError(f"{len(live)} servers are running ({', '.join(i.name for i in live)})",
-                          "name one of them, or use --all")
+        raise BonsaiError(
+            f"{len(live)} servers are running ({', '.join(i.name for i in live)})", "name one of them, or use --all"
+        )
     for inst in live:
         if selector in (inst.name, str(inst.port), str(inst.pid)):
             return inst
-    raise BonsaiError(f"no running server is called {selector!r} (running: {', '.join(i.name for i in live)})",
-                      "see `bonsai ps`")
+    raise BonsaiError(
+        f"no running server is called {selector!r} (running: {', '.join(i.name for i in live)})", "see `bonsai ps`"
+    )
 
 
 def for_profile(profile: str | None) -> Instance | None:

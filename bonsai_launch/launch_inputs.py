@@ -93,12 +93,15 @@ def _check_known_file(path: Path, origin: str, kind: BuildKind) -> None:
     for profile in load_all().values():
         for entry in profile.files:
             if entry.name == path.name and (why := cannot_load(entry, kind)):
-                raise BonsaiError(f"{origin}={str(path)!r} cannot run on this {kind.label()}: {why}",
-                                  "use a file this build loads (`bonsai models` lists which build each needs)")
+                raise BonsaiError(
+                    f"{origin}={str(path)!r} cannot run on this {kind.label()}: {why}",
+                    "use a file this build loads (`bonsai models` lists which build each needs)",
+                )
 
 
-def model_files(selection: Selection, model: str | None, drafter: str | None,
-                kind: BuildKind | None = None) -> ModelFiles:
+def model_files(
+    selection: Selection, model: str | None, drafter: str | None, kind: BuildKind | None = None
+) -> ModelFiles:
     """The files to launch: explicit paths win, else the profile's files for the build's kind."""
     profile, s = selection.profile, selection.settings
     kind = kind or BuildKind(selection.flavour)
@@ -112,9 +115,11 @@ def model_files(selection: Selection, model: str | None, drafter: str | None,
     else:
         entry = choose_file(profile, "model", kind)
         if entry is None:
-            raise BonsaiError(why_no_file(profile, "model", kind),
-                              "run it on a build that loads one (`bonsai models` shows which; BONSAI_LAYOUT "
-                              "picks mainline or fork, BONSAI_LLAMA_SERVER/BONSAI_LLAMA_BIN a binary), or pass --model PATH")
+            raise BonsaiError(
+                why_no_file(profile, "model", kind),
+                "run it on a build that loads one (`bonsai models` shows which; BONSAI_LAYOUT "
+                "picks mainline or fork, BONSAI_LLAMA_SERVER/BONSAI_LLAMA_BIN a binary), or pass --model PATH",
+            )
         model_path = local_path(profile, entry.name)
 
     # The profile's own drafter and projector go with its weights, or with the user's weights
@@ -126,8 +131,10 @@ def model_files(selection: Selection, model: str | None, drafter: str | None,
         entry = profile.file("drafter", layout)
         if entry is None:
             others = [f.name for f in profile.files if f.role == "drafter"]
-            unavailable = (f"its published drafter {', '.join(others)} is for the PrismML fork only; "
-                           "a dflash conversion can be passed with --drafter")
+            unavailable = (
+                f"its published drafter {', '.join(others)} is for the PrismML fork only; "
+                "a dflash conversion can be passed with --drafter"
+            )
         elif entry.convert:  # a legacy sidecar: what runs is its conversion (drafter_cache.py)
             from bonsai_launch.drafter_cache import profile_output
 
@@ -140,8 +147,10 @@ def model_files(selection: Selection, model: str | None, drafter: str | None,
     if named_mmproj:
         mmproj_path = Path(named_mmproj[0]).expanduser()
         if not mmproj_path.is_file():
-            raise BonsaiError(f"{named_mmproj[1]}={named_mmproj[0]!r} is not a file",
-                              "point it at a local vision projector .gguf file or unset it")
+            raise BonsaiError(
+                f"{named_mmproj[1]}={named_mmproj[0]!r} is not a file",
+                "point it at a local vision projector .gguf file or unset it",
+            )
         if not s["vision"]:
             raise BonsaiError(f"{named_mmproj[1]} is set but BONSAI_VISION is off", "unset one of them")
     else:
@@ -187,8 +196,10 @@ def gather_plan(
     kind = (kind_of_binary(binary) if binary is not None else None) or BuildKind(selection.flavour)
     files = model_files(selection, model, drafter, kind)
     if not files.model.is_file():
-        raise BonsaiError(f"model file {files.model} is not present",
-                          f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH")
+        raise BonsaiError(
+            f"model file {files.model} is not present",
+            f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH",
+        )
     tuning = None
     if selection.settings["speculative"] == "auto":
         from bonsai_launch.tune.auto import apply_auto
@@ -199,8 +210,10 @@ def gather_plan(
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
         if not files.drafter.is_file():
-            raise BonsaiError(f"drafter file {files.drafter} is not present",
-                              f"run `bonsai pull --profile {selection.profile.name} --speculative` or pass --drafter PATH")
+            raise BonsaiError(
+                f"drafter file {files.drafter} is not present",
+                f"run `bonsai pull --profile {selection.profile.name} --speculative` or pass --drafter PATH",
+            )
         drafter_info = inspect_gguf(files.drafter)
         # No build bonsai makes loads the legacy layout (the fork dropped it with prism-v7)
         if drafter_info.drafter is not None and drafter_info.drafter.kind == "legacy-dspark":
@@ -244,15 +257,21 @@ def _selection_warnings(selection: Selection, model: str | None, kind: BuildKind
         for key, env in (("family", "BONSAI_FAMILY"), ("size", "BONSAI_MODEL")):
             wanted = profile.family if key == "family" else profile.size
             if s.is_explicit(key) and str(s[key]).lower() != wanted.lower():
-                notes.append(f"{env}={s[key]} is ignored: profile {profile.name} ({profile.family} {profile.size}) "
-                             "was chosen by --profile/BONSAI_PROFILE")
+                notes.append(
+                    f"{env}={s[key]} is ignored: profile {profile.name} ({profile.family} {profile.size}) "
+                    "was chosen by --profile/BONSAI_PROFILE"
+                )
     if model and s.get("gguf") and Path(model).expanduser() != Path(s["gguf"]).expanduser():
         notes.append(f"BONSAI_GGUF={s['gguf']} is ignored: --model {model} wins")
     if explicit_model(selection, model) and selection.names_model and choose_file(profile, "model", kind) is None:
         # The user's own weights, for a model none of whose files this build loads (Bonsai 2 on mainline).
-        notes.append(f"none of profile {profile.name}'s weights load on a {kind.label()} ({binary or 'not built yet'}); "
-                     "your file may not load either")
+        notes.append(
+            f"none of profile {profile.name}'s weights load on a {kind.label()} ({binary or 'not built yet'}); "
+            "your file may not load either"
+        )
     if binary is not None and kind_of_binary(binary) is None and kind.flavour == "fork" and not s.is_explicit("layout"):
-        notes.append(f"{binary} was not built by bonsai: taken to be a PrismML fork build, which profile "
-                     f"{profile.name} needs (set BONSAI_LAYOUT=fork to say so and silence this)")
+        notes.append(
+            f"{binary} was not built by bonsai: taken to be a PrismML fork build, which profile "
+            f"{profile.name} needs (set BONSAI_LAYOUT=fork to say so and silence this)"
+        )
     return notes

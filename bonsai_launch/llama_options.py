@@ -101,8 +101,9 @@ def parse_option_table(help_text: str) -> OptionTable:
         if current is not None:
             text = current["description"]
             env = _ENV.search(text)
-            options.append(Option(current["names"], current["values"], env.group(1) if env else None,
-                                  "has been removed" in text))
+            options.append(
+                Option(current["names"], current["values"], env.group(1) if env else None, "has been removed" in text)
+            )
 
     for line in help_text.splitlines():
         if line.startswith("-") and not line.startswith("---"):
@@ -114,7 +115,7 @@ def parse_option_table(help_text: str) -> OptionTable:
                     break
                 column_parts.append(part)
             column = " ".join(column_parts)
-            description = " ".join(parts[len(column_parts):])
+            description = " ".join(parts[len(column_parts) :])
             pieces = column.split(", ")
             last_name, _, hint = pieces[-1].partition(" ")
             names = tuple(p.strip().rstrip(",") for p in [*pieces[:-1], last_name] if p.strip())

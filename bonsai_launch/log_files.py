@@ -27,8 +27,9 @@ OPEN_ALWAYS = 4
 FILE_ATTRIBUTE_NORMAL = 0x80
 
 
-def _win32_open(path: Path, access: int, disposition: int, flags: int, mode: str,
-                win32file: Any = None, msvcrt: Any = None) -> IO[bytes] | None:
+def _win32_open(
+    path: Path, access: int, disposition: int, flags: int, mode: str, win32file: Any = None, msvcrt: Any = None
+) -> IO[bytes] | None:
     """A Python file object over a CreateFile handle with full sharing; None without pywin32."""
     try:
         if win32file is None:
@@ -38,11 +39,12 @@ def _win32_open(path: Path, access: int, disposition: int, flags: int, mode: str
     except ImportError:
         return None
     try:
-        handle = win32file.CreateFile(str(path), access, FILE_SHARE_ALL, None, disposition,
-                                      FILE_ATTRIBUTE_NORMAL, None)
+        handle = win32file.CreateFile(str(path), access, FILE_SHARE_ALL, None, disposition, FILE_ATTRIBUTE_NORMAL, None)
     except Exception as exc:  # pywintypes.error: turn it into what open() would raise
         # On Windows, OSError's 4th argument (winerror) picks the subclass: FileNotFoundError...
-        raise OSError(None, getattr(exc, "strerror", None) or str(exc), str(path), getattr(exc, "winerror", None)) from None
+        raise OSError(
+            None, getattr(exc, "strerror", None) or str(exc), str(path), getattr(exc, "winerror", None)
+        ) from None
     fd = msvcrt.open_osfhandle(handle.Detach(), flags)
     return os.fdopen(fd, mode)
 
@@ -65,8 +67,14 @@ def open_read_shared(path: Path, *, platform: str | None = None, **modules: Any)
     return open(path, "rb")
 
 
-def replace_retrying(src: Path, dst: Path, *, attempts: int = 20, delay: float = 0.025,
-                     replace: Callable[[Path, Path], None] = os.replace) -> None:
+def replace_retrying(
+    src: Path,
+    dst: Path,
+    *,
+    attempts: int = 20,
+    delay: float = 0.025,
+    replace: Callable[[Path, Path], None] = os.replace,
+) -> None:
     """os.replace, retried for about half a second while Windows says the target is in use."""
     for attempt in range(attempts):
         try:

@@ -71,11 +71,17 @@ def folder(profile_name: str) -> Path:
 
 def _check_name(profile_name: str) -> None:
     # A profile name becomes a folder name; never let it climb out of models_dir().
-    if not profile_name or profile_name.startswith(".") or any(c in profile_name for c in "/\\") or ".." in profile_name:
+    if (
+        not profile_name
+        or profile_name.startswith(".")
+        or any(c in profile_name for c in "/\\")
+        or ".." in profile_name
+    ):
         raise BonsaiError(f"{profile_name!r} is not a valid profile name", "use a name from `bonsai models`")
 
 
 # --- verification records -------------------------------------------------------------------
+
 
 def read_records(profile_name: str) -> dict[str, Record]:
     path = folder(profile_name) / RECORD_NAME
@@ -102,8 +108,13 @@ def record_verified(profile_name: str, name: str, sha256: str, source: str) -> R
     """Remember that folder/name has this sha256 (the caller has just checked it)."""
     path = folder(profile_name) / name
     st = path.stat()
-    record = Record(sha256=sha256, size=st.st_size, mtime_ns=st.st_mtime_ns, source=source,
-                    verified_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    record = Record(
+        sha256=sha256,
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        source=source,
+        verified_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
     records = read_records(profile_name)
     records[name] = record
     _write_records(profile_name, records)
@@ -126,11 +137,13 @@ def state(profile_name: str, name: str, records: dict[str, Record] | None = None
         st, present = None, False
     verified = bool(present and record and st and record.size == st.st_size and record.mtime_ns == st.st_mtime_ns)
     partial = sum(p.stat().st_size for p in partials(profile_name, name))
-    return FileState(name, path, present, st.st_size if present and st else None, verified,
-                     record if verified else None, partial)
+    return FileState(
+        name, path, present, st.st_size if present and st else None, verified, record if verified else None, partial
+    )
 
 
 # --- partial downloads ----------------------------------------------------------------------
+
 
 def partial_path(profile_name: str, name: str, sha256: str) -> Path:
     """The resume file of one exact version: a partial of another version is never resumed."""
@@ -160,6 +173,7 @@ def install(partial: Path, profile_name: str, name: str) -> Path:
 
 
 # --- hashing --------------------------------------------------------------------------------
+
 
 def sha256_file(path: Path, bar: ByteBar | None = None, limit: int | None = None) -> hashlib._Hash:
     """The sha256 object of a file (or of its first `limit` bytes), reading it in large blocks."""
@@ -247,6 +261,7 @@ class HashingFile:
 
 # --- disk space -----------------------------------------------------------------------------
 
+
 def free_bytes(path: Path) -> int:
     """Free space on the disk that holds `path` (or would hold it: the nearest existing parent)."""
     probe = path
@@ -277,18 +292,19 @@ def require_space(directory: Path, needs: dict[str, int]) -> None:
         raise ActionFailed(
             f"not enough disk space in {directory}: the download needs {human(need)} ({detail}) "
             f"but only {human(free)} is free",
-            f"free at least {human(need - free)} there, or set BONSAI_MODELS_DIR to a disk with room")
+            f"free at least {human(need - free)} there, or set BONSAI_MODELS_DIR to a disk with room",
+        )
 
 
 # --- locking --------------------------------------------------------------------------------
+
 
 def lock_path(profile_name: str) -> Path:
     return models_dir() / ".locks" / f"{profile_name}.lock"
 
 
 @contextlib.contextmanager
-def profile_lock(profile_name: str, on_wait: Callable[[Path], None] | None = None,
-                 wait: bool = True) -> Iterator[None]:
+def profile_lock(profile_name: str, on_wait: Callable[[Path], None] | None = None, wait: bool = True) -> Iterator[None]:
     """Hold the profile's lock: two pulls (or a pull and an rm) never write the same folder.
 
     `on_wait` is told once when another process holds it; `wait=False` refuses instead.
@@ -303,8 +319,10 @@ def profile_lock(profile_name: str, on_wait: Callable[[Path], None] | None = Non
         lock.acquire(timeout=0)
     except Timeout:
         if not wait:
-            raise BonsaiError(f"another bonsai command is writing profile {profile_name} (lock {path})",
-                              "wait for it to finish, then try again") from None
+            raise BonsaiError(
+                f"another bonsai command is writing profile {profile_name} (lock {path})",
+                "wait for it to finish, then try again",
+            ) from None
         if on_wait is not None:
             on_wait(path)
         lock.acquire()
@@ -315,6 +333,7 @@ def profile_lock(profile_name: str, on_wait: Callable[[Path], None] | None = Non
 
 
 # --- removal --------------------------------------------------------------------------------
+
 
 def folder_size(path: Path) -> int:
     total = 0

@@ -40,8 +40,15 @@ SETTING_OPTIONS: dict[str, str] = {
     "--parallel": "parallel",
 }
 # The bonsai flag for a setting, where there is one (`bonsai start --port`).
-SETTING_FLAGS: dict[str, str] = {"host": "--host", "port": "--port", "ctx": "--ctx", "ngl": "--ngl",
-                                 "spec_type": "--spec-type", "spec_nmax": "--spec-nmax", "parallel": "--parallel"}
+SETTING_FLAGS: dict[str, str] = {
+    "host": "--host",
+    "port": "--port",
+    "ctx": "--ctx",
+    "ngl": "--ngl",
+    "spec_type": "--spec-type",
+    "spec_nmax": "--spec-nmax",
+    "parallel": "--parallel",
+}
 # Options the plan places itself: canonical name -> the plan's name for the value.
 PLAN_OPTIONS: dict[str, str] = {"--ubatch-size": "ubatch", "--batch-size": "batch", "--alias": "alias"}
 _EXITS_AT_ONCE = "it makes llama-server print and exit: run the llama-server binary with it directly"
@@ -57,8 +64,11 @@ REFUSED: dict[str, str] = {
     "--model-url": "bonsai's --model PATH or --profile NAME (`bonsai pull` fetches a profile's files)",
     "--docker-repo": "bonsai's --model PATH or --profile NAME (`bonsai pull` fetches a profile's files)",
     "--spec-draft-hf": "bonsai's --drafter PATH",
-    "--help": _EXITS_AT_ONCE, "--version": _EXITS_AT_ONCE, "--list-devices": _EXITS_AT_ONCE,
-    "--cache-list": _EXITS_AT_ONCE, "--completion-bash": _EXITS_AT_ONCE,
+    "--help": _EXITS_AT_ONCE,
+    "--version": _EXITS_AT_ONCE,
+    "--list-devices": _EXITS_AT_ONCE,
+    "--cache-list": _EXITS_AT_ONCE,
+    "--completion-bash": _EXITS_AT_ONCE,
 }
 # Secrets given as options: moved to the environment variable llama-server reads them from,
 # so they never show in `ps`, `bonsai ps` or --dry-run.
@@ -117,7 +127,9 @@ class Passthrough:
         try:
             number = int(raw, 10)
         except ValueError:
-            raise BonsaiError(f"-- {arg.spelled} {raw!r} is not a whole number", f"for example -- {arg.spelled} 1") from None
+            raise BonsaiError(
+                f"-- {arg.spelled} {raw!r} is not a whole number", f"for example -- {arg.spelled} 1"
+            ) from None
         if number < 1:
             raise BonsaiError(f"-- {arg.spelled} {number} must be at least 1", f"for example -- {arg.spelled} 1")
         return number
@@ -145,11 +157,15 @@ class Passthrough:
             if a.canonical in REFUSED:
                 raise BonsaiError(f"-- {a.shown}: bonsai sets {a.canonical} itself", f"use {REFUSED[a.canonical]}")
             if _is_preset(a.option):
-                raise BonsaiError(f"-- {a.spelled}: a llama-server preset that picks its own model or speculation",
-                                  "use bonsai's --profile/--model and BONSAI_SPECULATIVE=1 (with BONSAI_SPEC_TYPE)")
+                raise BonsaiError(
+                    f"-- {a.spelled}: a llama-server preset that picks its own model or speculation",
+                    "use bonsai's --profile/--model and BONSAI_SPECULATIVE=1 (with BONSAI_SPEC_TYPE)",
+                )
             if a.option.removed:
-                raise BonsaiError(f"-- {a.spelled}: llama-server has removed this option and exits when it is given",
-                                  "see `llama-server --help` for its replacement (--spec-draft-n-max, --spec-ngram-*)")
+                raise BonsaiError(
+                    f"-- {a.spelled}: llama-server has removed this option and exits when it is given",
+                    "see `llama-server --help` for its replacement (--spec-draft-n-max, --spec-ngram-*)",
+                )
 
 
 def _is_preset(option: Option) -> bool:
@@ -183,19 +199,25 @@ def parse(words: Sequence[str], table: OptionTable, *, extra_names: Sequence[str
         if option is None:
             if word.startswith("-") and not _is_number(word):
                 guess = closest(spelled, [*table.names(), *extra_names])
-                raise BonsaiError(f"unknown option {spelled}" + (f" (did you mean {guess}?)" if guess else ""),
-                                  "see `bonsai start --help` for bonsai's options and `llama-server --help` for the server's")
-            raise BonsaiError(f"unexpected argument {word!r} for llama-server",
-                              "llama-server takes options only; put the value right after its option")
+                raise BonsaiError(
+                    f"unknown option {spelled}" + (f" (did you mean {guess}?)" if guess else ""),
+                    "see `bonsai start --help` for bonsai's options and `llama-server --help` for the server's",
+                )
+            raise BonsaiError(
+                f"unexpected argument {word!r} for llama-server",
+                "llama-server takes options only; put the value right after its option",
+            )
         if inline is not None:
             if option.values != 1:
-                raise BonsaiError(f"{word}: {spelled} takes {option.values or 'no'} value(s)",
-                                  f"write {spelled}" + (" VALUE" * option.values))
+                raise BonsaiError(
+                    f"{word}: {spelled} takes {option.values or 'no'} value(s)",
+                    f"write {spelled}" + (" VALUE" * option.values),
+                )
             values: tuple[str, ...] = (inline,)
         else:
             if i + option.values > len(words):
                 raise BonsaiError(f"{spelled} needs a value", f"write {spelled} VALUE")
-            values = tuple(words[i:i + option.values])
+            values = tuple(words[i : i + option.values])
             i += option.values
         args.append(PassArg(option, spelled, values))
     return Passthrough(tuple(args), table)
@@ -218,9 +240,11 @@ def fold_settings(settings: Settings, passthrough: Passthrough) -> Settings:
         current = settings.values.get(key)
         if current is not None and current.source == "flag" and current.value != value:
             shown = "***" if key == "api_key" else value
-            raise BonsaiError(f"{SETTING_FLAGS.get(key, key)} {current.value if key != 'api_key' else '***'} and "
-                              f"-- {arg.spelled} {shown} disagree",
-                              f"give it once, as {setting_name(key)}")
+            raise BonsaiError(
+                f"{SETTING_FLAGS.get(key, key)} {current.value if key != 'api_key' else '***'} and "
+                f"-- {arg.spelled} {shown} disagree",
+                f"give it once, as {setting_name(key)}",
+            )
         values[key] = Resolved(value, "passthrough")
     return Settings(values)
 
@@ -237,7 +261,7 @@ def split_known(words: Sequence[str], table: OptionTable | None) -> list[tuple[s
             out.append((None, (words[i],)))
             i += 1
             continue
-        out.append((option.canonical, tuple(words[i:i + 1 + option.values])))
+        out.append((option.canonical, tuple(words[i : i + 1 + option.values])))
         i += 1 + option.values
     return out
 
@@ -252,6 +276,8 @@ def inherited_env_warnings(environ: Mapping[str, str], table: OptionTable) -> li
         if opt.env and opt.canonical in owned and environ.get(opt.env):
             key = owned[opt.canonical]
             instead = f"use {setting_name(key)}" if key in BY_KEY else f"pass `-- {opt.canonical} VALUE`"
-            warnings.append(f"{opt.env} is set in the environment: llama-server reads it behind bonsai's plan; "
-                            f"unset it and {instead}")
+            warnings.append(
+                f"{opt.env} is set in the environment: llama-server reads it behind bonsai's plan; "
+                f"unset it and {instead}"
+            )
     return warnings

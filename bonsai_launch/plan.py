@@ -35,11 +35,16 @@ GPU_MARGIN_BYTES = 1 * GIB  # compute buffers and the CUDA context
 MIN_CTX = 2048
 SLOW_VISION_BACKENDS = ("cpu", "metal", "vulkan")
 # Plan flags a passthrough argument may not repeat, with the bonsai setting to use instead.
-PLAN_FLAG_SETTINGS = {"--cache-type-k": "BONSAI_KV4", "--cache-type-v": "BONSAI_KV4",
-                      "--spec-draft-type-k": "BONSAI_KV4", "--spec-draft-type-v": "BONSAI_KV4",
-                      "--mmproj": "BONSAI_VISION (the profile's projector)", "--mmproj-offload": "BONSAI_MMPROJ_CPU",
-                      "--image-max-tokens": "BONSAI_IMAGE_MAX_TOKENS",
-                      "--chat-template-kwargs": "BONSAI_REASONING_EFFORT"}
+PLAN_FLAG_SETTINGS = {
+    "--cache-type-k": "BONSAI_KV4",
+    "--cache-type-v": "BONSAI_KV4",
+    "--spec-draft-type-k": "BONSAI_KV4",
+    "--spec-draft-type-v": "BONSAI_KV4",
+    "--mmproj": "BONSAI_VISION (the profile's projector)",
+    "--mmproj-offload": "BONSAI_MMPROJ_CPU",
+    "--image-max-tokens": "BONSAI_IMAGE_MAX_TOKENS",
+    "--chat-template-kwargs": "BONSAI_REASONING_EFFORT",
+}
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,9 @@ class LaunchPlan:
             "from_passthrough": list(self.from_passthrough),
             "ngl": self.ngl,
             "backend": self.backend,
-            "speculative": None if self.speculative is None else {
+            "speculative": None
+            if self.speculative is None
+            else {
                 "type": self.speculative.spec_type,
                 "n_max": self.speculative.n_max,
                 "drafter": self.speculative.drafter,
@@ -193,20 +200,30 @@ def check_host(settings: Settings) -> None:
     host = settings["host"]
     origin = "-- --host" if settings.source("host") == "passthrough" else "BONSAI_HOST"
     if "," in host or host.endswith(".sock"):
-        raise BonsaiError(f"{origin}={host!r}: bonsai serves on one TCP address (it checks and reports that address)",
-                          "give one address, e.g. 127.0.0.1, or run a second server for another address")
+        raise BonsaiError(
+            f"{origin}={host!r}: bonsai serves on one TCP address (it checks and reports that address)",
+            "give one address, e.g. 127.0.0.1, or run a second server for another address",
+        )
     if not is_loopback(host) and not settings["allow_remote"]:
-        raise BonsaiError(f"{origin}={host!r} is not a loopback address and remote access is not allowed",
-                          "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1")
+        raise BonsaiError(
+            f"{origin}={host!r} is not a loopback address and remote access is not allowed",
+            "set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1",
+        )
     if not is_loopback(host) and not settings.get("api_key"):
-        raise BonsaiError(f"{origin}={host!r} is reachable from the network but no API key is set",
-                          "set BONSAI_API_KEY, or let `bonsai start` generate one")
+        raise BonsaiError(
+            f"{origin}={host!r} is reachable from the network but no API key is set",
+            "set BONSAI_API_KEY, or let `bonsai start` generate one",
+        )
 
 
 def _why(s: Settings, key: str, default_why: str) -> str:
     source = s.source(key)
-    return {"passthrough": "from the arguments after --", "flag": "set by flag", "env": "set by environment",
-            "profile": "set by the profile"}.get(source, default_why)
+    return {
+        "passthrough": "from the arguments after --",
+        "flag": "set by flag",
+        "env": "set by environment",
+        "profile": "set by the profile",
+    }.get(source, default_why)
 
 
 def build_plan(inputs: PlanInputs) -> LaunchPlan:
@@ -227,20 +244,29 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         # Enforced whatever the host (loopback is shared by every user of the machine); through
         # the environment, so the key never shows in `ps` output.
         env["LLAMA_API_KEY"] = s["api_key"]
-        b.reasons.append(Reason("LLAMA_API_KEY", "***",
-                                f"an API key is required ({_why(s, 'api_key', 'generated')})"))
+        b.reasons.append(Reason("LLAMA_API_KEY", "***", f"an API key is required ({_why(s, 'api_key', 'generated')})"))
 
     alias = passthrough.plan_value("alias")
     # llama-server keeps aliases in a sorted set and serves the first as the model's name.
-    model_name = (min(a.strip() for a in alias.split(",")) if alias
-                  else profile.name if profile else inputs.model.path.stem)
+    model_name = (
+        min(a.strip() for a in alias.split(",")) if alias else profile.name if profile else inputs.model.path.stem
+    )
     b.add("-m", inputs.model.path, f"model{' of profile ' + profile.name if profile else ''}")
-    b.add("--alias", alias or model_name, "from the arguments after --" if alias
-          else "the name clients see in /v1/models and put in \"model\"")
-    b.add("--host", host, ("loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1")
-          + f" ({_why(s, 'host', 'default')})")
-    b.add("--port", port, f"from {s.source('port')}" if s.source("port") != "passthrough"
-          else "from the arguments after --")
+    b.add(
+        "--alias",
+        alias or model_name,
+        "from the arguments after --" if alias else 'the name clients see in /v1/models and put in "model"',
+    )
+    b.add(
+        "--host",
+        host,
+        ("loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1") + f" ({_why(s, 'host', 'default')})",
+    )
+    b.add(
+        "--port",
+        port,
+        f"from {s.source('port')}" if s.source("port") != "passthrough" else "from the arguments after --",
+    )
 
     # GPU layers: the user's choice, else everything on a usable GPU.
     if s.get("ngl") is not None:
@@ -264,11 +290,16 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         ctx = ctx_setting
         ctx_why = f"set explicitly ({s.source('ctx')})"
         if spec and s.source("ctx") == "profile" and ctx < SPECULATIVE_MIN_CTX:
-            ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
+            ctx, ctx_why = (
+                SPECULATIVE_MIN_CTX,
+                "speculation: at least 16384 (requests re-prefill, the model thinks before answering)",
+            )
         elif spec and ctx < SPECULATIVE_MIN_CTX:
-            b.warnings.append(f"context {ctx} ({_why(s, 'ctx', 'explicit').replace('set by', 'set by the')}) is "
-                              f"below {SPECULATIVE_MIN_CTX}, the floor bonsai uses with speculation: "
-                              "long answers will run out of context")
+            b.warnings.append(
+                f"context {ctx} ({_why(s, 'ctx', 'explicit').replace('set by', 'set by the')}) is "
+                f"below {SPECULATIVE_MIN_CTX}, the floor bonsai uses with speculation: "
+                "long answers will run out of context"
+            )
     else:
         ceiling = profile.max_auto_ctx if profile else 131072
         if inputs.model.context_length:
@@ -283,16 +314,24 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
                 ctx = max(MIN_CTX, limit)
                 ctx_why = f"auto: limited by free GPU memory ({inputs.hardware.gpus[0].free_bytes / GIB:.1f} GiB)"
                 if limit < MIN_CTX:
-                    b.warnings.append(f"the model barely fits in GPU memory; context set to {MIN_CTX}; "
-                                      "lower BONSAI_NGL if loading fails")
+                    b.warnings.append(
+                        f"the model barely fits in GPU memory; context set to {MIN_CTX}; "
+                        "lower BONSAI_NGL if loading fails"
+                    )
         if spec and ctx < SPECULATIVE_MIN_CTX:
-            ctx, ctx_why = SPECULATIVE_MIN_CTX, "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
+            ctx, ctx_why = (
+                SPECULATIVE_MIN_CTX,
+                "speculation: at least 16384 (requests re-prefill, the model thinks before answering)",
+            )
     per_slot_ctx = ctx
     if slot_choice.count is not None and slot_choice.count > 1:
         explicit_ctx = ctx_setting > 0 and s.source("ctx") != "profile"
-        minimum, label = ((SPECULATIVE_MIN_CTX, "the speculative minimum per slot") if spec
-                          else (MIN_CTX, "the minimum per slot"))
-        fitted = slot_rules.context_for_slots(slot_choice.count, bool(s["kv_unified"]), minimum, ctx, explicit_ctx, label)
+        minimum, label = (
+            (SPECULATIVE_MIN_CTX, "the speculative minimum per slot") if spec else (MIN_CTX, "the minimum per slot")
+        )
+        fitted = slot_rules.context_for_slots(
+            slot_choice.count, bool(s["kv_unified"]), minimum, ctx, explicit_ctx, label
+        )
         ctx_why = fitted.why if fitted.ctx != ctx else f"{ctx_why}; {fitted.why}"
         ctx, per_slot_ctx = fitted.ctx, fitted.per_slot
         if fitted.warning:
@@ -300,8 +339,10 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
         limit = gpu_ctx_limit(inputs.hardware, inputs.model.file_size, kv) if ngl > 0 else None
         if limit is not None and ctx > limit:
-            b.warnings.append(f"{slot_choice.count} slots need a {ctx}-token KV cache, more than the about {limit} tokens "
-                              "free GPU memory holds; use fewer slots, BONSAI_KV_UNIFIED=1 or BONSAI_KV4=1")
+            b.warnings.append(
+                f"{slot_choice.count} slots need a {ctx}-token KV cache, more than the about {limit} tokens "
+                "free GPU memory holds; use fewer slots, BONSAI_KV_UNIFIED=1 or BONSAI_KV4=1"
+            )
     b.add("-c", ctx, ctx_why)
     slots_plan = _slots(inputs, spec, slot_choice, per_slot_ctx, b)
     if spec is None:
@@ -317,11 +358,19 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         b.add("--cache-type-v", "q4_0", "BONSAI_KV4=1")
         if spec and spec.drafter:
             _require_flag(caps, "--spec-draft-type-k", "BONSAI_KV4=1 with a drafter")
-            b.add("--spec-draft-type-k", "q4_0", "BONSAI_KV4=1: the drafter's KV cache too (the reference crashed without it)")
+            b.add(
+                "--spec-draft-type-k",
+                "q4_0",
+                "BONSAI_KV4=1: the drafter's KV cache too (the reference crashed without it)",
+            )
             b.add("--spec-draft-type-v", "q4_0", "BONSAI_KV4=1: the drafter's KV cache too")
 
-    cache, cache_warnings = prompt_cache.cache_flags(s.get("cache_ram"), s.get("ctx_checkpoints"), s.get("cache_idle_slots"),
-                                                     {k: s.source(k) for k in ("cache_ram", "ctx_checkpoints", "cache_idle_slots")})
+    cache, cache_warnings = prompt_cache.cache_flags(
+        s.get("cache_ram"),
+        s.get("ctx_checkpoints"),
+        s.get("cache_idle_slots"),
+        {k: s.source(k) for k in ("cache_ram", "ctx_checkpoints", "cache_idle_slots")},
+    )
     for item in cache:
         _require_flag(caps, item.flag, item.setting)
         b.add(item.flag, item.value, item.why)
@@ -336,8 +385,11 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
     if s.get("reasoning_effort"):
         from bonsai_launch.profiles import reasoning_effort_kwargs
 
-        b.add("--chat-template-kwargs", reasoning_effort_kwargs(profile, s["reasoning_effort"]),
-              f"BONSAI_REASONING_EFFORT ({s.source('reasoning_effort')}), through the chat template")
+        b.add(
+            "--chat-template-kwargs",
+            reasoning_effort_kwargs(profile, s["reasoning_effort"]),
+            f"BONSAI_REASONING_EFFORT ({s.source('reasoning_effort')}), through the chat template",
+        )
 
     rest = passthrough.rest()
     table = passthrough.table
@@ -348,8 +400,10 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         if arg.canonical in planned and arg.canonical != "--metrics":
             r = planned[arg.canonical]
             setting = PLAN_FLAG_SETTINGS.get(arg.canonical, "the bonsai setting behind it")
-            raise BonsaiError(f"-- {arg.shown} conflicts with {r.flag} {r.value}, which bonsai sets ({r.why})",
-                              f"use {setting} instead")
+            raise BonsaiError(
+                f"-- {arg.shown} conflicts with {r.flag} {r.value}, which bonsai sets ({r.why})",
+                f"use {setting} instead",
+            )
     if profile and profile.server_args:
         # The profile's server arguments are defaults: an argument after -- replaces them.
         kept = [w for name, words in split_known(profile.server_args, table) if name not in given for w in words]
@@ -365,8 +419,12 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
     for name in secrets:
         b.reasons.append(Reason(name, "***", "a secret from the arguments after --, moved to the environment"))
 
-    from_passthrough = tuple(sorted({k for k, r in s.values.items() if r.source == "passthrough"}
-                                    | {n for n in ("ubatch", "batch", "alias") if passthrough.plan_value(n)}))
+    from_passthrough = tuple(
+        sorted(
+            {k for k, r in s.values.items() if r.source == "passthrough"}
+            | {n for n in ("ubatch", "batch", "alias") if passthrough.plan_value(n)}
+        )
+    )
     return LaunchPlan(
         argv=tuple(str(a) for a in b.argv),
         env=env,
@@ -394,14 +452,17 @@ def _slots(inputs: PlanInputs, spec: SpecPlan | None, choice: SlotChoice, per_sl
     if choice.count is None:
         b.reasons.append(Reason("-np", "auto", choice.why))
         if s.is_explicit("kv_unified"):
-            b.warnings.append("BONSAI_KV_UNIFIED has no effect without BONSAI_PARALLEL: llama-server's automatic slots "
-                              "already share one KV pool")
+            b.warnings.append(
+                "BONSAI_KV_UNIFIED has no effect without BONSAI_PARALLEL: llama-server's automatic slots "
+                "already share one KV pool"
+            )
         return SlotsPlan(None, True, None)
     count = choice.count
     why = choice.why
     if spec is not None and count > 1:
         why += "; speculation on every slot: " + slot_rules.refuse_unless_build_can(
-            caps.shared_drafting if caps else None, caps.binary if caps else inputs.binary, count, spec.spec_type)
+            caps.shared_drafting if caps else None, caps.binary if caps else inputs.binary, count, spec.spec_type
+        )
     b.add("-np", count, why)
     kv_unified = bool(s["kv_unified"]) and count > 1
     if kv_unified:
@@ -421,8 +482,10 @@ def _slots(inputs: PlanInputs, spec: SpecPlan | None, choice: SlotChoice, per_sl
     draft, _ = slot_rules.draft_length(spec.spec_type, spec.n_max, option_values)
     given = {"-ub": passthrough.plan_int("ubatch"), "-b": passthrough.plan_int("batch")}
     sizing = slot_rules.size_batches(count, spec.spec_type, draft, given["-ub"], given["-b"])
-    for flag, added, effective, why in (("-ub", sizing.ubatch_flag, sizing.ubatch, sizing.ubatch_why),
-                                        ("-b", sizing.batch_flag, sizing.batch, sizing.batch_why)):
+    for flag, added, effective, why in (
+        ("-ub", sizing.ubatch_flag, sizing.ubatch, sizing.ubatch_why),
+        ("-b", sizing.batch_flag, sizing.batch, sizing.batch_why),
+    ):
         if added is not None:
             b.add(flag, added, "speculation: " + why)
         elif given[flag] is not None:
@@ -434,15 +497,18 @@ def _slots(inputs: PlanInputs, spec: SpecPlan | None, choice: SlotChoice, per_sl
 
 def _require_flag(caps: Capabilities | None, flag: str, setting: str) -> None:
     if caps is not None and not caps.accepts(flag):
-        raise BonsaiError(f"{setting} needs {flag}, which {caps.binary} does not accept",
-                          "rebuild with `bonsai build --force`, or unset the setting")
+        raise BonsaiError(
+            f"{setting} needs {flag}, which {caps.binary} does not accept",
+            "rebuild with `bonsai build --force`, or unset the setting",
+        )
 
 
 def _require_spec_type(caps: Capabilities | None, spec_type: str) -> None:
     if caps is not None and caps.spec_types and spec_type not in caps.spec_types:
         raise BonsaiError(
             f"speculative type {spec_type} is not supported by {caps.binary} (it knows {', '.join(sorted(caps.spec_types))})",
-            "run `bonsai build` to build the pinned llama.cpp, or point BONSAI_LLAMA_SERVER at a newer binary")
+            "run `bonsai build` to build the pinned llama.cpp, or point BONSAI_LLAMA_SERVER at a newer binary",
+        )
 
 
 def _require_log_snr(caps: Capabilities | None, drafter: GGUFInfo) -> None:
@@ -450,7 +516,8 @@ def _require_log_snr(caps: Capabilities | None, drafter: GGUFInfo) -> None:
         raise BonsaiError(
             f"{drafter.path.name} uses log-SNR conditioning, which {caps.binary} does not implement "
             "(it would refuse the file: wrong number of tensors)",
-            "run `bonsai build` to build the pinned llama.cpp with bonsai's log-SNR patch, or unset BONSAI_LLAMA_SERVER")
+            "run `bonsai build` to build the pinned llama.cpp with bonsai's log-SNR patch, or unset BONSAI_LLAMA_SERVER",
+        )
 
 
 def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
@@ -460,8 +527,10 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
             if s.is_explicit(key):
                 b.warnings.append(f"{env} is set but speculation is off; it has no effect (set BONSAI_SPECULATIVE=1)")
         if inputs.drafter is not None:
-            b.warnings.append(f"drafter {inputs.drafter.path.name} is given but speculation is off; "
-                              "it is not loaded (set BONSAI_SPECULATIVE=1 or --speculative)")
+            b.warnings.append(
+                f"drafter {inputs.drafter.path.name} is given but speculation is off; "
+                "it is not loaded (set BONSAI_SPECULATIVE=1 or --speculative)"
+            )
         return None
 
     wanted_type = s.get("spec_type")
@@ -469,25 +538,31 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
     if wanted_type and wanted_type.startswith("ngram"):
         drafter = None  # an explicit draft-free type needs no drafter
     if wanted_type == "none":
-        raise BonsaiError("BONSAI_SPEC_TYPE='none' contradicts BONSAI_SPECULATIVE=1",
-                          "unset one of them")
+        raise BonsaiError("BONSAI_SPEC_TYPE='none' contradicts BONSAI_SPECULATIVE=1", "unset one of them")
 
     if drafter is not None:
         problems = check_pair(inputs.model, drafter)
         if problems:
-            raise BonsaiError("drafter does not fit the target: " + "; ".join(problems),
-                              f"replace {drafter.path.name} with the drafter made for {inputs.model.path.name}")
+            raise BonsaiError(
+                "drafter does not fit the target: " + "; ".join(problems),
+                f"replace {drafter.path.name} with the drafter made for {inputs.model.path.name}",
+            )
         assert drafter.drafter is not None and drafter.drafter.block_size is not None
         needed = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
         if wanted_type and wanted_type != needed:
-            raise BonsaiError(f"BONSAI_SPEC_TYPE={wanted_type!r} does not match the drafter {drafter.path.name}, which needs {needed}",
-                              f"unset BONSAI_SPEC_TYPE or set it to {needed}")
+            raise BonsaiError(
+                f"BONSAI_SPEC_TYPE={wanted_type!r} does not match the drafter {drafter.path.name}, which needs {needed}",
+                f"unset BONSAI_SPEC_TYPE or set it to {needed}",
+            )
         _require_spec_type(inputs.capabilities, needed)
         _require_log_snr(inputs.capabilities, drafter)
         block = drafter.drafter.block_size
         if s.get("spec_nmax") is not None and s["spec_nmax"] != block:
-            raise BonsaiError(f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} "
-                              f"({drafter.path.name})", "unset BONSAI_SPEC_NMAX: n-max always equals the block size")
+            raise BonsaiError(
+                f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} "
+                f"({drafter.path.name})",
+                "unset BONSAI_SPEC_NMAX: n-max always equals the block size",
+            )
         if inputs.profile and inputs.profile.drafter_warning:
             b.warnings.append(inputs.profile.drafter_warning)
         b.add("-md", drafter.path, "speculation: the drafter")
@@ -500,17 +575,23 @@ def _speculation(inputs: PlanInputs, ngl: int, b: _Builder) -> SpecPlan | None:
     if not draft_free:
         name = inputs.profile.name if inputs.profile else "this model"
         why = f" ({inputs.drafter_unavailable})" if inputs.drafter_unavailable else ""
-        raise BonsaiError(f"BONSAI_SPECULATIVE=1 but {name} has no usable drafter and no draft-free mode{why}",
-                          "pass --drafter PATH, or set BONSAI_SPEC_TYPE=ngram-mod for draft-free n-gram speculation")
+        raise BonsaiError(
+            f"BONSAI_SPECULATIVE=1 but {name} has no usable drafter and no draft-free mode{why}",
+            "pass --drafter PATH, or set BONSAI_SPEC_TYPE=ngram-mod for draft-free n-gram speculation",
+        )
     if not draft_free.startswith("ngram"):
         raise BonsaiError(f"BONSAI_SPEC_TYPE={draft_free!r} needs a drafter model", "pass --drafter PATH")
     _require_spec_type(inputs.capabilities, draft_free)
-    b.add("--spec-type", draft_free, "draft-free n-gram speculation" + (" (profile default)" if not wanted_type else ""))
+    b.add(
+        "--spec-type", draft_free, "draft-free n-gram speculation" + (" (profile default)" if not wanted_type else "")
+    )
     n_max = s.get("spec_nmax")
     if n_max is not None:
         for flag, value in ngram_length_flags(draft_free, n_max):
             _require_flag(inputs.capabilities, flag, "BONSAI_SPEC_NMAX")
-            b.add(flag, value, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')}): {draft_free} drafts at most {n_max} tokens")
+            b.add(
+                flag, value, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')}): {draft_free} drafts at most {n_max} tokens"
+            )
         if draft_free not in NGRAM_LENGTH_FLAGS:
             b.warnings.append(f"BONSAI_SPEC_NMAX has no effect on {draft_free}, whose draft length is fixed")
     return SpecPlan(draft_free, n_max)
@@ -540,7 +621,11 @@ def _vision(inputs: PlanInputs, backend: str, b: _Builder) -> Path | None:
             if s.is_explicit(key):
                 b.warnings.append(f"{env} is set but no vision projector is loaded; it has no effect")
         return None
-    b.add("--mmproj", inputs.mmproj, f"vision projector ({s.source('mmproj')})" if s.get("mmproj") else "vision projector of the profile")
+    b.add(
+        "--mmproj",
+        inputs.mmproj,
+        f"vision projector ({s.source('mmproj')})" if s.get("mmproj") else "vision projector of the profile",
+    )
     if s["mmproj_cpu"]:
         b.add("--no-mmproj-offload", None, "BONSAI_MMPROJ_CPU=1")
     if s.get("image_max_tokens") is not None:

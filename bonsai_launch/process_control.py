@@ -204,8 +204,12 @@ def start_watchdog(pid: int, *, grace: float = 10.0) -> Watchdog:
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "bonsai_launch.watchdog", str(pid), str(grace)],
-            stdin=read_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-            start_new_session=True)  # the terminal's Ctrl+C must not end it before bonsai is done
+            stdin=read_fd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+            start_new_session=True,
+        )  # the terminal's Ctrl+C must not end it before bonsai is done
     except BaseException:
         os.close(write_fd)
         raise
@@ -245,7 +249,9 @@ class JobGuard:
             self.handle = None
 
 
-def assign_kill_on_close_job(pid: int, win32job: Any = None, win32api: Any = None, win32con: Any = None) -> JobGuard | None:
+def assign_kill_on_close_job(
+    pid: int, win32job: Any = None, win32api: Any = None, win32con: Any = None
+) -> JobGuard | None:
     """Put `pid` in a new Job Object that kills it when bonsai's handle closes (pywin32).
 
     None when pywin32 is missing or the system refuses (bonsai already in a job that forbids

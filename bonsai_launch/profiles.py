@@ -89,16 +89,30 @@ def parse_profile(data: Any, path: Path) -> Profile:
     """Validate one profile document. Pure: tests call it with dicts."""
     if not isinstance(data, dict):
         raise BonsaiError(f"{path}: a profile must be a mapping of fields", "see profiles/README.md")
-    known = {"name", "family", "size", "description", "repo", "pypi_package", "files",
-             "server_args", "speculative", "max_auto_ctx", "settings", "vision_cap_on_slow_backends",
-             "reasoning_efforts"}
+    known = {
+        "name",
+        "family",
+        "size",
+        "description",
+        "repo",
+        "pypi_package",
+        "files",
+        "server_args",
+        "speculative",
+        "max_auto_ctx",
+        "settings",
+        "vision_cap_on_slow_backends",
+        "reasoning_efforts",
+    }
     unknown = sorted(set(data) - known)
     if unknown:
         raise BonsaiError(f"{path}: unknown field '{unknown[0]}'", "allowed fields: " + ", ".join(sorted(known)))
     name = _field(data, "name", path, str, required=True)
     if name != path.stem:
-        raise BonsaiError(f"{path}: field 'name' is {name!r} but the file is named {path.stem!r}",
-                          "make the name equal to the file name")
+        raise BonsaiError(
+            f"{path}: field 'name' is {name!r} but the file is named {path.stem!r}",
+            "make the name equal to the file name",
+        )
     repo = _field(data, "repo", path, str)
     pypi_package = _field(data, "pypi_package", path, str)
     if not repo and not pypi_package:
@@ -124,11 +138,14 @@ def parse_profile(data: Any, path: Path) -> Profile:
             raise BonsaiError(f"{where}.{field_name}={layout!r} is not known", "allowed: " + ", ".join(LAYOUTS))
         min_fork = entry.get("min_fork_release")
         if min_fork is not None and (isinstance(min_fork, bool) or not isinstance(min_fork, int) or min_fork < 1):
-            raise BonsaiError(f"{where}.min_fork_release={min_fork!r} must be a release number like 10658",
-                              "fix the profile file")
+            raise BonsaiError(
+                f"{where}.min_fork_release={min_fork!r} must be a release number like 10658", "fix the profile file"
+            )
         if min_fork is not None and layout not in ("fork", "any"):
-            raise BonsaiError(f"{where}.min_fork_release is set but {field_name} is {layout!r}",
-                              "it applies to files a fork build loads (fork or any)")
+            raise BonsaiError(
+                f"{where}.min_fork_release is set but {field_name} is {layout!r}",
+                "it applies to files a fork build loads (fork or any)",
+            )
         if layout == "legacy" and not entry.get("note"):
             raise BonsaiError(f"{where} is legacy but has no note", "say why it is refused in note")
         sha = entry.get("sha256")
@@ -137,8 +154,9 @@ def parse_profile(data: Any, path: Path) -> Profile:
         convert = entry.get("convert")
         if convert is not None and (role != "drafter" or convert != "dspark"):
             raise BonsaiError(f"{where}.convert={convert!r} is not known", "only a drafter may say `convert: dspark`")
-        files.append(ModelFile(role, file_name, layout, sha, entry.get("size"), str(entry.get("note", "")),
-                               min_fork, convert))
+        files.append(
+            ModelFile(role, file_name, layout, sha, entry.get("size"), str(entry.get("note", "")), min_fork, convert)
+        )
     if not any(f.role == "model" for f in files):
         raise BonsaiError(f"{path}: files has no entry with role 'model'", "add the weights file")
 
@@ -149,12 +167,15 @@ def parse_profile(data: Any, path: Path) -> Profile:
     spec = _field(data, "speculative", path, dict) or {}
     unknown_spec = sorted(set(spec) - {"draft_free_type", "drafter_warning"})
     if unknown_spec:
-        raise BonsaiError(f"{path}: unknown field 'speculative.{unknown_spec[0]}'",
-                          "allowed: draft_free_type, drafter_warning")
+        raise BonsaiError(
+            f"{path}: unknown field 'speculative.{unknown_spec[0]}'", "allowed: draft_free_type, drafter_warning"
+        )
     draft_free = spec.get("draft_free_type")
     if draft_free is not None and (draft_free not in SPEC_TYPES or not draft_free.startswith("ngram")):
-        raise BonsaiError(f"{path}: speculative.draft_free_type={draft_free!r} is not an n-gram type",
-                          "allowed: " + ", ".join(t for t in SPEC_TYPES if t.startswith("ngram")))
+        raise BonsaiError(
+            f"{path}: speculative.draft_free_type={draft_free!r} is not an n-gram type",
+            "allowed: " + ", ".join(t for t in SPEC_TYPES if t.startswith("ngram")),
+        )
 
     efforts = _field(data, "reasoning_efforts", path, list) or []
     if not all(isinstance(e, str) and e for e in efforts):
@@ -163,8 +184,9 @@ def parse_profile(data: Any, path: Path) -> Profile:
     settings: dict[str, Any] = {}
     for key, value in (_field(data, "settings", path, dict) or {}).items():
         if key not in PROFILE_SETTING_KEYS:
-            raise BonsaiError(f"{path}: settings.{key} cannot be set by a profile",
-                              "allowed: " + ", ".join(PROFILE_SETTING_KEYS))
+            raise BonsaiError(
+                f"{path}: settings.{key} cannot be set by a profile", "allowed: " + ", ".join(PROFILE_SETTING_KEYS)
+            )
         settings[key] = parse_value(BY_KEY[key], value, f"{path}: settings.{key}")
 
     return Profile(
@@ -223,8 +245,10 @@ def get_profile(name: str, origin: str = "--profile") -> Profile:
     if name not in profiles and origin == "BONSAI_FAMILY/BONSAI_MODEL":
         _refuse_family_size(name, profiles)
     if name not in profiles:
-        raise BonsaiError(f"{origin}={name!r} is not a known profile",
-                          "allowed: " + ", ".join(sorted(profiles)) + " (see `bonsai models`)")
+        raise BonsaiError(
+            f"{origin}={name!r} is not a known profile",
+            "allowed: " + ", ".join(sorted(profiles)) + " (see `bonsai models`)",
+        )
     return profiles[name]
 
 
@@ -235,13 +259,16 @@ def _refuse_family_size(name: str, profiles: dict[str, Profile]) -> None:
     if not sizes:
         return
     # Ternary first: it is the family Bonsai 2 grew out of, and the reference's hint.
-    others = sorted({p.family for p in profiles.values() if p.size.lower() == size and p.family != family},
-                    key=lambda f: (f != "ternary", f))
+    others = sorted(
+        {p.family for p in profiles.values() if p.size.lower() == size and p.family != family},
+        key=lambda f: (f != "ternary", f),
+    )
     hint = f"set BONSAI_MODEL to {' or '.join(sizes)}"
     if others:
         hint += f", or use BONSAI_FAMILY={' or '.join(others)} for {size.upper()}"
-    raise BonsaiError(f"BONSAI_FAMILY={family} comes only in {', '.join(sizes)}; BONSAI_MODEL={size.upper()} is not one of them",
-                      hint)
+    raise BonsaiError(
+        f"BONSAI_FAMILY={family} comes only in {', '.join(sizes)}; BONSAI_MODEL={size.upper()} is not one of them", hint
+    )
 
 
 def reasoning_effort_kwargs(profile: Profile | None, effort: str) -> str:
@@ -253,10 +280,15 @@ def reasoning_effort_kwargs(profile: Profile | None, effort: str) -> str:
 
     if profile is not None and effort not in profile.reasoning_efforts:
         if not profile.reasoning_efforts:
-            raise BonsaiError(f"BONSAI_REASONING_EFFORT={effort} is set, but profile {profile.name}'s chat template "
-                              "takes no reasoning effort", "unset it; profiles such as bonsai2-27b take one")
-        raise BonsaiError(f"BONSAI_REASONING_EFFORT={effort} is not one profile {profile.name} takes",
-                          "allowed: " + ", ".join(profile.reasoning_efforts))
+            raise BonsaiError(
+                f"BONSAI_REASONING_EFFORT={effort} is set, but profile {profile.name}'s chat template "
+                "takes no reasoning effort",
+                "unset it; profiles such as bonsai2-27b take one",
+            )
+        raise BonsaiError(
+            f"BONSAI_REASONING_EFFORT={effort} is not one profile {profile.name} takes",
+            "allowed: " + ", ".join(profile.reasoning_efforts),
+        )
     return json.dumps({"reasoning_effort": effort})
 
 

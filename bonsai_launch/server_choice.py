@@ -32,8 +32,10 @@ def explicit_binary(settings: Settings) -> tuple[Path, str] | None:
     are refused: one of them would be ignored."""
     server, folder = settings.get("llama_server"), settings.get("llama_bin")
     if server and folder:
-        raise BonsaiError(f"BONSAI_LLAMA_SERVER={server!r} and BONSAI_LLAMA_BIN={folder!r} are both set",
-                          "set only one: BONSAI_LLAMA_SERVER names the binary, BONSAI_LLAMA_BIN its folder")
+        raise BonsaiError(
+            f"BONSAI_LLAMA_SERVER={server!r} and BONSAI_LLAMA_BIN={folder!r} are both set",
+            "set only one: BONSAI_LLAMA_SERVER names the binary, BONSAI_LLAMA_BIN its folder",
+        )
     if server:
         from bonsai_launch.binaries import find_server
 
@@ -41,13 +43,17 @@ def explicit_binary(settings: Settings) -> tuple[Path, str] | None:
     if folder:
         path = Path(folder).expanduser()
         if not path.is_dir():
-            raise BonsaiError(f"BONSAI_LLAMA_BIN={folder!r} is not a folder",
-                              "point it at the folder holding llama-server, or unset it")
+            raise BonsaiError(
+                f"BONSAI_LLAMA_BIN={folder!r} is not a folder",
+                "point it at the folder holding llama-server, or unset it",
+            )
         for name in EXE_NAMES:
             if (path / name).is_file():
                 return path / name, "BONSAI_LLAMA_BIN"
-        raise BonsaiError(f"BONSAI_LLAMA_BIN={folder!r} holds no llama-server",
-                          "point it at the folder holding llama-server (e.g. llama.cpp/build/bin), or unset it")
+        raise BonsaiError(
+            f"BONSAI_LLAMA_BIN={folder!r} holds no llama-server",
+            "point it at the folder holding llama-server (e.g. llama.cpp/build/bin), or unset it",
+        )
     return None
 
 
@@ -74,8 +80,9 @@ def choose_server(settings: Settings, flavour: str, backend: str = "auto") -> Se
 
     path = find_installed(backend, flavour)
     kind = kind_of_binary(path) if path is not None else None
-    return ServerChoice(path, kind or BuildKind(flavour, _pinned_fork_release() if flavour == FORK else None),
-                        "bonsai build")
+    return ServerChoice(
+        path, kind or BuildKind(flavour, _pinned_fork_release() if flavour == FORK else None), "bonsai build"
+    )
 
 
 def _pinned_fork_release() -> int | None:
@@ -94,13 +101,18 @@ def require_fork_source(profile_name: str) -> None:
 
     forks = fork_sources()
     if not forks:
-        raise BonsaiError(f"profile {profile_name} needs a PrismML fork build, and vendor/llama.cpp/pin.toml names no fork",
-                          "reinstall bonsai-launch, or set BONSAI_LLAMA_BIN to a fork build's folder")
+        raise BonsaiError(
+            f"profile {profile_name} needs a PrismML fork build, and vendor/llama.cpp/pin.toml names no fork",
+            "reinstall bonsai-launch, or set BONSAI_LLAMA_BIN to a fork build's folder",
+        )
     fork = forks[0]
     try:
         check_remote(fork.url, fork.ref, f"`{FORK_BUILD_COMMAND}`")
     except RemoteUnreachable as exc:
-        raise BonsaiError(f"profile {profile_name} needs a PrismML fork build of llama.cpp, none is built, and the fork "
-                          f"cannot be fetched here ({exc.reason}); nothing was downloaded",
-                          f"run `{FORK_BUILD_COMMAND}` where GitHub is reachable, or set BONSAI_LLAMA_BIN to the "
-                          "folder of a fork build's llama-server", exit_code=1) from None
+        raise BonsaiError(
+            f"profile {profile_name} needs a PrismML fork build of llama.cpp, none is built, and the fork "
+            f"cannot be fetched here ({exc.reason}); nothing was downloaded",
+            f"run `{FORK_BUILD_COMMAND}` where GitHub is reachable, or set BONSAI_LLAMA_BIN to the "
+            "folder of a fork build's llama-server",
+            exit_code=1,
+        ) from None

@@ -26,7 +26,7 @@ RESEND_AFTER = 2.0  # seconds before a lost stop request is sent again
 # What a fatal signal usually means for llama-server, to put next to the log tail.
 _SIGNAL_HINTS = {
     4: "illegal instruction: the binary uses CPU instructions this machine cannot run, e.g. AMX or "
-       "AVX-512 in a VM that hides them; rebuild with `bonsai build --force`, or try LLAMA_ARG_REPACK=0",
+    "AVX-512 in a VM that hides them; rebuild with `bonsai build --force`, or try LLAMA_ARG_REPACK=0",
     6: "aborted: a GGML_ASSERT failed; the log lines below say which",
     9: "SIGKILL: killed from outside, often by the out-of-memory killer",
     11: "segmentation fault",
@@ -56,9 +56,16 @@ def exit_hint(code: int) -> str | None:
 class ServerProcess:
     """A running llama-server. Create it with `spawn`; always end it with `stop`."""
 
-    def __init__(self, popen: subprocess.Popen, base_url: str, log_path: Path, argv: Sequence[str],
-                 control: process_control.ProcessControl | None = None,
-                 guard: process_control.Guard | None = None, detached: bool = False) -> None:
+    def __init__(
+        self,
+        popen: subprocess.Popen,
+        base_url: str,
+        log_path: Path,
+        argv: Sequence[str],
+        control: process_control.ProcessControl | None = None,
+        guard: process_control.Guard | None = None,
+        detached: bool = False,
+    ) -> None:
         self._popen = popen
         self.control = control or process_control.current()
         self._guard = guard
@@ -70,9 +77,16 @@ class ServerProcess:
         self.started_at = time.time()
 
     @classmethod
-    def spawn(cls, argv: Sequence[str], *, env: Mapping[str, str] | None, log_path: Path,
-              base_url: str, die_with_parent: bool = True,
-              control: process_control.ProcessControl | None = None) -> ServerProcess:
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None,
+        log_path: Path,
+        base_url: str,
+        die_with_parent: bool = True,
+        control: process_control.ProcessControl | None = None,
+    ) -> ServerProcess:
         """Start `argv` with stdout and stderr appended to `log_path`.
 
         `argv` is a list handed to the OS as it is: no shell, no quoting. `env` holds extra
@@ -87,13 +101,20 @@ class ServerProcess:
             full_env.update(env)
         with open_append_shared(log_path) as log:
             try:
-                popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=full_env, close_fds=True,
-                                         **control.popen_options(die_with_parent=die_with_parent,
-                                                                 detached=not die_with_parent))
+                popen = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=full_env,
+                    close_fds=True,
+                    **control.popen_options(die_with_parent=die_with_parent, detached=not die_with_parent),
+                )
             except OSError as exc:
-                raise ActionFailed(f"cannot run {argv[0]}: {exc}",
-                                   "run `bonsai build`, or point BONSAI_LLAMA_SERVER at a working llama-server") from None
+                raise ActionFailed(
+                    f"cannot run {argv[0]}: {exc}",
+                    "run `bonsai build`, or point BONSAI_LLAMA_SERVER at a working llama-server",
+                ) from None
         guard = control.guard(popen, die_with_parent=die_with_parent)
         return cls(popen, base_url, log_path, argv, control, guard, detached=not die_with_parent)
 
@@ -148,8 +169,7 @@ class ServerProcess:
             while True:
                 code = self._popen.poll()
                 if code is not None:
-                    raise ActionFailed(self._exit_message(code, "while loading"),
-                                       f"full log: {self.log_path}")
+                    raise ActionFailed(self._exit_message(code, "while loading"), f"full log: {self.log_path}")
                 try:
                     r = http.get(self.base_url + "/health")
                     if r.status_code == 200:
@@ -162,8 +182,10 @@ class ServerProcess:
                 except httpx.HTTPError:
                     report("starting llama-server")
                 if time.monotonic() > deadline:
-                    raise ActionFailed(f"llama-server was not ready after {timeout:.0f} s (last state: {last_status})",
-                                       f"see the log {self.log_path}")
+                    raise ActionFailed(
+                        f"llama-server was not ready after {timeout:.0f} s (last state: {last_status})",
+                        f"see the log {self.log_path}",
+                    )
                 time.sleep(POLL_INTERVAL)
 
     def _exit_message(self, code: int, when: str) -> str:

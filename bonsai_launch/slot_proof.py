@@ -51,28 +51,41 @@ class SlotsProof:
         on = f"{drafting} slots" if drafting == self.slots else f"{drafting} of {self.slots} slots"
         if self.live:
             rate = f", acceptance {self.rate * 100:.1f}%" if self.rate is not None else ""
-            return (f"speculative decoding: live on {on} ({self.spec_type}; {probed} concurrent requests, "
-                    f"{drafting} drafted{rate})")
+            return (
+                f"speculative decoding: live on {on} ({self.spec_type}; {probed} concurrent requests, "
+                f"{drafting} drafted{rate})"
+            )
         errors = [f"slot {r.slot}: {r.error}" for r in self.results if r.error]
-        return (f"speculative decoding: NOT live on several slots ({self.spec_type}): {drafting} of {probed} "
-                "concurrent requests drafted" + (f" ({'; '.join(errors)})" if errors else ""))
+        return (
+            f"speculative decoding: NOT live on several slots ({self.spec_type}): {drafting} of {probed} "
+            "concurrent requests drafted" + (f" ({'; '.join(errors)})" if errors else "")
+        )
 
     def to_json(self) -> dict:
-        return {"live": self.live, "type": self.spec_type, "slots": self.slots, "probed": len(self.results),
-                "drafting_slots": list(self.drafting), "acceptance": self.rate,
-                "per_slot": [{"slot": r.slot, "drafted": r.drafted, "accepted": r.accepted, "error": r.error}
-                             for r in self.results]}
+        return {
+            "live": self.live,
+            "type": self.spec_type,
+            "slots": self.slots,
+            "probed": len(self.results),
+            "drafting_slots": list(self.drafting),
+            "acceptance": self.rate,
+            "per_slot": [
+                {"slot": r.slot, "drafted": r.drafted, "accepted": r.accepted, "error": r.error} for r in self.results
+            ],
+        }
 
 
-def prove_slots(base_url: str, spec: SpecPlan, slots: int, prompt: str, tokens: int,
-                api_key: str | None = None) -> SlotsProof:
+def prove_slots(
+    base_url: str, spec: SpecPlan, slots: int, prompt: str, tokens: int, api_key: str | None = None
+) -> SlotsProof:
     """Send one temperature-0 completion to each of the first slots at the same time."""
     probed = min(slots, MAX_PROBED_SLOTS)
 
     def one(slot: int) -> SlotResult:
         try:
-            result = client.completion(base_url, prompt, n_predict=tokens, temperature=0.0, api_key=api_key,
-                                       cache_prompt=False, id_slot=slot)
+            result = client.completion(
+                base_url, prompt, n_predict=tokens, temperature=0.0, api_key=api_key, cache_prompt=False, id_slot=slot
+            )
         except ActionFailed as exc:
             return SlotResult(slot, 0, 0, exc.message)
         drafted, accepted, _ = client.acceptance(result.get("timings") or {})

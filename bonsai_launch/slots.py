@@ -61,13 +61,19 @@ def choose_slots(parallel: int | None, source: str | None, speculative: bool) ->
     which bonsai_launch.passthrough folds into the same setting), else 1 with speculation, else
     llama-server's own default."""
     if parallel is not None and source in ("flag", "passthrough", "env", "profile"):
-        where = {"flag": "--parallel", "passthrough": "-np after --", "env": "BONSAI_PARALLEL",
-                 "profile": "the profile"}[source]
+        where = {
+            "flag": "--parallel",
+            "passthrough": "-np after --",
+            "env": "BONSAI_PARALLEL",
+            "profile": "the profile",
+        }[source]
         return SlotChoice(parallel, f"{where}: {parallel} request{'s' if parallel != 1 else ''} at once")
     if speculative:
         return SlotChoice(1, "speculation: one slot unless BONSAI_PARALLEL/--parallel asks for more")
-    return SlotChoice(None, f"llama-server's default: auto = {LLAMA_AUTO_SLOTS} slots sharing one KV pool "
-                            "(set BONSAI_PARALLEL to choose)")
+    return SlotChoice(
+        None,
+        f"llama-server's default: auto = {LLAMA_AUTO_SLOTS} slots sharing one KV pool (set BONSAI_PARALLEL to choose)",
+    )
 
 
 def draft_length(spec_type: str, n_max: int | None, option_values: Mapping[str, int] | None = None) -> tuple[int, str]:
@@ -96,8 +102,9 @@ class BatchSizing:
     batch_why: str
 
 
-def size_batches(slots: int, spec_type: str, draft: int, given_ubatch: int | None = None,
-                 given_batch: int | None = None) -> BatchSizing:
+def size_batches(
+    slots: int, spec_type: str, draft: int, given_ubatch: int | None = None, given_batch: int | None = None
+) -> BatchSizing:
     """-ub and -b for `slots` slots drafting up to `draft` tokens each.
 
     An explicit value smaller than needed is refused before anything runs (llama-server would
@@ -112,17 +119,27 @@ def size_batches(slots: int, spec_type: str, draft: int, given_ubatch: int | Non
         if not required:
             if given is not None:
                 return given, None, f"{label} {given} as given"
-            return default, None, f"llama-server's default {default}: n-gram drafts are verified causally and split over ubatches"
+            return (
+                default,
+                None,
+                f"llama-server's default {default}: n-gram drafts are verified causally and split over ubatches",
+            )
         if given is not None:
             if given < need:
-                raise BonsaiError(f"{label} {given} is smaller than speculation needs: {formula}",
-                                  f"raise {label} to at least {need}, or use fewer slots (BONSAI_PARALLEL); "
-                                  "llama-server aborts on the first draft otherwise")
+                raise BonsaiError(
+                    f"{label} {given} is smaller than speculation needs: {formula}",
+                    f"raise {label} to at least {need}, or use fewer slots (BONSAI_PARALLEL); "
+                    "llama-server aborts on the first draft otherwise",
+                )
             return given, None, f"{label} {given} as given (at least {formula})"
         value = max(default, need)
         if slots == 1 and value == default:
             return value, None, f"llama-server's default {default} holds {formula}"
-        return value, value, f"at least {formula}" + (f" (llama-server's default is {default})" if value > default else "")
+        return (
+            value,
+            value,
+            f"at least {formula}" + (f" (llama-server's default is {default})" if value > default else ""),
+        )
 
     ub, ub_flag, ub_why = one("-ub", given_ubatch, LLAMA_UBATCH_DEFAULT, ubatch_needed)
     b, b_flag, b_why = one("-b", given_batch, LLAMA_BATCH_DEFAULT, True)
@@ -139,8 +156,9 @@ class SlotContext:
     warning: str | None = None
 
 
-def context_for_slots(slots: int, kv_unified: bool, per_slot_min: int, ctx: int, explicit: bool,
-                      min_label: str) -> SlotContext:
+def context_for_slots(
+    slots: int, kv_unified: bool, per_slot_min: int, ctx: int, explicit: bool, min_label: str
+) -> SlotContext:
     """The context for `slots` slots, starting from the single-server choice `ctx`.
 
     Without -kvu llama-server splits the context evenly, so it is raised (when not explicit) to
@@ -150,8 +168,10 @@ def context_for_slots(slots: int, kv_unified: bool, per_slot_min: int, ctx: int,
     """
     if kv_unified:
         total = ctx if explicit else max(ctx, per_slot_min)
-        why = (f"-kvu: {slots} slots share one pool of {total} tokens; a slot may use all of it, together they "
-               f"cannot exceed it")
+        why = (
+            f"-kvu: {slots} slots share one pool of {total} tokens; a slot may use all of it, together they "
+            f"cannot exceed it"
+        )
         warning = None
         if total < per_slot_min:
             warning = f"the shared context {total} is below {min_label} ({per_slot_min})"
@@ -161,8 +181,10 @@ def context_for_slots(slots: int, kv_unified: bool, per_slot_min: int, ctx: int,
         per = ctx // slots
         warning = None
         if per < per_slot_min:
-            warning = (f"-c {ctx} split over {slots} slots leaves {per} tokens per slot, below {min_label} "
-                       f"({per_slot_min}); raise the context to {want}, use fewer slots, or set BONSAI_KV_UNIFIED=1")
+            warning = (
+                f"-c {ctx} split over {slots} slots leaves {per} tokens per slot, below {min_label} "
+                f"({per_slot_min}); raise the context to {want}, use fewer slots, or set BONSAI_KV_UNIFIED=1"
+            )
         return SlotContext(ctx, per, f"set explicitly; {slots} slots x {per} tokens each", warning)
     total = max(ctx, want)
     per = total // slots
@@ -183,7 +205,8 @@ def refuse_unless_build_can(shared_drafting: bool | None, binary: str, slots: in
         raise BonsaiError(
             f"{binary} cannot speculate ({spec_type}) on {slots} slots: its --spec-type takes one type, so it predates "
             f"the shared draft context that serves every slot ({SHARED_DRAFTING_PR})",
-            "run `bonsai build` for the pinned llama.cpp, or use one slot (BONSAI_PARALLEL=1)")
+            "run `bonsai build` for the pinned llama.cpp, or use one slot (BONSAI_PARALLEL=1)",
+        )
     return f"the build drafts for every slot in one context ({SHARED_DRAFTING_PR})"
 
 
@@ -200,6 +223,13 @@ class SlotsPlan:
     batch: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"parallel": self.count, "effective": self.count or LLAMA_AUTO_SLOTS, "kv_unified": self.kv_unified,
-                "per_slot_ctx": self.per_slot_ctx, "draft_length": self.draft_length, "batch_need": self.batch_need,
-                "ubatch": self.ubatch, "batch": self.batch}
+        return {
+            "parallel": self.count,
+            "effective": self.count or LLAMA_AUTO_SLOTS,
+            "kv_unified": self.kv_unified,
+            "per_slot_ctx": self.per_slot_ctx,
+            "draft_length": self.draft_length,
+            "batch_need": self.batch_need,
+            "ubatch": self.ubatch,
+            "batch": self.batch,
+        }

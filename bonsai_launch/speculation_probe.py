@@ -35,8 +35,7 @@ _LOG_PREFIX = re.compile(r"^\s*[\d.]+\s+[A-Z]\s+(?:\S+\s+)?(?:[\w:~<>]+:\s+)?")
 # What llama-server (b11434) drafts at most per step when no n-max is given, by type
 # (common/speculative.cpp): drafter types use --spec-draft-n-max (default 3), the n-gram
 # types their own sizes.
-LLAMA_DEFAULT_N_MAX = {"ngram-simple": 48, "ngram-map-k": 48, "ngram-map-k4v": 48, "ngram-mod": 64,
-                       "ngram-cache": 8}
+LLAMA_DEFAULT_N_MAX = {"ngram-simple": 48, "ngram-map-k": 48, "ngram-map-k4v": 48, "ngram-mod": 64, "ngram-cache": 8}
 LLAMA_DEFAULT_DRAFT_N_MAX = 3
 
 
@@ -65,8 +64,15 @@ def probe(base_url: str, api_key: str | None = None, n_tokens: int = PROOF_TOKEN
     """Run the probe against a llama-server (see the module docstring)."""
     slot_info = client.slots(base_url, api_key)
     slots_spec = None if not slot_info else any(bool(s.get("speculative")) for s in slot_info)
-    first = client.completion(base_url, PROOF_PROMPT, n_predict=n_tokens, temperature=0.0, api_key=api_key,
-                              cache_prompt=False, return_tokens=True)
+    first = client.completion(
+        base_url,
+        PROOF_PROMPT,
+        n_predict=n_tokens,
+        temperature=0.0,
+        api_key=api_key,
+        cache_prompt=False,
+        return_tokens=True,
+    )
     timings = first.get("timings") or {}
     drafted, accepted, _ = client.acceptance(timings)
     requests = 1
@@ -74,12 +80,24 @@ def probe(base_url: str, api_key: str | None = None, n_tokens: int = PROOF_TOKEN
         answer = [int(t) for t in first.get("tokens") or []]
         prompt = tokenize(base_url, PROOF_PROMPT, api_key)
         if answer and prompt:
-            echo = client.completion(base_url, prompt + answer + prompt + answer + prompt, n_predict=n_tokens,
-                                     temperature=0.0, api_key=api_key, cache_prompt=False)
+            echo = client.completion(
+                base_url,
+                prompt + answer + prompt + answer + prompt,
+                n_predict=n_tokens,
+                temperature=0.0,
+                api_key=api_key,
+                cache_prompt=False,
+            )
             drafted, accepted, _ = client.acceptance(echo.get("timings") or {})
             requests = 2
-    return ProbeResult(drafted, accepted, int(timings.get("predicted_n") or 0), timings.get("predicted_per_second"),
-                       slots_spec, requests)
+    return ProbeResult(
+        drafted,
+        accepted,
+        int(timings.get("predicted_n") or 0),
+        timings.get("predicted_per_second"),
+        slots_spec,
+        requests,
+    )
 
 
 def tokenize(base_url: str, text: str, api_key: str | None = None) -> list[int]:
@@ -93,6 +111,7 @@ def tokenize(base_url: str, text: str, api_key: str | None = None) -> list[int]:
 
 # -- why not live ---------------------------------------------------------------------------------
 
+
 def _strip_prefix(line: str) -> str:
     """`0.00.029.770 E srv    load_model: failed ...` -> `failed ...`."""
     return _LOG_PREFIX.sub("", line, count=1).strip()
@@ -102,8 +121,8 @@ def speculation_failure_reason(log_lines: list[str]) -> str | None:
     """The server's own explanation: the marker line and the error lines just before it."""
     for i, line in enumerate(log_lines):
         if SPEC_FAILURE_MARKER in line:
-            before = [_strip_prefix(x) for x in log_lines[max(0, i - 3):i] if re.match(r"^\s*[\d.]+\s+E\s", x)]
-            text = line[line.index(SPEC_FAILURE_MARKER):].strip()
+            before = [_strip_prefix(x) for x in log_lines[max(0, i - 3) : i] if re.match(r"^\s*[\d.]+\s+E\s", x)]
+            text = line[line.index(SPEC_FAILURE_MARKER) :].strip()
             return "; ".join([*before, text])
     return None
 
@@ -135,6 +154,7 @@ def not_live_reason(result: ProbeResult, spec_type: str | None = None, log_path:
 
 # -- the proof start/run/chat/bench show ------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SpecProof:
     live: bool
@@ -157,19 +177,34 @@ class SpecProof:
     def summary(self) -> str:
         if self.live:
             rate = f"{self.rate * 100:.1f}%" if self.rate is not None else "n/a"
-            return (f"speculative decoding: live ({self.spec_type}, n-max {self.n_max_text()}, "
-                    f"acceptance {rate} of {self.drafted} drafted on the probe)")
+            return (
+                f"speculative decoding: live ({self.spec_type}, n-max {self.n_max_text()}, "
+                f"acceptance {rate} of {self.drafted} drafted on the probe)"
+            )
         return f"speculative decoding: NOT live ({self.spec_type}): {self.reason}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"live": self.live, "type": self.spec_type, "n_max": self.n_max,
-                "n_max_effective": self.n_max if self.n_max is not None else default_n_max(self.spec_type),
-                "drafted": self.drafted, "accepted": self.accepted, "acceptance": self.rate,
-                "slots_speculative": self.slots_speculative, "reason": self.reason}
+        return {
+            "live": self.live,
+            "type": self.spec_type,
+            "n_max": self.n_max,
+            "n_max_effective": self.n_max if self.n_max is not None else default_n_max(self.spec_type),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": self.rate,
+            "slots_speculative": self.slots_speculative,
+            "reason": self.reason,
+        }
 
 
-def prove(base_url: str, spec_type: str, n_max: int | None, log_path: Path | None = None,
-          api_key: str | None = None, n_tokens: int = PROOF_TOKENS) -> SpecProof:
+def prove(
+    base_url: str,
+    spec_type: str,
+    n_max: int | None,
+    log_path: Path | None = None,
+    api_key: str | None = None,
+    n_tokens: int = PROOF_TOKENS,
+) -> SpecProof:
     """Probe a server that was started with speculation and judge it by the one rule."""
     result = probe(base_url, api_key, n_tokens)
     live = is_live(result)

@@ -40,6 +40,7 @@ _HANDLED_SIGNALS = process_control.current().stop_signals()  # SIGINT/SIGTERM/SI
 
 # -- before spawning ---------------------------------------------------------------------------
 
+
 def check_port_free(host: str, port: int) -> None:
     """Bind the address for a moment: the only reliable test that llama-server can bind it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -52,10 +53,14 @@ def check_port_free(host: str, port: int) -> None:
         except OSError as exc:
             if exc.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1)):
                 holder = _port_holder(port)
-                raise BonsaiError(f"port {port} on {host} is already in use{holder}",
-                                  "stop that server (`bonsai ps`, `bonsai stop`) or pick another with --port / BONSAI_PORT") from None
-            raise BonsaiError(f"cannot bind {host}:{port}: {exc.strerror or exc}",
-                              "use another --host/BONSAI_HOST or --port/BONSAI_PORT") from None
+                raise BonsaiError(
+                    f"port {port} on {host} is already in use{holder}",
+                    "stop that server (`bonsai ps`, `bonsai stop`) or pick another with --port / BONSAI_PORT",
+                ) from None
+            raise BonsaiError(
+                f"cannot bind {host}:{port}: {exc.strerror or exc}",
+                "use another --host/BONSAI_HOST or --port/BONSAI_PORT",
+            ) from None
 
 
 def _port_holder(port: int) -> str:
@@ -73,14 +78,17 @@ def preflight(plan: LaunchPlan) -> None:
 
 # -- speculation proof ---------------------------------------------------------------------------
 
-def prove_speculation(base_url: str, spec: SpecPlan, log_path: Path | None = None,
-                      api_key: str | None = None) -> SpecProof:
+
+def prove_speculation(
+    base_url: str, spec: SpecPlan, log_path: Path | None = None, api_key: str | None = None
+) -> SpecProof:
     """Probe a freshly started server; live only when the probe drafted tokens (the one
     rule of bonsai_launch.speculation_probe, shared with verify and bench)."""
     return speculation_probe.prove(base_url, spec.spec_type, spec.n_max, log_path, api_key)
 
 
 # -- signals -------------------------------------------------------------------------------------
+
 
 class StopRequested(BaseException):
     """The user (or the system) asked bonsai to stop: Ctrl+C, SIGTERM or SIGHUP. A
@@ -122,6 +130,7 @@ class SignalForwarder:
 
 # -- launching -----------------------------------------------------------------------------------
 
+
 def log_path_for(name: str) -> Path:
     """logs/<name>.log; the previous run's log is kept as <name>.log.1."""
     path = logs_dir() / f"{name}.log"
@@ -142,28 +151,47 @@ class Launched:
     slots_proof: SlotsProof | None = None  # with several slots: concurrent requests, each drafted
 
 
-def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = False,
-           on_status: Callable[[str], None] | None = None, forwarder: SignalForwarder | None = None,
-           ready_timeout: float = 600.0) -> Launched:
+def launch(
+    plan: LaunchPlan,
+    *,
+    detach: bool = False,
+    spec_fallback: bool = False,
+    on_status: Callable[[str], None] | None = None,
+    forwarder: SignalForwarder | None = None,
+    ready_timeout: float = 600.0,
+) -> Launched:
     """Spawn, register, wait until ready, prove speculation. On any failure the server is
     stopped and unregistered before the error propagates."""
     preflight(plan)
     name = instances.unique_name(plan.profile or Path(plan.model).stem, plan.port)
     log_path = log_path_for(name)
     started = time.monotonic()
-    server = ServerProcess.spawn(plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url,
-                                 die_with_parent=not detach)
+    server = ServerProcess.spawn(
+        plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url, die_with_parent=not detach
+    )
     if forwarder is not None:
         forwarder.server = server
     ok = False
     try:
         inst = instances.Instance(
-            name=name, pid=server.pid, create_time=instances.process_create_time(server.pid) or time.time(),
-            host=plan.host, port=plan.port, base_url=plan.base_url, profile=plan.profile, model=plan.model,
-            log_path=str(log_path), started_at=time.time(), detached=detach, speculative=False,
+            name=name,
+            pid=server.pid,
+            create_time=instances.process_create_time(server.pid) or time.time(),
+            host=plan.host,
+            port=plan.port,
+            base_url=plan.base_url,
+            profile=plan.profile,
+            model=plan.model,
+            log_path=str(log_path),
+            started_at=time.time(),
+            detached=detach,
+            speculative=False,
             spec_type=plan.speculative.spec_type if plan.speculative else None,
-            supervisor_pid=None if detach else _own_pid(), api_key_required=bool(plan.env.get("LLAMA_API_KEY")),
-            argv=plan.argv, tuning=getattr(plan, "tuning", None))
+            supervisor_pid=None if detach else _own_pid(),
+            api_key_required=bool(plan.env.get("LLAMA_API_KEY")),
+            argv=plan.argv,
+            tuning=getattr(plan, "tuning", None),
+        )
         instances.register(inst)
         server.wait_ready(ready_timeout, on_status)
         ready_s = time.monotonic() - started
@@ -173,8 +201,10 @@ def launch(plan: LaunchPlan, *, detach: bool = False, spec_fallback: bool = Fals
                 on_status("checking speculative decoding")
             proof = prove_speculation(plan.base_url, plan.speculative, log_path, plan.api_key)
             if not proof.live and not spec_fallback:
-                raise ActionFailed(proof.summary(),
-                                   "fix the drafter or its settings, or pass --spec-fallback to serve without speculation")
+                raise ActionFailed(
+                    proof.summary(),
+                    "fix the drafter or its settings, or pass --spec-fallback to serve without speculation",
+                )
             slots_proof = _prove_slots(plan, proof, spec_fallback)
             if proof.live:
                 instances.update(name, speculative=True)
@@ -194,9 +224,13 @@ def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> Slo
     count = plan.slots.count if plan.slots is not None else None
     if not proof.live or plan.speculative is None or not count or count < 2:
         return None
-    result = prove_slots(plan.base_url, plan.speculative, count, PROOF_PROMPT, PROOF_TOKENS, plan.env.get("LLAMA_API_KEY"))
+    result = prove_slots(
+        plan.base_url, plan.speculative, count, PROOF_PROMPT, PROOF_TOKENS, plan.env.get("LLAMA_API_KEY")
+    )
     if not result.live and not spec_fallback:
-        raise ActionFailed(result.summary(), "use one slot (BONSAI_PARALLEL=1), or pass --spec-fallback to serve anyway")
+        raise ActionFailed(
+            result.summary(), "use one slot (BONSAI_PARALLEL=1), or pass --spec-fallback to serve anyway"
+        )
     return result
 
 
@@ -235,8 +269,7 @@ def shutdown(launched: Launched) -> None:
     instances.unregister(launched.instance.name, launched.server.pid)
 
 
-def follow(path: Path, *, offset: int = 0, alive: Callable[[], bool] | None = None,
-           poll: float = 0.2) -> Iterator[str]:
+def follow(path: Path, *, offset: int = 0, alive: Callable[[], bool] | None = None, poll: float = 0.2) -> Iterator[str]:
     """Yield lines of a growing log file from byte `offset` (like `tail -f`) until `alive()`
     turns false; then the rest of the file is yielded."""
     with open_read_shared(path) as f:  # Windows: the next start may still rotate the log

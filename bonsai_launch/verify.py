@@ -113,7 +113,8 @@ def _check_llama(base: str, api_key: str | None, report: VerifyReport) -> None:
     if not report.speculative:
         inst = _bonsai_instance(base)
         report.not_live_reason = speculation_probe.not_live_reason(
-            result, inst.spec_type if inst else None, Path(inst.log_path) if inst else None)
+            result, inst.spec_type if inst else None, Path(inst.log_path) if inst else None
+        )
     if report.tokens == 0:
         report.problems.append("generation: the server produced no tokens")
 
@@ -131,8 +132,14 @@ def _bonsai_instance(base: str):
 def _check_openai(base: str, api_key: str | None, report: VerifyReport) -> None:
     started = time.monotonic()
     try:
-        result = client.chat_completion(base, [{"role": "user", "content": PROOF_PROMPT}], max_tokens=PROOF_TOKENS,
-                                        temperature=0.0, api_key=api_key, model=report.model)
+        result = client.chat_completion(
+            base,
+            [{"role": "user", "content": PROOF_PROMPT}],
+            max_tokens=PROOF_TOKENS,
+            temperature=0.0,
+            api_key=api_key,
+            model=report.model,
+        )
     except ActionFailed as exc:
         report.problems.append(f"generation: {exc.message}")
         return
@@ -144,10 +151,12 @@ def _check_openai(base: str, api_key: str | None, report: VerifyReport) -> None:
     timings = result.get("timings") or {}
     if timings:  # an OpenAI-compatible front of llama-server: judged by the same rule
         report.drafted, report.accepted, _ = client.acceptance(timings)
-        report.speculative = speculation_probe.is_live(speculation_probe.ProbeResult(
-            report.drafted, report.accepted, report.tokens, report.decode_tps, None, 1))
+        report.speculative = speculation_probe.is_live(
+            speculation_probe.ProbeResult(report.drafted, report.accepted, report.tokens, report.decode_tps, None, 1)
+        )
         if not report.speculative:
-            report.not_live_reason = speculation_probe.not_live_reason(speculation_probe.ProbeResult(
-                0, 0, report.tokens, report.decode_tps, None, 1))
+            report.not_live_reason = speculation_probe.not_live_reason(
+                speculation_probe.ProbeResult(0, 0, report.tokens, report.decode_tps, None, 1)
+            )
     if report.tokens == 0 and not (result.get("choices") or []):
         report.problems.append("generation: the server returned no answer")

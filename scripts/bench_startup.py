@@ -99,8 +99,13 @@ def bonsai_once(args: list[str], marker: str, env: dict[str, str], port: int) ->
     seen: dict[str, float] = {}
     done = threading.Event()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "bonsai_launch", "start", "--port", str(port), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bonsai_launch", "start", "--port", str(port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
 
     def watch() -> None:
         parent = psutil.Process(proc.pid)
@@ -158,15 +163,21 @@ run()
 def cpu_before_spawn(args: list[str], env: dict[str, str]) -> float:
     """CPU seconds `bonsai start` uses up to the moment it would spawn llama-server: what its
     wall time before spawning is on an otherwise idle core, whatever the machine's load."""
-    done = subprocess.run([sys.executable, "-c", PRE_SPAWN_PROBE, *args], env=env, capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PRE_SPAWN_PROBE, *args], env=env, capture_output=True, text=True, check=True
+    )
     return float(done.stdout.strip().splitlines()[-1])
 
 
 def cli_once(args: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "bonsai_launch", *args], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        check=True,
+    )
     return time.perf_counter() - t0
 
 
@@ -188,9 +199,15 @@ def main() -> None:
         demo.assemble(folder / "gemma-3-270m-q4_k_m.gguf")
 
     port = free_port()
-    plan = json.loads(subprocess.run([sys.executable, "-m", "bonsai_launch", "start", "--dry-run", "--json",
-                                      "--port", str(port)], env=env, capture_output=True, text=True,
-                                     check=True).stdout)
+    plan = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "bonsai_launch", "start", "--dry-run", "--json", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     raw_env = {**env, **plan["env"]}
     # Warm-up (page cache, the pull record, the header and capability caches): not counted.
     bonsai_once([], "ready in", env, free_port())
@@ -202,15 +219,18 @@ def main() -> None:
         ours.append(bonsai_once(["--no-speculative"], "ready in", env, free_port()))
         proof.append(bonsai_once([], "speculative decoding: live", {**env, "BONSAI_SPECULATIVE": "1"}, free_port()))
     cpu = [cpu_before_spawn(["--port", str(free_port())], env) for _ in range(opts.runs)]
-    cpu_spec = [cpu_before_spawn(["--port", str(free_port())], {**env, "BONSAI_SPECULATIVE": "1"})
-                for _ in range(opts.runs)]
+    cpu_spec = [
+        cpu_before_spawn(["--port", str(free_port())], {**env, "BONSAI_SPECULATIVE": "1"}) for _ in range(opts.runs)
+    ]
     helps = [cli_once(["--help"], env) for _ in range(opts.runs)]
     dry = [cli_once(["start", "--dry-run"], env) for _ in range(opts.runs)]
 
     med = statistics.median
     added = [t.before_spawn + t.after_ready for t in ours]
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
-          f"Python {platform.python_version()}; profile {opts.profile}; {opts.runs} runs each")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
+        f"Python {platform.python_version()}; profile {opts.profile}; {opts.runs} runs each"
+    )
     print()
     print("| measurement | median (s) | min (s) | max (s) |")
     print("|---|---|---|---|")
@@ -231,8 +251,10 @@ def main() -> None:
         print(f"| {label} | {med(xs):.3f} | {min(xs):.3f} | {max(xs):.3f} |")
     print()
     scratch.cleanup()
-    print(f"paired wall clock, median bonsai - median raw: {med([t.total for t in ours]) - med(raw):+.3f} s "
-          "(noisy when the machine is busy; the launcher's added time above is the robust figure)")
+    print(
+        f"paired wall clock, median bonsai - median raw: {med([t.total for t in ours]) - med(raw):+.3f} s "
+        "(noisy when the machine is busy; the launcher's added time above is the robust figure)"
+    )
 
 
 if __name__ == "__main__":

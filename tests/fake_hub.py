@@ -142,8 +142,11 @@ class FakeHub:
         sha = None
         if file_name is not None:
             sha = next(f.sha256 for r in self.repos.values() for f in r.files.values() if f.name == file_name)
-        return [s for s in self.requests if s.method == "GET" and s.path.startswith("/_lfs/")
-                and (sha is None or s.path.split("?")[0].endswith(sha))]
+        return [
+            s
+            for s in self.requests
+            if s.method == "GET" and s.path.startswith("/_lfs/") and (sha is None or s.path.split("?")[0].endswith(sha))
+        ]
 
     def find_blob(self, sha: str) -> FakeFile | None:
         for repo in self.repos.values():
@@ -166,8 +169,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.hub.record(seen)
         return seen
 
-    def _send(self, seen: Seen, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        seen: Seen,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         seen.status = status
         self.send_response(status)
         self.send_header("Content-Type", content_type)
@@ -178,7 +187,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD" and body:
             self.wfile.write(body)
 
-    def _error(self, seen: Seen, status: int, code: str | None, message: str, extra: dict[str, str] | None = None) -> None:
+    def _error(
+        self, seen: Seen, status: int, code: str | None, message: str, extra: dict[str, str] | None = None
+    ) -> None:
         headers = {"X-Error-Message": message, **(extra or {})}
         if code:
             headers["X-Error-Code"] = code
@@ -231,8 +242,12 @@ class _Handler(BaseHTTPRequestHandler):
             return self._blob(seen, parts[1])
         if parts[:2] == ["api", "models"] and len(parts) in (4, 6):
             revision = parts[5] if len(parts) == 6 and parts[4] == "revision" else "main"
-            return self._model_info(seen, f"{parts[2]}/{parts[3]}", revision, query.get("blobs") == ["True"]
-                                    or query.get("blobs") == ["true"])
+            return self._model_info(
+                seen,
+                f"{parts[2]}/{parts[3]}",
+                revision,
+                query.get("blobs") == ["True"] or query.get("blobs") == ["true"],
+            )
         if len(parts) >= 5 and parts[2] == "resolve":
             return self._resolve(seen, f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]))
         self._error(seen, 404, None, "not found")
@@ -247,20 +262,38 @@ class _Handler(BaseHTTPRequestHandler):
                 continue
             entry: dict[str, Any] = {"rfilename": f.name}
             if blobs:
-                entry.update(size=f.size, blobId=hashlib.sha1(f.content).hexdigest(),
-                             lfs={"size": f.size, "sha256": f.sha256, "pointerSize": 134})
+                entry.update(
+                    size=f.size,
+                    blobId=hashlib.sha1(f.content).hexdigest(),
+                    lfs={"size": f.size, "sha256": f.sha256, "pointerSize": 134},
+                )
             siblings.append(entry)
-        body = {"_id": "x", "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit,
-                "private": repo.private, "siblings": siblings, "tags": ["gguf"]}
+        body = {
+            "_id": "x",
+            "id": repo.repo_id,
+            "modelId": repo.repo_id,
+            "sha": repo.commit,
+            "private": repo.private,
+            "siblings": siblings,
+            "tags": ["gguf"],
+        }
         self._send(seen, 200, json.dumps(body).encode())
 
     def _paths_info(self, seen: Seen, repo_id: str, revision: str, paths: list[str]) -> None:
         repo = self._repo_or_error(seen, repo_id)
         if repo is None or not self._revision_ok(seen, repo, revision):
             return
-        out = [{"type": "file", "path": f.name, "size": f.size, "oid": hashlib.sha1(f.content).hexdigest(),
-                "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134}}
-               for f in repo.files.values() if f.name in paths and f.listed]
+        out = [
+            {
+                "type": "file",
+                "path": f.name,
+                "size": f.size,
+                "oid": hashlib.sha1(f.content).hexdigest(),
+                "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134},
+            }
+            for f in repo.files.values()
+            if f.name in paths and f.listed
+        ]
         self._send(seen, 200, json.dumps(out).encode())
 
     def _resolve(self, seen: Seen, repo_id: str, revision: str, file_name: str) -> None:
@@ -269,11 +302,21 @@ class _Handler(BaseHTTPRequestHandler):
             return
         f = repo.files.get(file_name)
         if f is None or not f.resolvable:
-            return self._error(seen, 404, "EntryNotFound", f"{file_name} does not exist on \"{revision}\"",
-                               {"X-Repo-Commit": repo.commit})
-        headers = {"Location": f"{self.hub.url}/_lfs/{f.sha256}", "X-Repo-Commit": repo.commit,
-                   "ETag": f'"{hashlib.sha1(f.content).hexdigest()}"', "X-Linked-Etag": f'"{f.sha256}"',
-                   "X-Linked-Size": str(f.size), "Accept-Ranges": "bytes"}
+            return self._error(
+                seen,
+                404,
+                "EntryNotFound",
+                f'{file_name} does not exist on "{revision}"',
+                {"X-Repo-Commit": repo.commit},
+            )
+        headers = {
+            "Location": f"{self.hub.url}/_lfs/{f.sha256}",
+            "X-Repo-Commit": repo.commit,
+            "ETag": f'"{hashlib.sha1(f.content).hexdigest()}"',
+            "X-Linked-Etag": f'"{f.sha256}"',
+            "X-Linked-Size": str(f.size),
+            "Accept-Ranges": "bytes",
+        }
         self._send(seen, 302, b"", headers, "text/plain")
 
     def _blob(self, seen: Seen, sha: str) -> None:
@@ -296,7 +339,7 @@ class _Handler(BaseHTTPRequestHandler):
             if start >= total:
                 return self._send(seen, 416, b"", {"Content-Range": f"bytes */{total}"}, "text/plain")
             status = 206
-        body = data[start:end + 1]
+        body = data[start : end + 1]
         headers = {"ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes"}
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{end}/{total}"
@@ -326,11 +369,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         step = 64 * 1024
         for i in range(0, len(body), step):
-            self.wfile.write(body[i:i + step])
-            seen.body_bytes += len(body[i:i + step])
+            self.wfile.write(body[i : i + step])
+            seen.body_bytes += len(body[i : i + step])
 
 
 # --- generated repos under the real names ------------------------------------------------------
+
 
 def tiny_files(folder: Path) -> dict[str, bytes]:
     """Tiny GGUFs for the ternary-27b and bonsai-8b profiles, under their real file names, plus
@@ -344,6 +388,7 @@ def tiny_files(folder: Path) -> dict[str, bytes]:
     drafter = tiny_gguf.write_dspark_drafter(folder / "drafter.gguf", vocab=2048, legacy=True, name="tiny dspark")
     # the bf16 sidecar in PrismML's legacy layout (log-SNR family), made for `target`
     from legacy_dspark_gguf import write_legacy_drafter
+
     sidecar = write_legacy_drafter(folder / "sidecar.gguf", vocab=2048, target_layers=(0,), name="tiny dspark bf16")
     small = tiny_gguf.write_target(folder / "small.gguf", vocab=256, name="tiny Bonsai-8B")
     mmproj = _write_mmproj(folder / "mmproj.gguf")
@@ -409,6 +454,7 @@ def hub(tiny_repo_files, monkeypatch, tmp_path) -> Any:
     # huggingface_hub fetches an "agent harness" registry from the import-time endpoint for its
     # user agent; tests must not reach out for it.
     from huggingface_hub.utils import _detect_agent
+
     monkeypatch.setattr(_detect_agent, "_registry", _detect_agent._EMPTY_REGISTRY)
     monkeypatch.chdir(tmp_path)  # no stray ./.bonsai_token
     yield fake

@@ -31,8 +31,12 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, qu
 
 from tiny_gguf import _constant_head, _rng
 
-LOG_SNR_TENSORS = ("dspark.log_snr_fc1.weight", "dspark.log_snr_fc1.bias",
-                   "dspark.log_snr_fc2.weight", "dspark.log_snr_fc2.bias")
+LOG_SNR_TENSORS = (
+    "dspark.log_snr_fc1.weight",
+    "dspark.log_snr_fc1.bias",
+    "dspark.log_snr_fc2.weight",
+    "dspark.log_snr_fc2.bias",
+)
 
 
 def _bf16(x: np.ndarray) -> tuple[np.ndarray, GGMLQuantizationType]:
@@ -47,14 +51,31 @@ def _full(value: float, *ggml_shape: int) -> np.ndarray:
     return np.full(tuple(reversed(ggml_shape)), value, dtype=np.float32)
 
 
-def write_legacy_drafter(path: str | Path, *, embedding: int = 64, vocab: int = 512, markov_rank: int = 8,
-                         draft_layers: int = 1, target_layers: Sequence[int] = (0, 2), block_size: int = 4,
-                         mask_token_id: int | None = None, log_snr: bool = True,
-                         min_log_snr: float = -9.0, max_log_snr: float = 9.0,
-                         confidence_head_with_markov: bool = True, extra_tensor: str | None = None,
-                         extra_dflash_key: bool = False, constant_token: int | None = None,
-                         heads: int = 4, heads_kv: int = 2, head_dim: int = 16, ff: int = 128,
-                         context_length: int = 4096, seed: int = 0, name: str = "tiny-legacy-dspark") -> Path:
+def write_legacy_drafter(
+    path: str | Path,
+    *,
+    embedding: int = 64,
+    vocab: int = 512,
+    markov_rank: int = 8,
+    draft_layers: int = 1,
+    target_layers: Sequence[int] = (0, 2),
+    block_size: int = 4,
+    mask_token_id: int | None = None,
+    log_snr: bool = True,
+    min_log_snr: float = -9.0,
+    max_log_snr: float = 9.0,
+    confidence_head_with_markov: bool = True,
+    extra_tensor: str | None = None,
+    extra_dflash_key: bool = False,
+    constant_token: int | None = None,
+    heads: int = 4,
+    heads_kv: int = 2,
+    head_dim: int = 16,
+    ff: int = 128,
+    context_length: int = 4096,
+    seed: int = 0,
+    name: str = "tiny-legacy-dspark",
+) -> Path:
     """Write a legacy drafter; see the module docstring. Returns the path."""
     e, v, r = embedding, vocab, markov_rank
     mask = v - 1 if mask_token_id is None else mask_token_id
@@ -64,10 +85,16 @@ def write_legacy_drafter(path: str | Path, *, embedding: int = 64, vocab: int = 
     w = GGUFWriter(str(tmp), "dspark")
     w.add_string("general.name", name)
     w.add_uint32("general.file_type", 32)  # MOSTLY_BF16
-    for key, val in (("block_count", draft_layers), ("context_length", context_length), ("embedding_length", e),
-                     ("feed_forward_length", ff), ("attention.head_count", heads),
-                     ("attention.head_count_kv", heads_kv), ("attention.key_length", head_dim),
-                     ("attention.value_length", head_dim)):
+    for key, val in (
+        ("block_count", draft_layers),
+        ("context_length", context_length),
+        ("embedding_length", e),
+        ("feed_forward_length", ff),
+        ("attention.head_count", heads),
+        ("attention.head_count_kv", heads_kv),
+        ("attention.key_length", head_dim),
+        ("attention.value_length", head_dim),
+    ):
         w.add_uint32(f"dspark.{key}", val)
     w.add_float32("dspark.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32("dspark.rope.freq_base", 1e7)
@@ -75,8 +102,12 @@ def write_legacy_drafter(path: str | Path, *, embedding: int = 64, vocab: int = 
     w.add_string("tokenizer.ggml.model", "none")
     w.add_uint32("dspark.dspark.block_size", block_size)
     w.add_uint32("dspark.dspark.mask_token_id", mask)
-    w.add_key_value("dspark.dspark.target_layers", [int(i) for i in target_layers], GGUFValueType.ARRAY,
-                    sub_type=GGUFValueType.INT32)
+    w.add_key_value(
+        "dspark.dspark.target_layers",
+        [int(i) for i in target_layers],
+        GGUFValueType.ARRAY,
+        sub_type=GGUFValueType.INT32,
+    )
     w.add_uint32("dspark.dspark.markov_rank", r)
     w.add_bool("dspark.dspark.confidence_head", True)
     w.add_bool("dspark.dspark.confidence_head_with_markov", confidence_head_with_markov)
@@ -94,22 +125,31 @@ def write_legacy_drafter(path: str | Path, *, embedding: int = 64, vocab: int = 
         embd, out = embd.astype(np.float32), out.astype(np.float32)
     else:
         embd, out = _rand(rng, e, v, scale=1.0), _rand(rng, e, v)
-    tensors += [("token_embd.weight", embd, True), ("output.weight", out, True),
-                ("output_norm.weight", _full(1.0, e), False)]
-    tensors += [("dspark.fc.weight", _rand(rng, len(target_layers) * e, e), True),
-                ("dspark.hidden_norm.weight", _full(1.0, e), False)]
+    tensors += [
+        ("token_embd.weight", embd, True),
+        ("output.weight", out, True),
+        ("output_norm.weight", _full(1.0, e), False),
+    ]
+    tensors += [
+        ("dspark.fc.weight", _rand(rng, len(target_layers) * e, e), True),
+        ("dspark.hidden_norm.weight", _full(1.0, e), False),
+    ]
     w2 = _full(0.0, r, v) if constant else _rand(rng, r, v)
     tensors += [("dspark.markov_head_a.weight", _rand(rng, r, v), True), ("dspark.markov_head_b.weight", w2, True)]
     conf_width = e + r if confidence_head_with_markov else e
-    tensors += [("dspark.confidence_head.weight", _rand(rng, conf_width, 1), True),
-                ("dspark.confidence_head.bias", _full(0.0, 1), False)]
+    tensors += [
+        ("dspark.confidence_head.weight", _rand(rng, conf_width, 1), True),
+        ("dspark.confidence_head.bias", _full(0.0, 1), False),
+    ]
     if log_snr:
         fc2 = _full(0.0, e, e) if constant else _rand(rng, e, e)
         fc2_bias = _full(0.1, e) if constant else _rand(rng, e)
-        tensors += [("dspark.log_snr_fc1.weight", _rand(rng, 128, e), True),
-                    ("dspark.log_snr_fc1.bias", _rand(rng, e), False),
-                    ("dspark.log_snr_fc2.weight", fc2, True),
-                    ("dspark.log_snr_fc2.bias", fc2_bias, False)]
+        tensors += [
+            ("dspark.log_snr_fc1.weight", _rand(rng, 128, e), True),
+            ("dspark.log_snr_fc1.bias", _rand(rng, e), False),
+            ("dspark.log_snr_fc2.weight", fc2, True),
+            ("dspark.log_snr_fc2.bias", fc2_bias, False),
+        ]
     if extra_tensor:
         tensors.append((extra_tensor, _full(0.0, e), False))
     q, kv = head_dim * heads, head_dim * heads_kv

@@ -81,17 +81,28 @@ class Mlp:
     @classmethod
     def random(cls, embedding: int, seed: int) -> Mlp:
         rng = np.random.default_rng(seed)
+
         def draw(*shape: int, scale: float) -> np.ndarray:
             return (rng.standard_normal(shape) * scale).astype(np.float32)
-        return cls(draw(embedding, N_FEAT, scale=0.08), draw(embedding, scale=0.5),
-                   draw(embedding, embedding, scale=0.3), draw(embedding, scale=1.0))
+
+        return cls(
+            draw(embedding, N_FEAT, scale=0.08),
+            draw(embedding, scale=0.5),
+            draw(embedding, embedding, scale=0.3),
+            draw(embedding, scale=1.0),
+        )
 
     def weights(self) -> dict[str, np.ndarray]:
-        return {"log_snr_fc1.weight": self.fc1, "log_snr_fc1.bias": self.b1,
-                "log_snr_fc2.weight": self.fc2, "log_snr_fc2.bias": self.b2}
+        return {
+            "log_snr_fc1.weight": self.fc1,
+            "log_snr_fc1.bias": self.b1,
+            "log_snr_fc2.weight": self.fc2,
+            "log_snr_fc2.bias": self.b2,
+        }
 
-    def __call__(self, feat: np.ndarray, act: Callable[[np.ndarray], np.ndarray] = silu,
-                 fc2_bias: bool = True) -> np.ndarray:
+    def __call__(
+        self, feat: np.ndarray, act: Callable[[np.ndarray], np.ndarray] = silu, fc2_bias: bool = True
+    ) -> np.ndarray:
         h = act(feat.astype(np.float64) @ self.fc1.T.astype(np.float64) + self.b1)
         return h @ self.fc2.T.astype(np.float64) + (self.b2 if fc2_bias else 0.0)
 
@@ -140,10 +151,19 @@ class ConditioningPair:
     rows: dict[str, int]  # candidate name -> output row (token id)
 
 
-def write_conditioning_pair(folder: Path, *, convention: str = "spec", focus: str = "mask", token: int = 7,
-                            vocab: int = 512, embedding: int = 64, seed: int = 3,
-                            min_margin: float = 0.02, near_decoys: int = 0,
-                            near_angle: float = 0.004) -> ConditioningPair:
+def write_conditioning_pair(
+    folder: Path,
+    *,
+    convention: str = "spec",
+    focus: str = "mask",
+    token: int = 7,
+    vocab: int = 512,
+    embedding: int = 64,
+    seed: int = 3,
+    min_margin: float = 0.02,
+    near_decoys: int = 0,
+    near_angle: float = 0.004,
+) -> ConditioningPair:
     """Write the target and the drafter described in the module docstring into `folder`.
 
     near_decoys > 0 (convention "spec" only) adds that many decoy rows at `near_angle` radians
@@ -203,19 +223,29 @@ def write_conditioning_pair(folder: Path, *, convention: str = "spec", focus: st
         embd[mask] = pinned
 
     folder.mkdir(parents=True, exist_ok=True)
-    target = tiny_gguf.write_target(folder / "cond-target.gguf", embedding=embedding, vocab=vocab,
-                                    constant_token=token)
+    target = tiny_gguf.write_target(folder / "cond-target.gguf", embedding=embedding, vocab=vocab, constant_token=token)
     drafter = tiny_gguf.write_dspark_drafter(
-        folder / f"cond-drafter-{focus}-{convention}.gguf", target_embedding=embedding, vocab=vocab,
-        block_size=4, constant_token=token, mask_token_id=mask,
+        folder / f"cond-drafter-{focus}-{convention}.gguf",
+        target_embedding=embedding,
+        vocab=vocab,
+        block_size=4,
+        constant_token=token,
+        mask_token_id=mask,
         log_snr=tiny_gguf.LogSnr(min_log_snr=MIN_LOG_SNR, max_log_snr=MAX_LOG_SNR, weights=mlp.weights()),
         tensor_overrides={"token_embd.weight": embd, "output.weight": out},
-        name=f"tiny-dspark-log-snr-{focus}-{convention}")
+        name=f"tiny-dspark-log-snr-{focus}-{convention}",
+    )
     return ConditioningPair(target, drafter, token, rows)
 
 
-def simulate_drafts(drafter: Path, block: list[int], server_convention: str = "spec",
-                    error: float = 0.0, seed: int = 0, scale: float = 1.0) -> list[int]:
+def simulate_drafts(
+    drafter: Path,
+    block: list[int],
+    server_convention: str = "spec",
+    error: float = 0.0,
+    seed: int = 0,
+    scale: float = 1.0,
+) -> list[int]:
     """What the fixture's drafter drafts for `block` (anchor first, then masks) if the server
     computed the conditioning by `server_convention`, each vector off by a random relative
     `error` and multiplied by `scale`: argmax(output @ RMSNorm(x)) per row. Valid for write_conditioning_pair's drafters

@@ -58,8 +58,9 @@ def commands(source: str) -> list[Command]:
         if node.type == "command":
             name = node.child_by_field_name("command_name")
             elements = node.child_by_field_name("command_elements")
-            args = tuple(c.text.decode() for c in (elements.children if elements else ())
-                         if c.type != "command_argument_sep")
+            args = tuple(
+                c.text.decode() for c in (elements.children if elements else ()) if c.type != "command_argument_sep"
+            )
             invoked = any(c.type == "command_invokation_operator" for c in node.children)
             found.append(Command(invoked, name.text.decode() if name else "", args))
         for child in node.children:

@@ -31,12 +31,24 @@ def bonsai_env(server: Path | None, **extra: str) -> dict[str, str]:
     return env
 
 
-def bonsai(args: Sequence[str], *, server: Path | None = None, env: dict[str, str] | None = None,
-           timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def bonsai(
+    args: Sequence[str],
+    *,
+    server: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess:
     """Run `bonsai ARGS` to completion; stdout/stderr captured as text."""
-    return subprocess.run([sys.executable, "-m", "bonsai_launch", *map(str, args)],
-                          env=env if env is not None else bonsai_env(server), capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd or ROOT, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", *map(str, args)],
+        env=env if env is not None else bonsai_env(server),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or ROOT,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 class Foreground:
@@ -46,9 +58,14 @@ class Foreground:
         self.out_path = tmp / "start.out"
         self.err_path = tmp / "start.err"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "bonsai_launch", "start", *map(str, args)],
-                                         env=env or bonsai_env(server), stdout=out, stderr=err,
-                                         stdin=subprocess.DEVNULL, cwd=ROOT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bonsai_launch", "start", *map(str, args)],
+                env=env or bonsai_env(server),
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+            )
 
     @property
     def out(self) -> str:

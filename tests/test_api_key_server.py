@@ -39,7 +39,7 @@ def test_key_is_enforced_on_loopback_and_every_client_sends_it(llama_server, dem
     done = bonsai(["start", "--profile", "demo", "--model", demo_gguf, "--port", free_port(), "--detach"], env=env)
     assert done.returncode == 0, done.stderr
     assert "model name       demo" in done.stdout
-    assert 'Authorization: Bearer $BONSAI_API_KEY' in done.stdout and '"model":"demo"' in done.stdout
+    assert "Authorization: Bearer $BONSAI_API_KEY" in done.stdout and '"model":"demo"' in done.stdout
     assert KEY not in done.stdout + done.stderr
     (inst,) = json_out(bonsai(["ps", "--json"], env=env))
     url = inst["base_url"]
@@ -53,12 +53,21 @@ def test_key_is_enforced_on_loopback_and_every_client_sends_it(llama_server, dem
     # With it: the profile's name, an answer, and a stream.
     ai = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
     assert [m.id for m in ai.models.list()] == ["demo"]
-    answer = ai.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Say hello."}],
-                                        max_tokens=8, temperature=0)
+    answer = ai.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0
+    )
     assert answer.model == "demo" and answer.choices[0].message.content
-    pieces = [c.choices[0].delta.content for c in ai.chat.completions.create(
-        model="demo", messages=[{"role": "user", "content": "Count to five."}], max_tokens=8, temperature=0,
-        stream=True) if c.choices and c.choices[0].delta.content]
+    pieces = [
+        c.choices[0].delta.content
+        for c in ai.chat.completions.create(
+            model="demo",
+            messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+        if c.choices and c.choices[0].delta.content
+    ]
     assert pieces
 
     # bonsai's own clients send the key from BONSAI_API_KEY (and fail clearly without it).
@@ -68,13 +77,22 @@ def test_key_is_enforced_on_loopback_and_every_client_sends_it(llama_server, dem
     assert no_key.returncode == 1 and "401" in no_key.stdout
     run = bonsai(["run", "--url", url, "-n", "4", "Hello"], env=env)
     assert run.returncode == 0, run.stderr
-    chat = subprocess.run([sys.executable, "-m", "bonsai_launch", "chat", "--url", url, "-n", "4"], input="Hello\n/exit\n",
-                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    chat = subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", "chat", "--url", url, "-n", "4"],
+        input="Hello\n/exit\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert chat.returncode == 0 and "401" not in chat.stderr and "tokens" in chat.stderr, chat.stderr
 
 
 def test_no_key_needed_when_none_is_set(llama_server, tiny):
-    data = json_out(bonsai(["start", "--model", tiny, "--port", free_port(), "--detach", "--json"], server=llama_server))
+    data = json_out(
+        bonsai(["start", "--model", tiny, "--port", free_port(), "--detach", "--json"], server=llama_server)
+    )
     assert data["plan"]["api_key_required"] is False and data["plan"]["env"] == {}
     ai = openai.OpenAI(base_url=data["openai_base_url"], api_key="anything", max_retries=0)
     assert [m.id for m in ai.models.list()] == ["target"]  # the file's stem, not its path
@@ -83,10 +101,12 @@ def test_no_key_needed_when_none_is_set(llama_server, tiny):
 
 def test_bench_sends_the_key_to_the_servers_it_launches(llama_server, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("BONSAI_API_KEY", KEY)
-    options = BenchOptions(configs=("plain",), categories=("code",), per_category=1, temps=(0.0,), repeats=1,
-                           max_tokens=4, tradeoffs=False)
-    doc, _ = run_bench(options, Target(model=str(tiny), binary=llama_server, passthrough=("-t", "1")),
-                       tmp_path / "out", chart=False)
+    options = BenchOptions(
+        configs=("plain",), categories=("code",), per_category=1, temps=(0.0,), repeats=1, max_tokens=4, tradeoffs=False
+    )
+    doc, _ = run_bench(
+        options, Target(model=str(tiny), binary=llama_server, passthrough=("-t", "1")), tmp_path / "out", chart=False
+    )
     requests = [r for r in doc["requests"] if r["phase"] == "suite"]
     assert requests and not any(r["error"] for r in requests)
     assert client.first_key("k1,k2") == "k1"

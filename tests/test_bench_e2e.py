@@ -22,27 +22,42 @@ pytestmark = pytest.mark.server
 # One thread: on a busy shared machine ggml's spinning worker threads slow a tiny model tenfold
 # when they outnumber the free cores (seen here: 30 s instead of 4 s for the launch test).
 THREADS = ("-t", "1")
-SMALL = dict(categories=("code", "code-edit"), per_category=1, temps=(0.0,), repeats=3, max_tokens=16,
-             concurrency=(1, 2), turns=2, conversations=1, tradeoff_tokens=8)
+SMALL = dict(
+    categories=("code", "code-edit"),
+    per_category=1,
+    temps=(0.0,),
+    repeats=3,
+    max_tokens=16,
+    concurrency=(1, 2),
+    turns=2,
+    conversations=1,
+    tradeoff_tokens=8,
+)
 
 
 @pytest.fixture
 def tiny_pair(tmp_path) -> tuple[Path, Path]:
-    return (tg.write_target(tmp_path / "target.gguf", constant_token=7),
-            tg.write_dspark_drafter(tmp_path / "drafter.gguf", constant_token=7))
+    return (
+        tg.write_target(tmp_path / "target.gguf", constant_token=7),
+        tg.write_dspark_drafter(tmp_path / "drafter.gguf", constant_token=7),
+    )
 
 
 def _result(doc, config, category="all", temp=0.0):
-    return next(r for r in doc["results"] if r["config"] == config and r["category"] == category
-                and r["temperature"] == temp)
+    return next(
+        r for r in doc["results"] if r["config"] == config and r["category"] == category and r["temperature"] == temp
+    )
 
 
 def test_launch_mode_measures_plain_against_the_dspark_drafter(llama_server, tiny_pair, tmp_path):
     target, drafter = tiny_pair
     options = BenchOptions(configs=("plain", "speculative"), **SMALL)
-    doc, paths = run_bench(options, Target(model=str(target), drafter=str(drafter), binary=llama_server,
-                                                   passthrough=THREADS),
-                           tmp_path / "out", chart=False)
+    doc, paths = run_bench(
+        options,
+        Target(model=str(target), drafter=str(drafter), binary=llama_server, passthrough=THREADS),
+        tmp_path / "out",
+        chart=False,
+    )
 
     assert validate(doc) == []
     assert set(paths) == {"json", "markdown"}
@@ -66,7 +81,14 @@ def test_launch_mode_measures_plain_against_the_dspark_drafter(llama_server, tin
     assert len(suite) == 2 * 2 * 3 and not any(r["error"] for r in doc["requests"])
     # a fresh server per group, in alternating order, all stopped afterwards
     order = [(s["config"], s["repeat"]) for s in doc["servers"] if s["purpose"] != "trade-offs"]
-    assert order == [("plain", 0), ("speculative", 0), ("speculative", 1), ("plain", 1), ("plain", 2), ("speculative", 2)]
+    assert order == [
+        ("plain", 0),
+        ("speculative", 0),
+        ("speculative", 1),
+        ("plain", 1),
+        ("plain", 2),
+        ("speculative", 2),
+    ]
     assert all(s["peak_rss_bytes"] for s in doc["servers"])
     for s in doc["servers"]:
         with pytest.raises(ProcessLookupError):
@@ -74,7 +96,9 @@ def test_launch_mode_measures_plain_against_the_dspark_drafter(llama_server, tin
 
     turns = {(t["config"], t["turn"]) for t in doc["multi_turn"]["turns"]}
     assert turns == {(c, n) for c in ("plain", "speculative") for n in (1, 2)}
-    assert {(r["config"], r["level"]) for r in doc["concurrency"]} == {(c, n) for c in ("plain", "speculative") for n in (1, 2)}
+    assert {(r["config"], r["level"]) for r in doc["concurrency"]} == {
+        (c, n) for c in ("plain", "speculative") for n in (1, 2)
+    }
     assert {v["kind"] for v in doc["verdicts"]} <= {"faster", "slower", "noise"}
 
 
@@ -85,17 +109,24 @@ def test_url_mode_against_running_servers(llama_server, tiny_pair, tmp_path):
     common = [str(llama_server), "-m", str(target), "--host", "127.0.0.1", "-c", "4096", "--metrics", *THREADS]
     servers = []
     try:
-        for name, extra in (("plain", []), ("spec", ["-md", str(drafter), "--spec-type", "draft-dspark",
-                                                     "--spec-draft-n-max", "4", "-np", "1"])):
+        for name, extra in (
+            ("plain", []),
+            ("spec", ["-md", str(drafter), "--spec-type", "draft-dspark", "--spec-draft-n-max", "4", "-np", "1"]),
+        ):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            proc = ServerProcess.spawn(common + ["--port", str(port)] + extra, env=None,
-                                       log_path=tmp_path / f"{name}.log", base_url=url)
+            proc = ServerProcess.spawn(
+                common + ["--port", str(port)] + extra, env=None, log_path=tmp_path / f"{name}.log", base_url=url
+            )
             servers.append(proc)
             proc.wait_ready(60)
         options = BenchOptions(**{**SMALL, "repeats": 3, "concurrency": (2,)})
-        doc, _ = run_bench(options, Target(url=servers[1].base_url + "/v1", baseline_url=servers[0].base_url),
-                           tmp_path / "out", chart=False)
+        doc, _ = run_bench(
+            options,
+            Target(url=servers[1].base_url + "/v1", baseline_url=servers[0].base_url),
+            tmp_path / "out",
+            chart=False,
+        )
     finally:
         for proc in servers:
             proc.stop()
@@ -115,11 +146,36 @@ def test_cli_quick_run_writes_reports_and_prints_json(llama_server, tiny_pair, t
     target, drafter = tiny_pair
     env = dict(os.environ, BONSAI_LLAMA_SERVER=str(llama_server))
     out = tmp_path / "report"
-    done = subprocess.run([sys.executable, "-m", "bonsai_launch", "bench", "--model", str(target), "--drafter",
-                           str(drafter), "--categories", "code-edit", "--quick", "--max-tokens", "8",
-                           "--repeats", "1", "--no-tradeoffs", "--no-chart", "--out", str(out), "--json",
-                           "--", *THREADS],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bonsai_launch",
+            "bench",
+            "--model",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--categories",
+            "code-edit",
+            "--quick",
+            "--max-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--no-tradeoffs",
+            "--no-chart",
+            "--out",
+            str(out),
+            "--json",
+            "--",
+            *THREADS,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["options"]["quick"] is True and doc["options"]["max_tokens"] == 8
@@ -130,8 +186,12 @@ def test_cli_quick_run_writes_reports_and_prints_json(llama_server, tiny_pair, t
 
 
 def test_cli_refuses_unknown_configuration(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "bonsai_launch", "bench", "--configs", "plain,turbo"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", "bench", "--configs", "plain,turbo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("error: --configs: 'turbo' is not a known configuration")
     assert "Traceback" not in done.stderr

@@ -43,24 +43,36 @@ def test_select_keeps_file_order_and_caps_per_category():
 
 def test_user_file_with_prompt_and_messages_forms(tmp_path):
     f = tmp_path / "mine.jsonl"
-    f.write_text("\n".join([
-        json.dumps({"id": "a", "category": "sql", "prompt": "SELECT 1?"}),
-        "",
-        json.dumps({"id": "b", "category": "sql", "messages": [{"role": "system", "content": "be brief"},
-                                                               {"role": "user", "content": "hi"}]}),
-    ]))
+    f.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "a", "category": "sql", "prompt": "SELECT 1?"}),
+                "",
+                json.dumps(
+                    {
+                        "id": "b",
+                        "category": "sql",
+                        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                    }
+                ),
+            ]
+        )
+    )
     prompts = suite.load_prompts(f)
     assert [p.id for p in prompts] == ["a", "b"]
     assert prompts[0].chat_messages() == [{"role": "user", "content": "SELECT 1?"}]
     assert prompts[1].completion_text().endswith("Assistant:")
 
 
-@pytest.mark.parametrize("line, message", [
-    ("{not json", "line 1 is not valid JSON"),
-    (json.dumps({"prompt": "x"}), "missing \"category\""),
-    (json.dumps({"category": "c"}), "needs \"prompt\""),
-    (json.dumps({"category": "c", "messages": []}), "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "line 1 is not valid JSON"),
+        (json.dumps({"prompt": "x"}), 'missing "category"'),
+        (json.dumps({"category": "c"}), 'needs "prompt"'),
+        (json.dumps({"category": "c", "messages": []}), "non-empty list"),
+    ],
+)
 def test_bad_user_files_name_the_line(tmp_path, line, message):
     f = tmp_path / "bad.jsonl"
     f.write_text(line + "\n")
@@ -70,8 +82,12 @@ def test_bad_user_files_name_the_line(tmp_path, line, message):
 
 def test_duplicate_ids_and_missing_files_are_refused(tmp_path):
     f = tmp_path / "dup.jsonl"
-    f.write_text(json.dumps({"id": "x", "category": "c", "prompt": "a"}) + "\n"
-                 + json.dumps({"id": "x", "category": "c", "prompt": "b"}) + "\n")
+    f.write_text(
+        json.dumps({"id": "x", "category": "c", "prompt": "a"})
+        + "\n"
+        + json.dumps({"id": "x", "category": "c", "prompt": "b"})
+        + "\n"
+    )
     with pytest.raises(BonsaiError, match="used twice"):
         suite.load_prompts(f)
     with pytest.raises(BonsaiError, match="cannot read prompts file"):

@@ -16,9 +16,9 @@ from bonsai_launch.bench.summary import summarize
 
 # (category, plain tok/s per repeat, speculative tok/s per repeat)
 SPEEDS = {
-    "code-edit": ([40.0, 41.0, 39.0], [80.0, 84.0, 78.0]),   # clearly faster
-    "chat": ([42.0, 40.0, 41.0], [41.0, 43.0, 39.0]),        # noise
-    "math": ([40.0, 40.5, 41.0], [30.0, 31.0, 29.5]),        # clearly slower
+    "code-edit": ([40.0, 41.0, 39.0], [80.0, 84.0, 78.0]),  # clearly faster
+    "chat": ([42.0, 40.0, 41.0], [41.0, 43.0, 39.0]),  # noise
+    "math": ([40.0, 40.5, 41.0], [30.0, 31.0, 29.5]),  # clearly slower
 }
 
 
@@ -34,24 +34,59 @@ def _data(repeats: int = 3, temps=(0.0, 0.7)) -> BenchData:
                     # temperature 0: the speculative text differs from plain at char 5 on one prompt
                     text = "hello world" if not (name == "speculative" and p.id == "chat-0") else "hellO world"
                     spec = name == "speculative"
-                    data.requests.append(RequestResult(
-                        name, p.id, p.category, t, r, text=text, pieces=["hel", "lo", " world"], ttft_s=0.1,
-                        wall_s=64 / tps + 0.1, completion_tokens=64, predicted_n=64, predicted_ms=64 / tps * 1000,
-                        prompt_n=20, prompt_ms=50.0, client_decode_tps=tps * 0.98,
-                        drafted=40 if spec else 0, accepted=30 if spec else 0, verify_steps=10 if spec else 0))
+                    data.requests.append(
+                        RequestResult(
+                            name,
+                            p.id,
+                            p.category,
+                            t,
+                            r,
+                            text=text,
+                            pieces=["hel", "lo", " world"],
+                            ttft_s=0.1,
+                            wall_s=64 / tps + 0.1,
+                            completion_tokens=64,
+                            predicted_n=64,
+                            predicted_ms=64 / tps * 1000,
+                            prompt_n=20,
+                            prompt_ms=50.0,
+                            client_decode_tps=tps * 0.98,
+                            drafted=40 if spec else 0,
+                            accepted=30 if spec else 0,
+                            verify_steps=10 if spec else 0,
+                        )
+                    )
         for name in ("plain", "speculative"):
-            data.servers.append(ServerRun(name, r, "temp=0", pid=1, startup_s=1.5,
-                                          peak_rss_bytes=(500 if name == "plain" else 520) * 2**20))
+            data.servers.append(
+                ServerRun(
+                    name, r, "temp=0", pid=1, startup_s=1.5, peak_rss_bytes=(500 if name == "plain" else 520) * 2**20
+                )
+            )
             for turn in (1, 2, 3, 4):
-                data.requests.append(RequestResult(name, "conv", "multi-turn", 0.0, r, phase="multi-turn", turn=turn,
-                                                   ttft_s=0.1 * turn * (1.5 if name == "speculative" else 1.0),
-                                                   prompt_n=30, cache_n=10 * turn, completion_tokens=32))
+                data.requests.append(
+                    RequestResult(
+                        name,
+                        "conv",
+                        "multi-turn",
+                        0.0,
+                        r,
+                        phase="multi-turn",
+                        turn=turn,
+                        ttft_s=0.1 * turn * (1.5 if name == "speculative" else 1.0),
+                        prompt_n=30,
+                        cache_n=10 * turn,
+                        completion_tokens=32,
+                    )
+                )
             for level in (1, 4):
                 tokens = 64 * 2 * level
                 wall = tokens / (40.0 * (level if name == "plain" else 1))
                 data.loads.append(LoadRun(name, r, level, 2 * level, tokens, wall, 0))
-    data.environment = {"hardware": {"logical_cores": 2, "ram_gb": 23.5, "arch": "x86_64", "gpus": []},
-                        "load_average_start": [0.5, 0.4, 0.3], "load_average_end": [1.0, 0.8, 0.5]}
+    data.environment = {
+        "hardware": {"logical_cores": 2, "ram_gb": 23.5, "arch": "x86_64", "gpus": []},
+        "load_average_start": [0.5, 0.4, 0.3],
+        "load_average_end": [1.0, 0.8, 0.5],
+    }
     data.finished = data.started + 100
     return data
 
@@ -96,8 +131,11 @@ def test_verdicts_per_category(doc):
 
 
 def test_acceptance_and_equality_are_reported(doc):
-    res = next(r for r in doc["results"] if r["config"] == "speculative" and r["category"] == "code-edit"
-               and r["temperature"] == 0.0)
+    res = next(
+        r
+        for r in doc["results"]
+        if r["config"] == "speculative" and r["category"] == "code-edit" and r["temperature"] == 0.0
+    )
     assert res["acceptance_rate"] == pytest.approx(0.75)
     assert res["mean_acceptance_length"] == pytest.approx(4.0)
     chat = next(c for c in doc["comparisons"] if c["category"] == "chat" and c["temperature"] == 0.0)

@@ -22,20 +22,35 @@ TOTALS = {("plain", 4): {1: 46.4, 4: 82.6}, ("ngram-mod", 1): {1: 54.6, 4: 46.9}
 def _data(repeats: int = 3) -> BenchData:
     prompts = [suite.Prompt("code-0", "code", (("user", "x"),))]
     configs = [ConfigSpec("plain", True, None), ConfigSpec("ngram-mod", False, "ngram-mod")]
-    data = BenchData("launch", BenchOptions(repeats=repeats, temps=(0.0,), concurrency=(1, 4), parallel=(1, 4)),
-                     configs, prompts)
+    data = BenchData(
+        "launch", BenchOptions(repeats=repeats, temps=(0.0,), concurrency=(1, 4), parallel=(1, 4)), configs, prompts
+    )
     for r in range(repeats):
         for (config, slots), by_level in TOTALS.items():
             for level, total in by_level.items():
                 tokens = 48 * 2 * level
-                data.loads.append(LoadRun(config, r, level, 2 * level, tokens, tokens / (total * (1 + 0.01 * r)), 0,
-                                          slots))
+                data.loads.append(
+                    LoadRun(config, r, level, 2 * level, tokens, tokens / (total * (1 + 0.01 * r)), 0, slots)
+                )
                 queued = level > slots  # clients beyond the slots wait for a free one
                 for i in range(2 * level):
                     ttft = 0.05 + (0.5 * (i // max(1, slots)) if queued else 0.02 * i)
-                    data.requests.append(RequestResult(config, f"p{i}", "code", 0.0, r, phase="concurrency",
-                                                       level=level, slots=slots, ttft_s=ttft, wall_s=1.0,
-                                                       completion_tokens=48, client_decode_tps=total / min(level, slots)))
+                    data.requests.append(
+                        RequestResult(
+                            config,
+                            f"p{i}",
+                            "code",
+                            0.0,
+                            r,
+                            phase="concurrency",
+                            level=level,
+                            slots=slots,
+                            ttft_s=ttft,
+                            wall_s=1.0,
+                            completion_tokens=48,
+                            client_decode_tps=total / min(level, slots),
+                        )
+                    )
     data.finished = data.started + 10
     return data
 
@@ -73,12 +88,32 @@ def test_users_verdicts_pick_the_best_total_per_client_count(doc):
 
 
 def test_a_tie_goes_to_the_sooner_first_token():
-    rows = [{"config": "a", "slots": 1, "level": 4, "throughput_tps": {"median": 100.0}, "per_stream_tps": None,
-             "ttft_p95_s": 3.0},
-            {"config": "b", "slots": 4, "level": 4, "throughput_tps": {"median": 97.0}, "per_stream_tps": None,
-             "ttft_p95_s": 0.4},
-            {"config": "c", "slots": 4, "level": 4, "throughput_tps": {"median": 80.0}, "per_stream_tps": None,
-             "ttft_p95_s": 0.1}]
+    rows = [
+        {
+            "config": "a",
+            "slots": 1,
+            "level": 4,
+            "throughput_tps": {"median": 100.0},
+            "per_stream_tps": None,
+            "ttft_p95_s": 3.0,
+        },
+        {
+            "config": "b",
+            "slots": 4,
+            "level": 4,
+            "throughput_tps": {"median": 97.0},
+            "per_stream_tps": None,
+            "ttft_p95_s": 0.4,
+        },
+        {
+            "config": "c",
+            "slots": 4,
+            "level": 4,
+            "throughput_tps": {"median": 80.0},
+            "per_stream_tps": None,
+            "ttft_p95_s": 0.1,
+        },
+    ]
     (u,) = users_verdicts(rows, [{"name": n, "label": n} for n in "abc"], 3)
     assert u["config"] == "b" and u["tied"] and "first token p95 0.40 s" in u["line"]
     (u,) = users_verdicts(rows, [{"name": n, "label": n} for n in "abc"], 1)
@@ -134,19 +169,35 @@ def test_launch_mode_runs_every_slot_count(llama_server, tmp_path):
 
     target = tg.write_target(tmp_path / "target.gguf", constant_token=7)
     drafter = tg.write_dspark_drafter(tmp_path / "drafter.gguf", constant_token=7)
-    options = BenchOptions(configs=("plain", "speculative"), categories=("code",), per_category=1, temps=(0.0,),
-                           repeats=1, max_tokens=8, concurrency=(1, 2), parallel=(1, 2), turns=2, conversations=1,
-                           tradeoff_tokens=8)
-    doc, paths = run_bench(options, Target(model=str(target), drafter=str(drafter), binary=llama_server,
-                                           passthrough=("-t", "1")), tmp_path / "out", chart=False)
+    options = BenchOptions(
+        configs=("plain", "speculative"),
+        categories=("code",),
+        per_category=1,
+        temps=(0.0,),
+        repeats=1,
+        max_tokens=8,
+        concurrency=(1, 2),
+        parallel=(1, 2),
+        turns=2,
+        conversations=1,
+        tradeoff_tokens=8,
+    )
+    doc, paths = run_bench(
+        options,
+        Target(model=str(target), drafter=str(drafter), binary=llama_server, passthrough=("-t", "1")),
+        tmp_path / "out",
+        chart=False,
+    )
     assert validate(doc) == []
     assert {(r["config"], r["slots"], r["level"]) for r in doc["concurrency"]} == {
-        (c, s, n) for c in ("plain", "speculative") for s in (1, 2) for n in (1, 2)}
+        (c, s, n) for c in ("plain", "speculative") for s in (1, 2) for n in (1, 2)
+    }
     spec = next(c for c in doc["configs"] if c["name"] == "speculative")
     two = spec["slot_argv"]["2"]
     assert two[two.index("-np") + 1] == "2" and "-md" in two
     assert {(s["config"], s["slots"]) for s in doc["servers"] if s["purpose"] == "trade-offs"} == {
-        (c, n) for c in ("plain", "speculative") for n in (1, 2)}
+        (c, n) for c in ("plain", "speculative") for n in (1, 2)
+    }
     loaded = [r for r in doc["requests"] if r["phase"] == "concurrency" and r["config"] == "speculative"]
     assert loaded and all(r["drafted"] > 0 and not r["error"] for r in loaded)  # every stream drafted, on both counts
     assert {u["clients"] for u in doc["users"]} == {1, 2}
@@ -170,8 +221,10 @@ def test_interleaved_conversations_take_turns(monkeypatch):
 
     convs = [suite.Conversation("a", ("1", "2", "3")), suite.Conversation("b", ("1", "2", "3"))]
     spec = ConfigSpec("plain", True, None)
-    for interleave, expected in ((False, ["a1", "a2", "a3", "b1", "b2", "b3"]),
-                                 (True, ["a1", "b1", "a2", "b2", "a3", "b3"])):
+    for interleave, expected in (
+        (False, ["a1", "a2", "a3", "b1", "b2", "b3"]),
+        (True, ["a1", "b1", "a2", "b2", "a3", "b3"]),
+    ):
         sent.clear()
         data = BenchData("launch", BenchOptions(turns=3, interleave=interleave), [spec], [])
         monkeypatch.setattr(runner, "_send", fake_send)

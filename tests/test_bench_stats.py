@@ -26,15 +26,18 @@ def test_paired_ratios_pair_by_repeat_and_skip_missing():
     assert stats.paired_ratios({0: 1.0}, {0: 0.0}) == []
 
 
-@pytest.mark.parametrize("ratios, kind", [
-    ([1.6, 1.7, 1.8], "faster"),          # all above 1, far beyond the 5% band
-    ([0.7, 0.75, 0.8], "slower"),         # all below 1, beyond the band
-    ([0.95, 1.1, 1.3], "noise"),          # both sides of 1
-    ([1.01, 1.02, 1.03], "noise"),        # all above 1 but inside the 5% band
-    ([0.97, 0.98, 0.99], "noise"),        # all below 1 but inside the band
-    ([2.0, 2.1], "inconclusive"),         # fewer than 3 repeats: nothing is claimed
-    ([], "inconclusive"),
-])
+@pytest.mark.parametrize(
+    "ratios, kind",
+    [
+        ([1.6, 1.7, 1.8], "faster"),  # all above 1, far beyond the 5% band
+        ([0.7, 0.75, 0.8], "slower"),  # all below 1, beyond the band
+        ([0.95, 1.1, 1.3], "noise"),  # both sides of 1
+        ([1.01, 1.02, 1.03], "noise"),  # all above 1 but inside the 5% band
+        ([0.97, 0.98, 0.99], "noise"),  # all below 1 but inside the band
+        ([2.0, 2.1], "inconclusive"),  # fewer than 3 repeats: nothing is claimed
+        ([], "inconclusive"),
+    ],
+)
 def test_verdict_kinds(ratios, kind):
     assert stats.verdict(ratios).kind == kind
 
@@ -77,10 +80,32 @@ def _req(**kw) -> RequestResult:
 
 
 def test_aggregate_weights_rates_by_tokens_and_defines_acceptance():
-    a = _req(completion_tokens=100, predicted_n=100, predicted_ms=2000.0, prompt_n=50, prompt_ms=100.0,
-             client_decode_tps=50.0, wall_s=2.2, ttft_s=0.2, drafted=80, accepted=60, verify_steps=20)
-    b = _req(completion_tokens=50, predicted_n=50, predicted_ms=500.0, prompt_n=150, prompt_ms=300.0,
-             client_decode_tps=98.0, wall_s=0.9, ttft_s=0.4, drafted=20, accepted=10, verify_steps=10)
+    a = _req(
+        completion_tokens=100,
+        predicted_n=100,
+        predicted_ms=2000.0,
+        prompt_n=50,
+        prompt_ms=100.0,
+        client_decode_tps=50.0,
+        wall_s=2.2,
+        ttft_s=0.2,
+        drafted=80,
+        accepted=60,
+        verify_steps=20,
+    )
+    b = _req(
+        completion_tokens=50,
+        predicted_n=50,
+        predicted_ms=500.0,
+        prompt_n=150,
+        prompt_ms=300.0,
+        client_decode_tps=98.0,
+        wall_s=0.9,
+        ttft_s=0.4,
+        drafted=20,
+        accepted=10,
+        verify_steps=10,
+    )
     agg = aggregate([a, b])
     assert agg["server_decode_tps"] == pytest.approx(150 / 2.5)  # not the mean of 50 and 100
     assert agg["decode_tps"] == agg["server_decode_tps"]

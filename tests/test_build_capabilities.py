@@ -18,16 +18,47 @@ HELP = (DATA / "llama-server-b11434-help.txt").read_text()
 
 def test_real_help_spec_types():
     _flags, spec_types = parse_help(HELP)
-    assert spec_types == {"none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-                          "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}
+    assert spec_types == {
+        "none",
+        "draft-simple",
+        "draft-eagle3",
+        "draft-mtp",
+        "draft-dflash",
+        "draft-dspark",
+        "ngram-simple",
+        "ngram-map-k",
+        "ngram-map-k4v",
+        "ngram-mod",
+        "ngram-cache",
+    }
 
 
 def test_real_help_flags_include_long_names_after_short_aliases():
     flags, _spec, removed = parse_help_full(HELP)
     # `-c,    --ctx-size N`: both names, though two spaces separate them.
-    for flag in ("-c", "--ctx-size", "-m", "--model", "-ub", "--ubatch-size", "-ngl", "--n-gpu-layers",
-                 "-md", "--spec-draft-model", "--spec-draft-n-max", "-ngld", "--spec-draft-ngl", "--spec-type",
-                 "-np", "--parallel", "--metrics", "--host", "--port", "--list-devices", "--version"):
+    for flag in (
+        "-c",
+        "--ctx-size",
+        "-m",
+        "--model",
+        "-ub",
+        "--ubatch-size",
+        "-ngl",
+        "--n-gpu-layers",
+        "-md",
+        "--spec-draft-model",
+        "--spec-draft-n-max",
+        "-ngld",
+        "--spec-draft-ngl",
+        "--spec-type",
+        "-np",
+        "--parallel",
+        "--metrics",
+        "--host",
+        "--port",
+        "--list-devices",
+        "--version",
+    ):
         assert flag in flags, flag
     # Indented continuation lines never define flags.
     assert "--spec-ngram-" not in flags and "-min-hits" not in flags
@@ -63,7 +94,8 @@ def _fake_server(path: Path, counter: Path) -> Path:
         f"  --help) cat '{DATA / 'llama-server-b11434-help.txt'}' ;;\n"
         "  --version) echo 'version: 0.6.0-dev (build 11434, commit unknown)' >&2 ;;\n"
         "  --list-devices) printf 'Available devices:\\n  (none)\\n' ;;\n"
-        "esac\n")
+        "esac\n"
+    )
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
 

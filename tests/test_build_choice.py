@@ -58,8 +58,7 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize("profile,kind,role,expected", TABLE,
-                         ids=[f"{p}-{k.label()}-{r}" for p, k, r, _ in TABLE])
+@pytest.mark.parametrize("profile,kind,role,expected", TABLE, ids=[f"{p}-{k.label()}-{r}" for p, k, r, _ in TABLE])
 def test_profile_file_build_table(profile, kind, role, expected):
     chosen = choose_file(get_profile(profile), role, kind)
     assert (chosen.name if chosen else None) == expected
@@ -71,12 +70,17 @@ def test_legacy_group128_files_are_never_chosen_and_say_why():
             if entry.layout != "legacy":
                 continue
             # the legacy weights are group-128 Q2_0; the only legacy drafters are the 27B Q4_1 files
-            assert (entry.name.endswith("-Q2_0.gguf") and "PQ2" not in entry.name) if entry.role == "model" \
+            assert (
+                (entry.name.endswith("-Q2_0.gguf") and "PQ2" not in entry.name)
+                if entry.role == "model"
                 else entry.name.endswith("-dspark-Q4_1.gguf")
+            )
             for kind in (MAIN, FORK_PIN, FORK_OLD, FORK_UNKNOWN):
                 assert cannot_load(entry, kind) and "prism-v5" in cannot_load(entry, kind)
                 assert choose_file(profile, entry.role, kind) is not entry
-    assert sum(f.layout == "legacy" and f.role == "model" for p in load_all().values() for f in p.files) == 4  # one per ternary size
+    assert (
+        sum(f.layout == "legacy" and f.role == "model" for p in load_all().values() for f in p.files) == 4
+    )  # one per ternary size
 
 
 def test_why_no_file_names_the_fork_build_command():
@@ -86,10 +90,17 @@ def test_why_no_file_names_the_fork_build_command():
     assert "b10658 or newer; this build is b9596" in old and "prism-v5" in old
 
 
-@pytest.mark.parametrize("profile,layout,expected", [
-    ("ternary-27b", None, MAINLINE), ("bonsai-27b", None, MAINLINE), ("demo", None, MAINLINE),
-    ("bonsai2-27b", None, FORK), ("ternary-27b", "fork", FORK), ("bonsai2-27b", "mainline", MAINLINE),
-])
+@pytest.mark.parametrize(
+    "profile,layout,expected",
+    [
+        ("ternary-27b", None, MAINLINE),
+        ("bonsai-27b", None, MAINLINE),
+        ("demo", None, MAINLINE),
+        ("bonsai2-27b", None, FORK),
+        ("ternary-27b", "fork", FORK),
+        ("bonsai2-27b", "mainline", MAINLINE),
+    ],
+)
 def test_wanted_flavour(profile, layout, expected):
     assert wanted_flavour(get_profile(profile), layout) == expected
 
@@ -112,7 +123,10 @@ def test_runnable_profiles_per_build():
 def test_builds_text_and_release_numbers():
     p = get_profile("ternary-27b")
     assert [builds_text(f) for f in p.files if f.role == "model"] == [
-        "mainline or fork ≥ b10658", "fork ≥ b10658", "legacy: refused"]
+        "mainline or fork ≥ b10658",
+        "fork ≥ b10658",
+        "legacy: refused",
+    ]
     assert release_of_tag("prism-b10743-adfffbe") == 10743
     assert release_of_tag("prism") is None and release_of_tag("b11434") is None
     assert kind_of_manifest({"source": {"kind": "pin"}}) == MAIN  # manifests from before flavours
@@ -124,8 +138,10 @@ def test_bonsai2_profile_matches_the_reference():
     assert (p.family, p.size, p.repo) == ("bonsai2", "27B", "prism-ml/Ternary-Bonsai-2-27B-gguf")
     args = " ".join(p.server_args)
     assert "--temp 1.0 --top-p 0.95 --top-k 20 --min-p 0.05 --jinja" in args
-    assert [f.name for f in p.files if f.role == "model"] == ["Ternary-Bonsai-2-27B-PQ2_0.gguf",
-                                                              "Ternary-Bonsai-2-27B-PTQ1_0.gguf"]
+    assert [f.name for f in p.files if f.role == "model"] == [
+        "Ternary-Bonsai-2-27B-PQ2_0.gguf",
+        "Ternary-Bonsai-2-27B-PTQ1_0.gguf",
+    ]
     assert p.draft_free_type == "ngram-mod" and not p.has_role("drafter")
     assert "2%" in p.drafter_warning and p.reasoning_efforts == ("medium", "high", "xhigh")
 
@@ -133,13 +149,19 @@ def test_bonsai2_profile_matches_the_reference():
 BASE = {"name": "x", "family": "f", "size": "1B", "repo": "o/r"}
 
 
-@pytest.mark.parametrize("entry,expected", [
-    ({"role": "model", "name": "a.gguf", "builds": "fork", "layout": "fork"}, "has both builds and layout"),
-    ({"role": "model", "name": "a.gguf", "builds": "sometimes"}, "builds='sometimes' is not known"),
-    ({"role": "model", "name": "a.gguf", "builds": "mainline", "min_fork_release": 10658}, "min_fork_release is set"),
-    ({"role": "model", "name": "a.gguf", "builds": "fork", "min_fork_release": "new"}, "must be a release number"),
-    ({"role": "model", "name": "a.gguf", "builds": "legacy"}, "is legacy but has no note"),
-])
+@pytest.mark.parametrize(
+    "entry,expected",
+    [
+        ({"role": "model", "name": "a.gguf", "builds": "fork", "layout": "fork"}, "has both builds and layout"),
+        ({"role": "model", "name": "a.gguf", "builds": "sometimes"}, "builds='sometimes' is not known"),
+        (
+            {"role": "model", "name": "a.gguf", "builds": "mainline", "min_fork_release": 10658},
+            "min_fork_release is set",
+        ),
+        ({"role": "model", "name": "a.gguf", "builds": "fork", "min_fork_release": "new"}, "must be a release number"),
+        ({"role": "model", "name": "a.gguf", "builds": "legacy"}, "is legacy but has no note"),
+    ],
+)
 def test_bad_builds_fields_are_refused(entry, expected):
     with pytest.raises(BonsaiError, match=expected):
         parse_profile({**BASE, "files": [entry]}, Path("x.yaml"))
@@ -154,8 +176,10 @@ def test_own_weights_on_a_build_that_loads_none_of_the_profiles_files_are_warned
     from bonsai_launch.launch_inputs import _selection_warnings, select
 
     bonsai2 = select({"family": "bonsai2"}, env={})
-    assert any("none of profile bonsai2-27b's weights load on a mainline" in w
-               for w in _selection_warnings(bonsai2, "own.gguf", MAIN, None))
+    assert any(
+        "none of profile bonsai2-27b's weights load on a mainline" in w
+        for w in _selection_warnings(bonsai2, "own.gguf", MAIN, None)
+    )
     assert _selection_warnings(bonsai2, "own.gguf", FORK_PIN, None) == []
     ternary = select({"family": "ternary"}, env={})
     assert _selection_warnings(ternary, "own.gguf", FORK_PIN, None) == []  # ternary files load on the fork too

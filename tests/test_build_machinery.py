@@ -88,11 +88,13 @@ def test_build_output_arrives_line_by_line(tmp_path):
     """ninja's status lines go through stdio; they must reach the progress bar as written,
     not when a pipe buffer fills. The child waits for us to have seen its first line."""
     seen = tmp_path / "seen"
-    child = ("import os, sys, time\n"
-             "print('one')\n"
-             f"deadline = time.time() + 30\n"
-             f"while not os.path.exists({str(seen)!r}) and time.time() < deadline: time.sleep(0.02)\n"
-             f"print('two' if os.path.exists({str(seen)!r}) else 'buffered')\n")
+    child = (
+        "import os, sys, time\n"
+        "print('one')\n"
+        f"deadline = time.time() + 30\n"
+        f"while not os.path.exists({str(seen)!r}) and time.time() < deadline: time.sleep(0.02)\n"
+        f"print('two' if os.path.exists({str(seen)!r}) else 'buffered')\n"
+    )
     lines = []
 
     def on_line(line: str) -> None:
@@ -100,8 +102,9 @@ def test_build_output_arrives_line_by_line(tmp_path):
         seen.touch()
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdio buffering as ninja has it
-    rc = cmake_build.run_logged([sys.executable, "-c", child], cwd=None, env=env, log=io.StringIO(),
-                                on_line=on_line, line_buffered=True)
+    rc = cmake_build.run_logged(
+        [sys.executable, "-c", child], cwd=None, env=env, log=io.StringIO(), on_line=on_line, line_buffered=True
+    )
     assert rc == 0 and lines == ["one", "two"]
 
 
@@ -117,8 +120,13 @@ def test_compile_error_prints_the_log_tail_and_installs_nothing(tree):
 def test_interrupted_build_leaves_no_installed_binary(tree, isolated_home):
     (tree / "SLOW").write_text("")
     env = dict(os.environ, BONSAI_HOME=str(isolated_home))
-    proc = subprocess.Popen([sys.executable, "-m", "bonsai_launch", "build", "--source", str(tree)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bonsai_launch", "build", "--source", str(tree)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pid_file = tree / "SLOW.pid"
     deadline = time.monotonic() + 120
     while not pid_file.is_file() or not pid_file.read_text().strip():
@@ -176,7 +184,9 @@ def test_git_source(tmp_path, tree):
     subprocess.run([*git, "init", "-q", "-b", "main", str(tree)], check=True)
     subprocess.run([*git, "-C", str(tree), "add", "."], check=True)
     subprocess.run([*git, "-C", str(tree), "commit", "-q", "-m", "fake"], check=True)
-    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     result = build(BuildRequest(source=f"git+{tree.as_uri()}@main"))
     src = result.manifest["source"]
     assert src["kind"] == "git" and src["commit"] == commit and src["build_number"] == 1
@@ -224,7 +234,9 @@ def test_choose_backend():
     assert auto.backend == "cuda" and "-DCMAKE_CUDA_ARCHITECTURES=90" in auto.cmake_flags
     assert toolchain.choose_backend("auto", _hw([h200]), _tools()).backend == "cpu"  # GPU but no nvcc
     assert toolchain.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).backend == "cpu"  # nvcc, no GPU
-    assert toolchain.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).reason.startswith("nvcc found but no NVIDIA GPU")
+    assert toolchain.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).reason.startswith(
+        "nvcc found but no NVIDIA GPU"
+    )
     assert toolchain.choose_backend("auto", _hw(), _tools()).reason == "no GPU toolchain found"
     explicit = toolchain.choose_backend("cuda", _hw(), _tools(nvcc="/usr/bin/nvcc"), cuda_archs="86,89")
     assert "-DCMAKE_CUDA_ARCHITECTURES=86;89" in explicit.cmake_flags
@@ -245,12 +257,27 @@ def test_choose_backend():
 def test_default_cpu_flags_are_the_warm_cache_flags():
     # The first real build reused a ccache filled by a hand build with exactly these flags.
     assert cmake_build.base_flags(11434) == [
-        "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_NUMBER=11434",
-        "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_APP=OFF",
-        "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON", "-DFETCHCONTENT_FULLY_DISCONNECTED=ON"]
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DBUILD_SHARED_LIBS=OFF",
+        "-DLLAMA_BUILD_NUMBER=11434",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_BUILD_UI=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=ON",
+        "-DLLAMA_BUILD_TOOLS=ON",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_BUILD_APP=OFF",
+        "-DGGML_NATIVE=ON",
+        "-DGGML_CCACHE=ON",
+        "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+    ]
     assert "-DGGML_NATIVE=OFF" in cmake_build.base_flags(1, native=False)
-    assert cmake_build.parse_step("[12/214] Building CXX object ggml/src/ggml.c.o") == (12, 214, "Building CXX object ggml/src/ggml.c.o")
+    assert cmake_build.parse_step("[12/214] Building CXX object ggml/src/ggml.c.o") == (
+        12,
+        214,
+        "Building CXX object ggml/src/ggml.c.o",
+    )
     assert cmake_build.parse_step("-- Configuring done") is None
 
 
@@ -269,9 +296,18 @@ def test_find_installed_prefers_the_current_pin_and_patches(tmp_path, monkeypatc
         (key_dir / "bin").mkdir(parents=True)
         server = key_dir / "bin" / "llama-server"
         server.write_text("")
-        write_manifest(key_dir, {"schema": 1, "key": key, "backend": backend, "built_at": built_at,
-                                 "source": {"identity": identity}, "patches_hash": patches,
-                                 "binaries": {"llama-server": str(server)}})
+        write_manifest(
+            key_dir,
+            {
+                "schema": 1,
+                "key": key,
+                "backend": backend,
+                "built_at": built_at,
+                "source": {"identity": identity},
+                "patches_hash": patches,
+                "binaries": {"llama-server": str(server)},
+            },
+        )
         return server
 
     assert find_installed("cpu") is None

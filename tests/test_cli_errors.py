@@ -60,22 +60,50 @@ CASES = [
     ("size", {"BONSAI_MODEL": "70B"}, lambda g: ["config"], "BONSAI_MODEL='70B' is not a known value"),
     ("layout", {"BONSAI_LAYOUT": "weird"}, lambda g: ["config"], "BONSAI_LAYOUT='weird'"),
     ("spec-type", {"BONSAI_SPEC_TYPE": "turbo"}, lambda g: dry(g), "BONSAI_SPEC_TYPE='turbo' is not a known value"),
-    ("profile-flag", {}, lambda g: ["start", "--profile", "nope", "--dry-run"], "--profile='nope' is not a known profile"),
+    (
+        "profile-flag",
+        {},
+        lambda g: ["start", "--profile", "nope", "--dry-run"],
+        "--profile='nope' is not a known profile",
+    ),
     ("profile-env", {"BONSAI_PROFILE": "nope"}, lambda g: ["config"], "BONSAI_PROFILE='nope' is not a known profile"),
-    ("profiles-dir", {"BONSAI_PROFILES_DIR": "/no/such/dir"}, lambda g: ["models"], "BONSAI_PROFILES_DIR='/no/such/dir' is not a folder"),
-    ("nmax-mismatch", {"BONSAI_SPECULATIVE": "1", "BONSAI_SPEC_NMAX": "6"}, lambda g: dry(g),
-     "BONSAI_SPEC_NMAX=6 differs from the drafter's block size 4"),
-    ("truncated-model", {}, lambda g: dry(g) [:4] + [g["truncated"], "--dry-run"], "trunc.gguf is truncated"),
+    (
+        "profiles-dir",
+        {"BONSAI_PROFILES_DIR": "/no/such/dir"},
+        lambda g: ["models"],
+        "BONSAI_PROFILES_DIR='/no/such/dir' is not a folder",
+    ),
+    (
+        "nmax-mismatch",
+        {"BONSAI_SPECULATIVE": "1", "BONSAI_SPEC_NMAX": "6"},
+        lambda g: dry(g),
+        "BONSAI_SPEC_NMAX=6 differs from the drafter's block size 4",
+    ),
+    ("truncated-model", {}, lambda g: dry(g)[:4] + [g["truncated"], "--dry-run"], "trunc.gguf is truncated"),
     ("not-gguf", {}, lambda g: ["inspect", g["notgguf"]], "page.gguf is not a GGUF file"),
-    ("missing-model", {}, lambda g: ["start", "--model", "/no/such/model.gguf", "--dry-run"], "model file /no/such/model.gguf is not present"),
-    ("wrong-embedding", {"BONSAI_SPECULATIVE": "1"}, lambda g: dry(g, drafter="wide"), "wide.gguf has embedding size 128 but T.gguf has 64"),
+    (
+        "missing-model",
+        {},
+        lambda g: ["start", "--model", "/no/such/model.gguf", "--dry-run"],
+        "model file /no/such/model.gguf is not present",
+    ),
+    (
+        "wrong-embedding",
+        {"BONSAI_SPECULATIVE": "1"},
+        lambda g: dry(g, drafter="wide"),
+        "wide.gguf has embedding size 128 but T.gguf has 64",
+    ),
     ("vocab-mismatch", {"BONSAI_SPECULATIVE": "1"}, lambda g: dry(g, drafter="othervocab"), "not the same vocabulary"),
     ("no-block-size", {"BONSAI_SPECULATIVE": "1"}, lambda g: dry(g, drafter="noblock"), "has no block size"),
     ("legacy-drafter", {"BONSAI_SPECULATIVE": "1"}, lambda g: dry(g, drafter="legacy"), "legacy 'dspark' drafter"),
     ("pair-check", {}, lambda g: ["inspect", g["wide"], "--target", g["target"]], "wide.gguf does not fit"),
     ("remote-host", {"BONSAI_HOST": "0.0.0.0"}, lambda g: dry(g), "BONSAI_HOST='0.0.0.0' is not a loopback address"),
-    ("no-drafter-no-ngram", {"BONSAI_SPECULATIVE": "1"}, lambda g: ["start", "--profile", "bonsai-8b", "--model", g["target"], "--dry-run"],
-     "has no usable drafter and no draft-free mode"),
+    (
+        "no-drafter-no-ngram",
+        {"BONSAI_SPECULATIVE": "1"},
+        lambda g: ["start", "--profile", "bonsai-8b", "--model", g["target"], "--dry-run"],
+        "has no usable drafter and no draft-free mode",
+    ),
     ("format", {}, lambda g: dry(g, "--format", "cmd"), "--format='cmd' is not known"),
     ("small-ubatch", {"BONSAI_SPECULATIVE": "1"}, lambda g: dry(g, "--", "-ub", "2"), "-ub 2 is smaller"),
 ]
@@ -106,8 +134,18 @@ def test_good_dry_run_prints_the_reference_flags(ggufs, monkeypatch, capsys):
     monkeypatch.setenv("BONSAI_SPECULATIVE", "1")
     code, out, err = bonsai(dry(ggufs), capsys)
     assert code == 0, err
-    for piece in ("--spec-type draft-dspark", "--spec-draft-n-max 4", "-np 1", "-ngld 0",
-                  f"-md {ggufs['drafter']}", "-fa on", "--temp 0.7", "--top-p 0.95", "--top-k 20", "--jinja"):
+    for piece in (
+        "--spec-type draft-dspark",
+        "--spec-draft-n-max 4",
+        "-np 1",
+        "-ngld 0",
+        f"-md {ggufs['drafter']}",
+        "-fa on",
+        "--temp 0.7",
+        "--top-p 0.95",
+        "--top-k 20",
+        "--jinja",
+    ):
         assert piece in out, piece
     ctx = int(out.split(" -c ")[1].split()[0])
     assert ctx >= 16384, "speculation needs at least 16384 tokens of context"

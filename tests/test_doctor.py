@@ -43,8 +43,9 @@ def test_missing_compiler_is_an_error_with_the_install_command(monkeypatch):
 
     def no_compiler(versions=True):
         tools = real(versions=False)
-        return toolchain.Toolchain(**{**tools.__dict__, "cc": toolchain.Tool("cc", None),
-                                      "cxx": toolchain.Tool("c++", None)})
+        return toolchain.Toolchain(
+            **{**tools.__dict__, "cc": toolchain.Tool("cc", None), "cxx": toolchain.Tool("c++", None)}
+        )
 
     monkeypatch.setattr(toolchain, "detect", no_compiler)
     report = doctor.gather()
@@ -61,13 +62,19 @@ def test_bad_explicit_server_is_reported(monkeypatch, tmp_path):
 
 def test_cli_json(isolated_home):
     env = dict(os.environ, BONSAI_HOME=str(isolated_home))
-    done = subprocess.run([sys.executable, "-m", "bonsai_launch", "doctor", "--json"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", "doctor", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["hardware"]["logical_cores"] >= 1 and isinstance(data["problems"], list)
-    text = subprocess.run([sys.executable, "-m", "bonsai_launch", "doctor"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    text = subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", "doctor"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert text.returncode == 0 and "toolchain" in text.stdout and "fix:" in text.stdout
 
 

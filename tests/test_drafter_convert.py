@@ -22,11 +22,16 @@ from cli_runner import run_cli
 from legacy_dspark_gguf import patch_tensor_type, with_key, write_legacy_drafter
 
 RENAMED = {
-    "dspark.fc.weight": "fc.weight", "dspark.hidden_norm.weight": "enc.output_norm.weight",
-    "dspark.markov_head_a.weight": "markov_w1.weight", "dspark.markov_head_b.weight": "markov_w2.weight",
-    "dspark.confidence_head.weight": "conf_proj.weight", "dspark.confidence_head.bias": "conf_proj.bias",
-    "dspark.log_snr_fc1.weight": "log_snr_fc1.weight", "dspark.log_snr_fc1.bias": "log_snr_fc1.bias",
-    "dspark.log_snr_fc2.weight": "log_snr_fc2.weight", "dspark.log_snr_fc2.bias": "log_snr_fc2.bias",
+    "dspark.fc.weight": "fc.weight",
+    "dspark.hidden_norm.weight": "enc.output_norm.weight",
+    "dspark.markov_head_a.weight": "markov_w1.weight",
+    "dspark.markov_head_b.weight": "markov_w2.weight",
+    "dspark.confidence_head.weight": "conf_proj.weight",
+    "dspark.confidence_head.bias": "conf_proj.bias",
+    "dspark.log_snr_fc1.weight": "log_snr_fc1.weight",
+    "dspark.log_snr_fc1.bias": "log_snr_fc1.bias",
+    "dspark.log_snr_fc2.weight": "log_snr_fc2.weight",
+    "dspark.log_snr_fc2.bias": "log_snr_fc2.bias",
 }
 
 
@@ -65,6 +70,7 @@ def _fields(path):
 
 # --- what the output is -------------------------------------------------------------------------
 
+
 def test_tensor_bytes_are_the_sources_and_names_are_renamed(files, tmp_path):
     result = _convert(files, tmp_path)
     src, out = GGUFReader(files["legacy_snr"]), GGUFReader(result.output)
@@ -87,7 +93,9 @@ def test_key_types_are_kept_and_renamed(files, tmp_path):
     for key, f in src.items():
         if key.startswith("tokenizer.") or key == "general.architecture" or key == "dspark.dspark.mask_token_id":
             continue
-        new = "dflash." + key.removeprefix("dspark.dspark.").removeprefix("dspark.") if key.startswith("dspark.") else key
+        new = (
+            "dflash." + key.removeprefix("dspark.dspark.").removeprefix("dspark.") if key.startswith("dspark.") else key
+        )
         assert [int(t) for t in out[new].types] == [int(t) for t in f.types], key
         if not key.endswith("target_layers"):
             assert out[new].contents() == f.contents(), key
@@ -182,6 +190,7 @@ def test_interrupt_leaves_nothing_behind(files, tmp_path, monkeypatch):
 
                 def close(self):
                     pass
+
             return B()
 
     with pytest.raises(KeyboardInterrupt):
@@ -190,6 +199,7 @@ def test_interrupt_leaves_nothing_behind(files, tmp_path, monkeypatch):
 
 
 # --- refusals through the real CLI ----------------------------------------------------------------
+
 
 def _refused(capsys, tmp_path, *argv, progress=False):
     """One `error:` line; with progress=True (a failure after work began) the progress bars'
@@ -207,18 +217,21 @@ def _refused(capsys, tmp_path, *argv, progress=False):
     return lines[0]
 
 
-@pytest.mark.parametrize("source, target, words", [
-    ("converted", "target", ["already in the dflash layout", "bonsai start --drafter"]),
-    ("target", "target", ["architecture 'qwen3'", "dspark-bf16.gguf"]),
-    ("type42", "target", ["type 42", "dspark-bf16.gguf"]),
-    ("unknown_tensor", "target", ["dspark.foo.weight", "no dflash equivalent"]),
-    ("collision", "target", ["dspark.block_size", "dspark.dspark.block_size"]),
-    ("narrow_conf", "target", ["confidence head 64 wide", "72"]),
-    ("legacy_snr", "other_vocab_target", ["512-token vocabulary", "640 tokens", "--target"]),
-    ("legacy_snr", "wide_target", ["embedding size 64", "128", "--target"]),
-    ("legacy_snr", "shallow_target", ["[0, 2]", "[1, 3]", "2 layers", "--target"]),
-    ("legacy_snr", "legacy", ["is a drafter", "target model"]),
-])
+@pytest.mark.parametrize(
+    "source, target, words",
+    [
+        ("converted", "target", ["already in the dflash layout", "bonsai start --drafter"]),
+        ("target", "target", ["architecture 'qwen3'", "dspark-bf16.gguf"]),
+        ("type42", "target", ["type 42", "dspark-bf16.gguf"]),
+        ("unknown_tensor", "target", ["dspark.foo.weight", "no dflash equivalent"]),
+        ("collision", "target", ["dspark.block_size", "dspark.dspark.block_size"]),
+        ("narrow_conf", "target", ["confidence head 64 wide", "72"]),
+        ("legacy_snr", "other_vocab_target", ["512-token vocabulary", "640 tokens", "--target"]),
+        ("legacy_snr", "wide_target", ["embedding size 64", "128", "--target"]),
+        ("legacy_snr", "shallow_target", ["[0, 2]", "[1, 3]", "2 layers", "--target"]),
+        ("legacy_snr", "legacy", ["is a drafter", "target model"]),
+    ],
+)
 def test_refusals(files, tmp_path, capsys, source, target, words):
     paths = dict(files)
     if source == "converted":
@@ -237,15 +250,35 @@ def test_existing_output_needs_force(files, tmp_path, capsys):
     line = _refused(capsys, tmp_path, files["legacy_snr"], "--target", files["target"], "-o", existing)
     assert "already exists" in line and "--force" in line
     assert existing.read_bytes() == b"keep me"
-    code, out, err = run_cli(capsys, "convert-drafter", str(files["legacy_snr"]), "--target", str(files["target"]),
-                             "-o", str(existing), "--quantize", "none", "--force", "--json")
+    code, out, err = run_cli(
+        capsys,
+        "convert-drafter",
+        str(files["legacy_snr"]),
+        "--target",
+        str(files["target"]),
+        "-o",
+        str(existing),
+        "--quantize",
+        "none",
+        "--force",
+        "--json",
+    )
     assert code == 0, err
     assert json.loads(out)["tensors"] == 22 and existing.read_bytes()[:4] == b"GGUF"
 
 
 def test_bad_quantize_value_and_missing_source(files, tmp_path, capsys):
-    line = _refused(capsys, tmp_path, files["legacy_snr"], "--target", files["target"], "-o", tmp_path / "D.gguf",
-                    "--quantize", "Q3_K")
+    line = _refused(
+        capsys,
+        tmp_path,
+        files["legacy_snr"],
+        "--target",
+        files["target"],
+        "-o",
+        tmp_path / "D.gguf",
+        "--quantize",
+        "Q3_K",
+    )
     assert "Q3_K" in line and "Q4_0" in line
     line = _refused(capsys, tmp_path, tmp_path / "nope.gguf", "--target", files["target"], "-o", tmp_path / "D.gguf")
     assert "not found" in line
@@ -264,6 +297,7 @@ def test_missing_llama_quantize_is_named(files, tmp_path, capsys, monkeypatch):
 
 # --- quantized with the real llama-quantize ----------------------------------------------------------
 
+
 @pytest.fixture
 def quantize_bin(llama_server):
     path = llama_server.parent / "llama-quantize"
@@ -274,8 +308,16 @@ def quantize_bin(llama_server):
 
 def test_quantized_with_llama_quantize_keeps_provenance(files, tmp_path, capsys, monkeypatch, quantize_bin):
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(quantize_bin.parent / "llama-server"))
-    code, out, err = run_cli(capsys, "convert-drafter", str(files["legacy_snr"]), "--target", str(files["target"]),
-                             "-o", str(tmp_path / "D.gguf"), "--json")
+    code, out, err = run_cli(
+        capsys,
+        "convert-drafter",
+        str(files["legacy_snr"]),
+        "--target",
+        str(files["target"]),
+        "-o",
+        str(tmp_path / "D.gguf"),
+        "--json",
+    )
     assert code == 0, err
     data = json.loads(out)
     reader = GGUFReader(tmp_path / "D.gguf")
@@ -299,9 +341,13 @@ def test_llama_quantize_is_found_in_another_installed_build(tmp_path, monkeypatc
         for tool in tools:
             (bin_dir / tool).write_text("#!/bin/sh\n")
         built_at = "2026-01-02" if key == "cpu-new" else "2026-01-01"
-        write_manifest(builds_dir() / key, {"schema": 1, "backend": "cpu", "built_at": built_at,
-                                            "binaries": {t: str(bin_dir / t) for t in tools}})
-    monkeypatch.setattr("bonsai_launch.binaries.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server")
+        write_manifest(
+            builds_dir() / key,
+            {"schema": 1, "backend": "cpu", "built_at": built_at, "binaries": {t: str(bin_dir / t) for t in tools}},
+        )
+    monkeypatch.setattr(
+        "bonsai_launch.binaries.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server"
+    )
     assert drafter_convert.find_quantize() == builds_dir() / "cpu-old" / "bin" / "llama-quantize"
 
 
@@ -315,7 +361,8 @@ def test_failed_quantize_leaves_nothing_behind(files, tmp_path, capsys, monkeypa
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(bin_dir / "llama-server"))
     work = tmp_path / "out"
     work.mkdir()
-    line = _refused(capsys, work, files["legacy_snr"], "--target", files["target"], "-o", work / "D.gguf",
-                    progress=True)
+    line = _refused(
+        capsys, work, files["legacy_snr"], "--target", files["target"], "-o", work / "D.gguf", progress=True
+    )
     assert "llama-quantize failed (exit 1): llama_model_quantize: failed to quantize: out of luck" in line
     assert "--quantize none" in line

@@ -108,6 +108,7 @@ def test_stale_conversion_is_shown_and_redone(hub, capsys, with_build, monkeypat
 
 # --- --drafter LEGACY.gguf -------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("pair")
@@ -119,8 +120,9 @@ def pair(tmp_path_factory):
 
 
 def test_dry_run_refuses_a_legacy_drafter_with_the_exact_command(pair, capsys):
-    code, out, err = run_cli(capsys, "start", "--model", str(pair["target"]), "--drafter", str(pair["legacy"]),
-                             "--speculative", "--dry-run")
+    code, out, err = run_cli(
+        capsys, "start", "--model", str(pair["target"]), "--drafter", str(pair["legacy"]), "--speculative", "--dry-run"
+    )
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in err
     assert f"bonsai convert-drafter {pair['legacy']} --target {pair['target']} -o " in lines[0]
@@ -130,8 +132,11 @@ def _start_live(args, server, **env):
     from bonsai_launch.server_process import free_port
     from start_helpers import bonsai_env
 
-    done = bonsai(["start", *map(str, args), "--port", str(free_port()), "--ctx", "2048", "--detach", "--json"],
-                  env=bonsai_env(server, BONSAI_SPECULATIVE="1", **env), timeout=240)
+    done = bonsai(
+        ["start", *map(str, args), "--port", str(free_port()), "--ctx", "2048", "--detach", "--json"],
+        env=bonsai_env(server, BONSAI_SPECULATIVE="1", **env),
+        timeout=240,
+    )
     try:
         return json_out(done), done
     finally:
@@ -161,8 +166,11 @@ def test_done_when_log_snr_drafter_converted_and_live(pair, with_build, tmp_path
     from bonsai_launch.server_process import free_port
     from start_helpers import bonsai_env
 
-    done = bonsai(["start", "--model", pair["target"], "--drafter", out, "--port", str(free_port()), "--ctx", "2048",
-                   "--detach"], env=bonsai_env(with_build, BONSAI_SPECULATIVE="1"), timeout=240)
+    done = bonsai(
+        ["start", "--model", pair["target"], "--drafter", out, "--port", str(free_port()), "--ctx", "2048", "--detach"],
+        env=bonsai_env(with_build, BONSAI_SPECULATIVE="1"),
+        timeout=240,
+    )
     try:
         assert done.returncode == 0, done.stderr + done.stdout
         assert "speculative decoding: live (draft-dspark, n-max 4, " in done.stdout + done.stderr
@@ -172,16 +180,25 @@ def test_done_when_log_snr_drafter_converted_and_live(pair, with_build, tmp_path
     assert data["speculative"]["live"] and data["speculative"]["n_max"] == 4
 
 
-@pytest.mark.parametrize("entry, words", [
-    ({"role": "drafter", "name": "D.gguf", "convert": "magic"}, "convert='magic' is not known"),
-    ({"role": "mmproj", "name": "M.gguf", "convert": "dspark"}, "only a drafter"),
-])
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ({"role": "drafter", "name": "D.gguf", "convert": "magic"}, "convert='magic' is not known"),
+        ({"role": "mmproj", "name": "M.gguf", "convert": "dspark"}, "only a drafter"),
+    ],
+)
 def test_profile_convert_field_is_checked(entry, words):
     from bonsai_launch.errors import BonsaiError
     from bonsai_launch.profiles import parse_profile
 
-    data = {"name": "p", "family": "x", "size": "1B", "description": "d", "repo": "a/b",
-            "files": [{"role": "model", "name": "M0.gguf"}, entry]}
+    data = {
+        "name": "p",
+        "family": "x",
+        "size": "1B",
+        "description": "d",
+        "repo": "a/b",
+        "files": [{"role": "model", "name": "M0.gguf"}, entry],
+    }
     with pytest.raises(BonsaiError) as err:
         parse_profile(data, Path("p.yaml"))
     assert words in str(err.value)

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_document_is_generated_from_the_registry():
     assert (ROOT / "environment_variables.md").read_text() == render(), (
-        "run: python -m bonsai_launch.envdoc > environment_variables.md")
+        "run: python -m bonsai_launch.envdoc > environment_variables.md"
+    )
 
 
 def test_every_variable_the_code_reads_is_in_the_registry():

@@ -73,10 +73,13 @@ def load_with_a_kill(url: str, key: str, model: str, victim: int) -> tuple[list[
 
     def one(i: int) -> tuple[int, str]:
         nonlocal answered
-        r = httpx.post(url + "/v1/chat/completions", timeout=120, trust_env=False,
-                       headers={"Authorization": f"Bearer {key}"},
-                       json={"model": model, "max_tokens": 8,
-                             "messages": [{"role": "user", "content": f"Say the number {i}."}]})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=120,
+            trust_env=False,
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": f"Say the number {i}."}]},
+        )
         with lock:
             answered += 1
             if answered >= KILL_AFTER and not killed.is_set():
@@ -101,8 +104,9 @@ def proxy_log_errors() -> list[str]:
     return [line[:300] for line in lines if "ERROR" in line or "Exception" in line][-10:]
 
 
-def test_fleet_survives_a_killed_replica_and_leaves_nothing(llama_server, demo_gguf, isolated_home, litellm_proxy,
-                                                            tmp_path):
+def test_fleet_survives_a_killed_replica_and_leaves_nothing(
+    llama_server, demo_gguf, isolated_home, litellm_proxy, tmp_path
+):
     folder = isolated_home / "models" / "demo"
     folder.mkdir(parents=True)
     os.symlink(demo_gguf, folder / demo_gguf.name)
@@ -113,8 +117,30 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(llama_server, demo_g
     hosts.write_text(f"members:\n- url: http://127.0.0.1:{dead_port}\n  name: never-up\n")
     proxy_pid = None
     try:
-        up = json_of(bonsai(["fleet", "up", "--profile", "demo", "--replicas", "2", "--port", port, "--speculative",
-                             "--ctx", "4096", "--hosts", hosts, "--remote-wait", "2", "--json"], env=env, timeout=400))
+        up = json_of(
+            bonsai(
+                [
+                    "fleet",
+                    "up",
+                    "--profile",
+                    "demo",
+                    "--replicas",
+                    "2",
+                    "--port",
+                    port,
+                    "--speculative",
+                    "--ctx",
+                    "4096",
+                    "--hosts",
+                    hosts,
+                    "--remote-wait",
+                    "2",
+                    "--json",
+                ],
+                env=env,
+                timeout=400,
+            )
+        )
         assert up["url"] == f"http://127.0.0.1:{port}" and up["model"] == "demo"
         assert up["api_key"].startswith("sk-") and up["key_source"] == "generated"
         members = {m["name"]: m for m in up["members"]}
@@ -123,13 +149,17 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(llama_server, demo_g
         assert [e["name"] for e in up["excluded"]] == ["never-up"]
         if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2:
             # CPU replicas do not fight over cores: each one's threads are held to its own.
-            held = [{frozenset(os.sched_getaffinity(t.id)) for t in psutil.Process(members[n]["pid"]).threads()}
-                    for n in ("replica-1", "replica-2")]
+            held = [
+                {frozenset(os.sched_getaffinity(t.id)) for t in psutil.Process(members[n]["pid"]).threads()}
+                for n in ("replica-1", "replica-2")
+            ]
             assert all(len(h) == 1 for h in held) and not (next(iter(held[0])) & next(iter(held[1]))), held
         config_text = Path(up["config"]).read_text()
         config = yaml.safe_load(config_text)
         assert [d["litellm_params"]["api_base"] for d in config["model_list"]] == [
-            f"http://127.0.0.1:{port + 1}/v1", f"http://127.0.0.1:{port + 2}/v1"]  # the unhealthy one is not routed to
+            f"http://127.0.0.1:{port + 1}/v1",
+            f"http://127.0.0.1:{port + 2}/v1",
+        ]  # the unhealthy one is not routed to
         assert up["api_key"] not in config_text
         from bonsai_launch.fleet.configs import llama_swap_problems
 
@@ -156,9 +186,13 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(llama_server, demo_g
         assert [m["health"] for m in ps["members"]] == ["ok", "ok"]
         revived = {m["name"]: m["pid"] for m in ps["members"]}["replica-2"]
         assert revived != members["replica-2"]["pid"]
-        r = httpx.post(up["url"] + "/v1/chat/completions", timeout=120, trust_env=False,
-                       headers={"Authorization": f"Bearer {up['api_key']}"},
-                       json={"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        r = httpx.post(
+            up["url"] + "/v1/chat/completions",
+            timeout=120,
+            trust_env=False,
+            headers={"Authorization": f"Bearer {up['api_key']}"},
+            json={"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
+        )
         assert r.status_code == 200
 
         # The latency measurement runs (its numbers are for a quiet window, not for this test).

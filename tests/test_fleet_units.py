@@ -21,19 +21,31 @@ from real_parts import require_litellm
 
 ROOT = Path(__file__).resolve().parent.parent
 
-LOCAL = [Member("replica-1", "http://127.0.0.1:4001", True, argv=("llama-server", "-m", "m.gguf", "--port", "4001"),
-                env={"CUDA_VISIBLE_DEVICES": "0"}, parallel=2),
-         Member("replica-2", "http://127.0.0.1:4002", True, argv=("llama-server", "-m", "m.gguf", "--port", "4002"))]
+LOCAL = [
+    Member(
+        "replica-1",
+        "http://127.0.0.1:4001",
+        True,
+        argv=("llama-server", "-m", "m.gguf", "--port", "4001"),
+        env={"CUDA_VISIBLE_DEVICES": "0"},
+        parallel=2,
+    ),
+    Member("replica-2", "http://127.0.0.1:4002", True, argv=("llama-server", "-m", "m.gguf", "--port", "4002")),
+]
 REMOTE = [Member("gpu-box", "http://10.0.0.7:8080", False, api_key_env="GPU_BOX_KEY")]
 
 
 # -- LiteLLM ----------------------------------------------------------------------------------------
 
+
 def test_litellm_config_balances_one_model_over_every_member():
     cfg = configs.litellm_config("bonsai-8b", LOCAL + REMOTE)
     assert {d["model_name"] for d in cfg["model_list"]} == {"bonsai-8b"}
     assert [d["litellm_params"]["api_base"] for d in cfg["model_list"]] == [
-        "http://127.0.0.1:4001/v1", "http://127.0.0.1:4002/v1", "http://10.0.0.7:8080/v1"]
+        "http://127.0.0.1:4001/v1",
+        "http://127.0.0.1:4002/v1",
+        "http://10.0.0.7:8080/v1",
+    ]
     assert [d["model_info"]["id"] for d in cfg["model_list"]] == ["replica-1", "replica-2", "gpu-box"]
     assert all(d["litellm_params"]["model"] == "openai/bonsai-8b" for d in cfg["model_list"])
     # The remote member's key is read from its variable by the proxy, never written here.
@@ -65,28 +77,35 @@ def test_litellm_config_keys_are_the_routers_own(monkeypatch):
 
 # -- llama-swap ---------------------------------------------------------------------------------------
 
+
 def test_llama_swap_config_uses_only_documented_keys():
     cfg = configs.llama_swap_config("bonsai-8b", LOCAL + REMOTE)
     assert configs.llama_swap_problems(cfg) == []
     assert cfg["models"]["replica-1"]["cmd"] == shlex.join(LOCAL[0].argv)
     assert cfg["models"]["replica-1"]["env"] == ["CUDA_VISIBLE_DEVICES=0"]
     assert cfg["models"]["replica-1"]["checkEndpoint"] == "/health"
-    assert cfg["peers"]["gpu-box"] == {"proxy": "http://10.0.0.7:8080", "models": ["bonsai-8b"],
-                                       "apiKey": "${env.GPU_BOX_KEY}"}
+    assert cfg["peers"]["gpu-box"] == {
+        "proxy": "http://10.0.0.7:8080",
+        "models": ["bonsai-8b"],
+        "apiKey": "${env.GPU_BOX_KEY}",
+    }
     sel = cfg["selectors"]["bonsai-8b"]
     assert sel["strategy"] == "spillover" and sel["targets"] == ["replica-1", "replica-2", "gpu-box/bonsai-8b"]
     assert sel["settings"] == {"spillover": 2}
     yaml.safe_load(yaml.safe_dump(cfg))  # round-trips as YAML
 
 
-@pytest.mark.parametrize("mutate, words", [
-    (lambda c: c.update(loadBalancer="x"), "unknown top-level key 'loadBalancer'"),
-    (lambda c: c["models"]["replica-1"].update(replicas=2), "models.replica-1: unknown key 'replicas'"),
-    (lambda c: c["models"]["replica-1"].pop("cmd"), "cmd is required"),
-    (lambda c: c["selectors"]["m"].update(strategy="round-robin"), "not warm, pin or spillover"),
-    (lambda c: c["selectors"]["m"]["targets"].append("nope"), "target 'nope'"),
-    (lambda c: c["peers"]["gpu-box"].update(key="k"), "peers.gpu-box: unknown key 'key'"),
-])
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (lambda c: c.update(loadBalancer="x"), "unknown top-level key 'loadBalancer'"),
+        (lambda c: c["models"]["replica-1"].update(replicas=2), "models.replica-1: unknown key 'replicas'"),
+        (lambda c: c["models"]["replica-1"].pop("cmd"), "cmd is required"),
+        (lambda c: c["selectors"]["m"].update(strategy="round-robin"), "not warm, pin or spillover"),
+        (lambda c: c["selectors"]["m"]["targets"].append("nope"), "target 'nope'"),
+        (lambda c: c["peers"]["gpu-box"].update(key="k"), "peers.gpu-box: unknown key 'key'"),
+    ],
+)
 def test_llama_swap_checker_catches_undocumented_keys(mutate, words):
     cfg = configs.llama_swap_config("m", LOCAL + REMOTE)
     mutate(cfg)
@@ -95,23 +114,29 @@ def test_llama_swap_checker_catches_undocumented_keys(mutate, words):
 
 # -- the fleet file and the machine's share -------------------------------------------------------------
 
+
 def test_fleet_file_members(tmp_path):
     f = tmp_path / "fleet.yaml"
-    f.write_text("members:\n- url: http://gpu-box:8080/v1\n  api_key_env: GPU_BOX_KEY\n  parallel: 4\n"
-                 "- {url: 'https://b.example:9000', name: b}\n")
+    f.write_text(
+        "members:\n- url: http://gpu-box:8080/v1\n  api_key_env: GPU_BOX_KEY\n  parallel: 4\n"
+        "- {url: 'https://b.example:9000', name: b}\n"
+    )
     a, b = hosts.parse_fleet_file(f)
     assert (a.name, a.url, a.api_key_env, a.parallel) == ("gpu-box-8080", "http://gpu-box:8080", "GPU_BOX_KEY", 4)
     assert (b.name, b.url, b.api_key_env) == ("b", "https://b.example:9000", None)
 
 
-@pytest.mark.parametrize("text, words", [
-    ("members: []", "non-empty 'members'"),
-    ("members:\n- url: gpu-box:8080", "is not an http(s) URL"),
-    ("members:\n- url: http://a:1\n  api_key_env: 'my key'", "not an environment variable name"),
-    ("members:\n- url: http://a:1\n  apikey: X", "unknown key(s) apikey"),
-    ("members:\n- {url: 'http://a:1', name: x}\n- {url: 'http://b:1', name: x}", "used twice: x"),
-    ("members: [", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("members: []", "non-empty 'members'"),
+        ("members:\n- url: gpu-box:8080", "is not an http(s) URL"),
+        ("members:\n- url: http://a:1\n  api_key_env: 'my key'", "not an environment variable name"),
+        ("members:\n- url: http://a:1\n  apikey: X", "unknown key(s) apikey"),
+        ("members:\n- {url: 'http://a:1', name: x}\n- {url: 'http://b:1', name: x}", "used twice: x"),
+        ("members: [", "not valid YAML"),
+    ],
+)
 def test_bad_fleet_file_names_the_entry_and_the_fix(tmp_path, text, words):
     f = tmp_path / "fleet.yaml"
     f.write_text(text)
@@ -137,9 +162,14 @@ def test_cpu_replicas_split_the_cores_and_pin_them():
 
 def test_gpu_replicas_get_one_device_each_in_turn():
     shares = hosts.replica_shares(3, "cuda", gpus=["0", "1"], threads=None, cpus=list(range(8)))
-    assert [s.env for s in shares] == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"},
-                                       {"CUDA_VISIBLE_DEVICES": "0"}]
-    assert hosts.replica_shares(1, "vulkan", gpus=["1"], threads=None, cpus=list(range(8)))[0].env == {"GGML_VK_VISIBLE_DEVICES": "1"}
+    assert [s.env for s in shares] == [
+        {"CUDA_VISIBLE_DEVICES": "0"},
+        {"CUDA_VISIBLE_DEVICES": "1"},
+        {"CUDA_VISIBLE_DEVICES": "0"},
+    ]
+    assert hosts.replica_shares(1, "vulkan", gpus=["1"], threads=None, cpus=list(range(8)))[0].env == {
+        "GGML_VK_VISIBLE_DEVICES": "1"
+    }
     with pytest.raises(BonsaiError, match="--gpus=0"):
         hosts.replica_shares(1, "cpu", gpus=["0"], threads=None, cpus=list(range(8)))
     with pytest.raises(BonsaiError, match="give one of them"):
@@ -149,6 +179,7 @@ def test_gpu_replicas_get_one_device_each_in_turn():
 
 
 # -- export -----------------------------------------------------------------------------------------------
+
 
 def _flags(argv: tuple[str, ...]) -> list[str]:
     return [a for a in argv if a.startswith("--")]
@@ -180,12 +211,15 @@ def test_export_without_speculation_and_unpacked_27b():
     assert e.checkpoint.weights_gb == 54.0
 
 
-@pytest.mark.parametrize("engine, profile, spec, words", [
-    ("tgi", "bonsai-8b", False, "--engine='tgi'"),
-    ("vllm", "demo", False, "no vLLM/SGLang checkpoint"),
-    ("vllm", "bonsai2-27b", False, "Bonsai 2"),
-    ("vllm", "bonsai-1.7b", True, "no safetensors drafter"),
-])
+@pytest.mark.parametrize(
+    "engine, profile, spec, words",
+    [
+        ("tgi", "bonsai-8b", False, "--engine='tgi'"),
+        ("vllm", "demo", False, "no vLLM/SGLang checkpoint"),
+        ("vllm", "bonsai2-27b", False, "Bonsai 2"),
+        ("vllm", "bonsai-1.7b", True, "no safetensors drafter"),
+    ],
+)
 def test_export_refusals_say_what_to_do(engine, profile, spec, words):
     with pytest.raises(BonsaiError) as err:
         export.build_export(engine, profile, speculative=spec)
@@ -193,14 +227,30 @@ def test_export_refusals_say_what_to_do(engine, profile, spec, words):
 
 
 def test_export_cli_prints_the_command_and_warns(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "bonsai_launch", "export", "--engine", "vllm", "--profile", "bonsai-8b",
-                           "--speculative"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bonsai_launch",
+            "export",
+            "--engine",
+            "vllm",
+            "--profile",
+            "bonsai-8b",
+            "--speculative",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("vllm serve prism-ml/Bonsai-8B-AWQ-4-bit ")
     assert "experimental" in done.stderr and "GGUF" in done.stderr
 
 
 # -- without the extra ---------------------------------------------------------------------------------
+
 
 def test_fleet_without_litellm_says_how_to_install_it(tmp_path):
     """A `litellm` package without its proxy stands in for a missing install: the command
@@ -209,8 +259,14 @@ def test_fleet_without_litellm_says_how_to_install_it(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "shadow")}
-    done = subprocess.run([sys.executable, "-m", "bonsai_launch", "fleet", "up", "--profile", "demo"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", "fleet", "up", "--profile", "demo"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env=env,
+    )
     assert done.returncode == 2, done.stderr
     assert "pip install 'bonsai-launch[fleet]'" in done.stderr and "LiteLLM" in done.stderr
     assert not (Path(os.environ["BONSAI_HOME"]) / "logs").exists()  # nothing was started
@@ -220,7 +276,6 @@ def test_fleet_without_litellm_says_how_to_install_it(tmp_path):
 def test_require_litellm_finds_the_installed_proxy():
     require_litellm()
     assert Path(proxy.require_litellm()).is_file()
-
 
 
 def test_proxy_latency_report_pairs_the_two_paths():
@@ -236,12 +291,20 @@ def test_running_fleet_refuses_a_different_ask(monkeypatch):
     from bonsai_launch.fleet import service
     from bonsai_launch.fleet.state import FleetState, MemberState
 
-    st = FleetState("demo", "demo", [MemberState("replica-1", "http://127.0.0.1:1", True)], None, None,
-                    [{"name": "replica-2", "url": "http://127.0.0.1:2", "why": "died"}])
+    st = FleetState(
+        "demo",
+        "demo",
+        [MemberState("replica-1", "http://127.0.0.1:1", True)],
+        None,
+        None,
+        [{"name": "replica-2", "url": "http://127.0.0.1:2", "why": "died"}],
+    )
     service._refuse_a_different_fleet(st, service.UpOptions(flags={}, replicas=None))
     service._refuse_a_different_fleet(st, service.UpOptions(flags={"profile": "demo"}, replicas=2))
-    for opts in (service.UpOptions(flags={"profile": "bonsai-8b"}, replicas=None),
-                 service.UpOptions(flags={}, replicas=3)):
+    for opts in (
+        service.UpOptions(flags={"profile": "bonsai-8b"}, replicas=None),
+        service.UpOptions(flags={}, replicas=3),
+    ):
         with pytest.raises(BonsaiError, match="fleet down"):
             service._refuse_a_different_fleet(st, opts)
 

@@ -43,16 +43,16 @@ def fork_repo(tmp_path) -> tuple[Path, str]:
     subprocess.run([*GIT, "-C", str(repo), "add", "."], check=True)
     subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "-m", "release"], check=True)
     subprocess.run([*GIT, "-C", str(repo), "tag", "-a", TAG, "-m", "release"], check=True)
-    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     (repo / "LATER").write_text("the branch moved on\n")
     subprocess.run([*GIT, "-C", str(repo), "add", "LATER"], check=True)
     subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "-m", "later"], check=True)
     return repo, commit
 
 
-def fork_pin(folder: Path, url: str, commit: str, *, tag: str = TAG, archive: Path | None = None,
-             sha: str = "0" * 64):
+def fork_pin(folder: Path, url: str, commit: str, *, tag: str = TAG, archive: Path | None = None, sha: str = "0" * 64):
     """A pin.toml whose default is a fake sdist and whose [sources.prismml] is the fork fixture."""
     folder.mkdir(parents=True, exist_ok=True)
     name = archive.name if archive else "fake_llama_bin-1.0.tar.gz"
@@ -62,14 +62,18 @@ def fork_pin(folder: Path, url: str, commit: str, *, tag: str = TAG, archive: Pa
         f'kind = "pypi-sdist"\npackage = "fake-llama-bin"\nversion = "1.0"\nfilename = "{name}"\n'
         f'sha256 = "{sha}"\ntree = "{top}/llama.cpp"\nbuild_number = 4242\n'
         "[sources.prismml]\n"
-        f'kind = "git"\nurl = "{url}"\ntag = "{tag}"\ncommit = "{commit}"\nflavour = "fork"\nrelease = 10743\n')
+        f'kind = "git"\nurl = "{url}"\ntag = "{tag}"\ncommit = "{commit}"\nflavour = "fork"\nrelease = 10743\n'
+    )
     return load_pin(folder / "pin.toml")
 
 
 def no_leftovers() -> None:
     """Nothing half-made: no clone, temporary folder or build."""
-    leftovers = [p.name for p in sources_dir().iterdir() if p.name not in (".lock", "downloads")] \
-        if sources_dir().is_dir() else []
+    leftovers = (
+        [p.name for p in sources_dir().iterdir() if p.name not in (".lock", "downloads")]
+        if sources_dir().is_dir()
+        else []
+    )
     assert leftovers == []
     assert not builds_dir().exists() or not any(builds_dir().iterdir())
 
@@ -121,7 +125,8 @@ def test_missing_tag_is_refused(tmp_path, fork_repo, monkeypatch):
 def test_pin_refuses_a_tag_without_its_commit(tmp_path):
     (tmp_path / "pin.toml").write_text(
         '[default]\npackage = "p"\nversion = "1"\nfilename = "p-1.tar.gz"\nsha256 = "ab"\ntree = "p-1/llama.cpp"\n'
-        '[sources.prismml]\nkind = "git"\nurl = "https://x.invalid/f.git"\ntag = "prism-b1-a"\n')
+        '[sources.prismml]\nkind = "git"\nurl = "https://x.invalid/f.git"\ntag = "prism-b1-a"\n'
+    )
     with pytest.raises(BonsaiError, match="without the commit it must resolve to"):
         load_pin(tmp_path / "pin.toml")
 
@@ -166,9 +171,11 @@ def test_start_bonsai2_uses_the_fork_build_and_its_files(tmp_path, fork_repo, mo
     use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))
     use_pin(monkeypatch, fork_pin(tmp_path / "vendor", repo.as_uri(), commit, archive=archive, sha=sha))
     mainline, fork = build(BuildRequest()), build(BuildRequest(source="prismml"))
-    for profile, name in (("bonsai2-27b", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
-                          ("ternary-27b", "Ternary-Bonsai-27B-Q2_g64.gguf"),
-                          ("ternary-27b", "Ternary-Bonsai-27B-PQ2_0.gguf")):
+    for profile, name in (
+        ("bonsai2-27b", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
+        ("ternary-27b", "Ternary-Bonsai-27B-Q2_g64.gguf"),
+        ("ternary-27b", "Ternary-Bonsai-27B-PQ2_0.gguf"),
+    ):
         profile_models_dir(profile).mkdir(parents=True, exist_ok=True)
         tiny_gguf.write_target(profile_models_dir(profile) / name)
 
@@ -189,12 +196,15 @@ def test_start_bonsai2_uses_the_fork_build_and_its_files(tmp_path, fork_repo, mo
         gather_plan({"profile": "bonsai2-27b"}, binary=mainline.server, env={})
 
 
-def _cli(argv: list[str], home: Path, extra_env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+def _cli(
+    argv: list[str], home: Path, extra_env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BONSAI_") and k != "PORT"}
     env.update(BONSAI_HOME=str(home), **NO_NETWORK, **(extra_env or {}))
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "bonsai_launch", *argv], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", *argv], env=env, capture_output=True, text=True, timeout=120
+    )
     return done, time.monotonic() - started
 
 
@@ -203,8 +213,10 @@ def test_build_prismml_without_network_fails_in_seconds_with_one_line(isolated_h
     done, seconds = _cli(["build", "--source", "prismml"], isolated_home)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1 and len(lines) == 1, done.stderr
-    assert lines[0].startswith("error: cannot reach https://github.com/PrismML-Eng/llama.cpp.git") and \
-        "nothing was downloaded" in lines[0]
+    assert (
+        lines[0].startswith("error: cannot reach https://github.com/PrismML-Eng/llama.cpp.git")
+        and "nothing was downloaded" in lines[0]
+    )
     assert seconds < 15, seconds
     assert not (isolated_home / "sources").exists() and not (isolated_home / "builds").exists()
 

@@ -98,8 +98,7 @@ def stand_in():
 SPEC_TYPES = {"ngram": SpecPlan("ngram-mod", None), "drafter": SpecPlan("draft-dspark", 4, drafter="d.gguf")}
 
 
-@pytest.mark.parametrize("slots, drafted, kind",
-                         list(itertools.product([True, False, None], [0, 6], SPEC_TYPES)))
+@pytest.mark.parametrize("slots, drafted, kind", list(itertools.product([True, False, None], [0, 6], SPEC_TYPES)))
 def test_live_only_when_the_probe_drafted(stand_in, slots, drafted, kind):
     url = stand_in(StandIn(slots, drafted))
     proof = prove_speculation(url, SPEC_TYPES[kind])
@@ -140,10 +139,14 @@ def test_proof_names_the_number_not_default():
 
 # -- the real llama-server ----------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
-    return {"target": tiny_gguf.write_target(d / "target.gguf"), "const": tiny_gguf.write_target(d / "c.gguf", constant_token=7)}
+    return {
+        "target": tiny_gguf.write_target(d / "target.gguf"),
+        "const": tiny_gguf.write_target(d / "c.gguf", constant_token=7),
+    }
 
 
 @pytest.fixture
@@ -159,11 +162,30 @@ NGRAM_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngr
 @pytest.mark.parametrize("model", ["target", "const"])
 @pytest.mark.parametrize("spec_type", NGRAM_TYPES)
 def test_every_ngram_type_drafts_on_the_probe_and_verify_agrees(llama_server, tiny, cleanup, spec_type, model):
-    started = json_out(bonsai(["start", "--model", tiny[model], "--port", free_port(), "--ctx", "2048",
-                               "--speculative", "--spec-type", spec_type, "--detach", "--json"], server=llama_server))
+    started = json_out(
+        bonsai(
+            [
+                "start",
+                "--model",
+                tiny[model],
+                "--port",
+                free_port(),
+                "--ctx",
+                "2048",
+                "--speculative",
+                "--spec-type",
+                spec_type,
+                "--detach",
+                "--json",
+            ],
+            server=llama_server,
+        )
+    )
     spec = started["speculative"]
     assert spec["live"] and spec["drafted"] > 0, spec
-    report = json_out(bonsai(["verify", "--url", started["url"], "--json", "--expect-speculative"], server=llama_server))
+    report = json_out(
+        bonsai(["verify", "--url", started["url"], "--json", "--expect-speculative"], server=llama_server)
+    )
     assert report["speculative"] is True and report["drafted"] > 0
 
 
@@ -171,8 +193,18 @@ def test_every_ngram_type_drafts_on_the_probe_and_verify_agrees(llama_server, ti
 def test_start_and_verify_agree_when_nothing_is_drafted(llama_server, tiny, cleanup):
     """An n-gram type whose lookup can never match (n-gram size 256): /slots says speculative,
     nothing is drafted, so start refuses, --spec-fallback warns, and verify says the same."""
-    args = ["start", "--model", tiny["target"], "--port", free_port(), "--ctx", "2048", "--speculative",
-            "--spec-type", "ngram-simple"]
+    args = [
+        "start",
+        "--model",
+        tiny["target"],
+        "--port",
+        free_port(),
+        "--ctx",
+        "2048",
+        "--speculative",
+        "--spec-type",
+        "ngram-simple",
+    ]
     never = ["--", "--spec-ngram-simple-size-n", "256"]
     refused = bonsai([*args, *never], server=llama_server)
     assert refused.returncode == 1, refused.stdout + refused.stderr
@@ -191,8 +223,25 @@ def test_start_and_verify_agree_when_nothing_is_drafted(llama_server, tiny, clea
 @pytest.mark.server
 def test_block_7_drafter_sets_n_max_7_and_drafts(llama_server, tiny, cleanup, tmp_path):
     drafter = tiny_gguf.write_dspark_drafter(tmp_path / "block7.gguf", block_size=7)
-    started = json_out(bonsai(["start", "--model", tiny["target"], "--drafter", drafter, "--port", free_port(),
-                               "--ctx", "2048", "--speculative", "--detach", "--json"], server=llama_server))
+    started = json_out(
+        bonsai(
+            [
+                "start",
+                "--model",
+                tiny["target"],
+                "--drafter",
+                drafter,
+                "--port",
+                free_port(),
+                "--ctx",
+                "2048",
+                "--speculative",
+                "--detach",
+                "--json",
+            ],
+            server=llama_server,
+        )
+    )
     spec = started["speculative"]
     assert spec["type"] == "draft-dspark" and spec["n_max"] == 7 and spec["live"] and spec["drafted"] > 0
     argv = started["plan"]["argv"]
@@ -205,14 +254,23 @@ def test_bench_refuses_to_measure_a_speculative_configuration_that_does_not_draf
     from bonsai_launch.bench.runner import BenchOptions
     from bonsai_launch.errors import ActionFailed
 
-    options = BenchOptions(configs=("plain", "ngram-simple"), categories=("code",), per_category=1, temps=(0.0,),
-                           repeats=1, max_tokens=8, tradeoffs=False)
-    target = Target(model=str(tiny["target"]), binary=llama_server,
-                    passthrough=("-t", "1", "--spec-ngram-simple-size-n", "256"))
+    options = BenchOptions(
+        configs=("plain", "ngram-simple"),
+        categories=("code",),
+        per_category=1,
+        temps=(0.0,),
+        repeats=1,
+        max_tokens=8,
+        tradeoffs=False,
+    )
+    target = Target(
+        model=str(tiny["target"]), binary=llama_server, passthrough=("-t", "1", "--spec-ngram-simple-size-n", "256")
+    )
     with pytest.raises(ActionFailed) as err:
         run_bench(options, target, tmp_path / "out", chart=False)
-    assert "ngram-simple: speculative decoding: NOT live (ngram-simple): the probe drafted no tokens" in err.value.message
-
+    assert (
+        "ngram-simple: speculative decoding: NOT live (ngram-simple): the probe drafted no tokens" in err.value.message
+    )
 
 
 @pytest.mark.server
@@ -220,8 +278,19 @@ def test_bench_refuses_to_measure_a_speculative_configuration_that_does_not_draf
 def test_every_ngram_type_drafts_on_the_probe_with_the_demo_model(llama_server, demo_gguf, tmp_path):
     """The real (Q4_K) demo model: the probe's first request already drafts for every type."""
     for spec_type in NGRAM_TYPES:
-        args = ["-m", demo_gguf, "--spec-type", spec_type, "-c", "4096", "-np", "1", "--no-jinja",
-                "--chat-template", "gemma"]
+        args = [
+            "-m",
+            demo_gguf,
+            "--spec-type",
+            spec_type,
+            "-c",
+            "4096",
+            "-np",
+            "1",
+            "--no-jinja",
+            "--chat-template",
+            "gemma",
+        ]
         with tiny_gguf.serve(llama_server, args, tmp_path / f"{spec_type}.log", timeout=120) as server:
             result = speculation_probe.probe(server.url)
             assert speculation_probe.is_live(result), (spec_type, result)

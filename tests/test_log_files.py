@@ -21,8 +21,10 @@ def fake_windows(calls: list):
         fd = os.open(path, mode, 0o644)
         return types.SimpleNamespace(Detach=lambda: fd)
 
-    return {"win32file": types.SimpleNamespace(CreateFile=create_file),
-            "msvcrt": types.SimpleNamespace(open_osfhandle=lambda handle, flags: handle)}
+    return {
+        "win32file": types.SimpleNamespace(CreateFile=create_file),
+        "msvcrt": types.SimpleNamespace(open_osfhandle=lambda handle, flags: handle),
+    }
 
 
 def test_windows_log_is_opened_with_delete_sharing(tmp_path):

@@ -52,6 +52,7 @@ def drop(name: str) -> tiny_gguf.LogSnr:
 
 # -- the maths, in numpy -----------------------------------------------------------------------------
 
+
 def test_anchor_features_match_the_reference_test_vectors():
     feat = R.features(R.T_ANCHOR)
     assert feat.dtype == np.float32 and feat.shape == (128,)
@@ -103,25 +104,35 @@ def test_near_decoys_catch_a_vector_off_by_one_or_two_percent(tmp_path, focus):
 
 def test_tiny_gguf_log_snr_writer_refuses_what_it_cannot_write(tmp_path):
     with pytest.raises(ValueError, match="not log-SNR tensors"):
-        tiny_gguf.write_dspark_drafter(tmp_path / "a.gguf", log_snr=tiny_gguf.LogSnr(weights={"fc.weight": np.zeros(1)}))
+        tiny_gguf.write_dspark_drafter(
+            tmp_path / "a.gguf", log_snr=tiny_gguf.LogSnr(weights={"fc.weight": np.zeros(1)})
+        )
     with pytest.raises(ValueError, match=r"log_snr_fc1.weight: numpy shape \(128, 64\), expected \(64, 128\)"):
-        tiny_gguf.write_dspark_drafter(tmp_path / "b.gguf", log_snr=tiny_gguf.LogSnr(
-            weights={"log_snr_fc1.weight": np.zeros((128, 64), dtype=np.float32)}))
+        tiny_gguf.write_dspark_drafter(
+            tmp_path / "b.gguf",
+            log_snr=tiny_gguf.LogSnr(weights={"log_snr_fc1.weight": np.zeros((128, 64), dtype=np.float32)}),
+        )
     with pytest.raises(ValueError, match="does not have"):
         tiny_gguf.write_dspark_drafter(tmp_path / "c.gguf", tensor_overrides={"output.weight": np.zeros((512, 64))})
     assert not list(tmp_path.iterdir())  # nothing half-written
     # given weights are written as given; a dropped tensor leaves the others' random values unchanged
     w = np.arange(64, dtype=np.float32)
-    full = tiny_gguf.write_dspark_drafter(tmp_path / "full.gguf", log_snr=tiny_gguf.LogSnr(weights={"log_snr_fc2.bias": w}))
+    full = tiny_gguf.write_dspark_drafter(
+        tmp_path / "full.gguf", log_snr=tiny_gguf.LogSnr(weights={"log_snr_fc2.bias": w})
+    )
     part = tiny_gguf.write_dspark_drafter(tmp_path / "part.gguf", log_snr=drop("log_snr_fc1.bias"))
     from gguf import GGUFReader
+
     full_t = {t.name: np.array(t.data) for t in GGUFReader(full).tensors}
     part_t = {t.name: np.array(t.data) for t in GGUFReader(part).tensors}
     assert np.array_equal(full_t["log_snr_fc2.bias"], w)
-    assert "log_snr_fc1.bias" not in part_t and np.array_equal(full_t["log_snr_fc2.weight"], part_t["log_snr_fc2.weight"])
+    assert "log_snr_fc1.bias" not in part_t and np.array_equal(
+        full_t["log_snr_fc2.weight"], part_t["log_snr_fc2.weight"]
+    )
 
 
 # -- what bonsai reads from the header --------------------------------------------------------------
+
 
 def test_inspect_reads_the_log_snr_keys_and_tensors(tmp_path):
     target = tiny_gguf.write_target(tmp_path / "t.gguf")
@@ -147,15 +158,18 @@ def test_inspect_reads_the_log_snr_keys_and_tensors(tmp_path):
     assert not plain.log_snr and plain.log_snr_tensors == () and plain.log_snr_problems("plain.gguf") == []
 
 
-@pytest.mark.parametrize("log_snr, words", [
-    (drop("log_snr_fc2.bias"), "lacks the tensor log_snr_fc2.bias"),
-    (tiny_gguf.LogSnr(tensors=()), "lacks the tensors log_snr_fc1.weight, log_snr_fc1.bias"),
-    (tiny_gguf.LogSnr(flag=None), "does not set dflash.log_snr_conditioning = true"),
-    (tiny_gguf.LogSnr(flag=False), "does not set dflash.log_snr_conditioning = true"),
-    (tiny_gguf.LogSnr(max_log_snr=None), "lacks dflash.max_log_snr"),
-    (tiny_gguf.LogSnr(min_log_snr=9.0), "dflash.max_log_snr 9.0 not greater than dflash.min_log_snr 9.0"),
-    (tiny_gguf.LogSnr(min_log_snr=math.nan), "not finite"),
-])
+@pytest.mark.parametrize(
+    "log_snr, words",
+    [
+        (drop("log_snr_fc2.bias"), "lacks the tensor log_snr_fc2.bias"),
+        (tiny_gguf.LogSnr(tensors=()), "lacks the tensors log_snr_fc1.weight, log_snr_fc1.bias"),
+        (tiny_gguf.LogSnr(flag=None), "does not set dflash.log_snr_conditioning = true"),
+        (tiny_gguf.LogSnr(flag=False), "does not set dflash.log_snr_conditioning = true"),
+        (tiny_gguf.LogSnr(max_log_snr=None), "lacks dflash.max_log_snr"),
+        (tiny_gguf.LogSnr(min_log_snr=9.0), "dflash.max_log_snr 9.0 not greater than dflash.min_log_snr 9.0"),
+        (tiny_gguf.LogSnr(min_log_snr=math.nan), "not finite"),
+    ],
+)
 def test_pair_check_names_what_the_patched_loader_would_refuse(tmp_path, log_snr, words):
     target = inspect_gguf(tiny_gguf.write_target(tmp_path / "t.gguf"))
     problems = check_pair(target, inspect_gguf(tiny_gguf.write_dspark_drafter(tmp_path / "d.gguf", log_snr=log_snr)))
@@ -165,20 +179,31 @@ def test_pair_check_names_what_the_patched_loader_would_refuse(tmp_path, log_snr
 
 # -- does the llama-server implement it? ---------------------------------------------------------------
 
+
 def _log_snr_drafter_info():
     d = test_plan.drafter()
-    return dataclasses.replace(d, drafter=dataclasses.replace(
-        d.drafter, log_snr=True, log_snr_min=-9.0, log_snr_max=9.0, log_snr_tensors=LOG_SNR_TENSORS))
+    return dataclasses.replace(
+        d,
+        drafter=dataclasses.replace(
+            d.drafter, log_snr=True, log_snr_min=-9.0, log_snr_max=9.0, log_snr_tensors=LOG_SNR_TENSORS
+        ),
+    )
 
 
 def test_plan_refuses_a_log_snr_drafter_on_a_binary_without_the_patch():
     caps = dataclasses.replace(test_plan.CAPS["cpu-8g"], binary="/usr/bin/llama-server", dspark_log_snr=False)
     with pytest.raises(BonsaiError) as refused:
         test_plan.plan_for(env={"BONSAI_SPECULATIVE": "1"}, caps=caps, draft=_log_snr_drafter_info())
-    assert "drafter.gguf uses log-SNR conditioning, which /usr/bin/llama-server does not implement" in refused.value.message
+    assert (
+        "drafter.gguf uses log-SNR conditioning, which /usr/bin/llama-server does not implement"
+        in refused.value.message
+    )
     assert "bonsai build" in refused.value.fix
-    plan = test_plan.plan_for(env={"BONSAI_SPECULATIVE": "1"}, caps=dataclasses.replace(caps, dspark_log_snr=True),
-                              draft=_log_snr_drafter_info())
+    plan = test_plan.plan_for(
+        env={"BONSAI_SPECULATIVE": "1"},
+        caps=dataclasses.replace(caps, dspark_log_snr=True),
+        draft=_log_snr_drafter_info(),
+    )
     assert "-md" in plan.argv
     # a drafter without the conditioning runs on any build
     assert "-md" in test_plan.plan_for(env={"BONSAI_SPECULATIVE": "1"}, caps=caps).argv
@@ -202,19 +227,22 @@ def test_the_built_server_implements_log_snr(llama_server):
 
 # -- the patched llama-server ---------------------------------------------------------------------------
 
+
 @pytest.mark.server
 def test_log_snr_drafter_loads_and_speculation_is_live(llama_server, tmp_path):
     target = tiny_gguf.write_target(tmp_path / "target.gguf")
     drafter = tiny_gguf.write_dspark_drafter(tmp_path / "drafter.gguf", block_size=4, log_snr=True)
-    done = bonsai(["start", *start_args(target, "--drafter", drafter, "--speculative"), "--detach", "--json"],
-                  server=llama_server)
+    done = bonsai(
+        ["start", *start_args(target, "--drafter", drafter, "--speculative"), "--detach", "--json"], server=llama_server
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     spec = json_out(done)["speculative"]
     assert spec["live"] and spec["type"] == "draft-dspark" and spec["n_max"] == 4 and spec["drafted"] > 0
 
     # the loader's own line (shown at verbosity 4) says the conditioning is on, with its bounds
-    with tiny_gguf.serve(llama_server, ["-m", target, "-md", drafter, "--spec-draft-n-max", "4", "-lv", "4"],
-                         tmp_path / "verbose.log") as srv:
+    with tiny_gguf.serve(
+        llama_server, ["-m", target, "-md", drafter, "--spec-draft-n-max", "4", "-lv", "4"], tmp_path / "verbose.log"
+    ) as srv:
         assert LOADED_LOG in srv.log()
 
 
@@ -224,8 +252,10 @@ def test_conditioning_as_specified_accepts_every_draft(llama_server, tmp_path, f
     # 300 near decoys: a server vector 1% (relative) off numpy's value would draft a decoy (see
     # test_near_decoys_catch_a_vector_off_by_one_or_two_percent), so these drafts pin the MLP output
     pair = R.write_conditioning_pair(tmp_path, convention="spec", focus=focus, token=T, near_decoys=300)
-    done = bonsai(["start", *start_args(pair.target, "--drafter", pair.drafter, "--speculative"),
-                   "--detach", "--json"], server=llama_server)
+    done = bonsai(
+        ["start", *start_args(pair.target, "--drafter", pair.drafter, "--speculative"), "--detach", "--json"],
+        server=llama_server,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     data = json_out(done)
     assert data["speculative"]["live"] and data["speculative"]["acceptance"] == 1.0
@@ -257,9 +287,14 @@ def acceptance(server: Path, pair: R.ConditioningPair, log: Path) -> float:
 @pytest.mark.server
 @pytest.mark.parametrize("focus", R.FOCUSES)
 def test_swapped_conditioning_fixtures_are_rejected(llama_server, tmp_path, focus):
-    rates = {c: acceptance(llama_server, R.write_conditioning_pair(tmp_path / c, convention=c, focus=focus, token=T),
-                           tmp_path / f"{c}.log")
-             for c in R.CONVENTIONS}
+    rates = {
+        c: acceptance(
+            llama_server,
+            R.write_conditioning_pair(tmp_path / c, convention=c, focus=focus, token=T),
+            tmp_path / f"{c}.log",
+        )
+        for c in R.CONVENTIONS
+    }
     assert rates["spec"] == 1.0, rates
     for swapped in ("sin_cos_swapped", "anchor_mask_swapped"):
         # mask focus: the anchor's draft is still right, the three mask drafts are not (about 1/4);
@@ -279,25 +314,34 @@ def test_conditioning_survives_q4_0_quantization(llama_server, tmp_path):
         done = subprocess.run([quantize, pair.drafter, q4, "Q4_0"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert inspect_gguf(q4).tensor_types.get("Q4_0", 0) >= 2
-        rates[convention] = acceptance(llama_server, dataclasses.replace(pair, drafter=q4), tmp_path / f"{convention}.log")
+        rates[convention] = acceptance(
+            llama_server, dataclasses.replace(pair, drafter=q4), tmp_path / f"{convention}.log"
+        )
     assert rates == {"spec": 1.0, "sin_cos_swapped": 0.0}, rates
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("log_snr, message", [
-    (drop("log_snr_fc1.weight"), "tensor 'log_snr_fc1.weight' not found"),
-    (drop("log_snr_fc2.bias"), "tensor 'log_snr_fc2.bias' not found"),
-    (tiny_gguf.LogSnr(flag=None), "wrong number of tensors"),
-    (tiny_gguf.LogSnr(min_log_snr=None), "key not found in model: dflash.min_log_snr"),
-    (tiny_gguf.LogSnr(min_log_snr=9.0), "dspark log-SNR conditioning: max_log_snr must be greater than min_log_snr"),
-    (tiny_gguf.LogSnr(max_log_snr=math.inf), "dspark log-SNR conditioning: min/max_log_snr must be finite"),
-])
+@pytest.mark.parametrize(
+    "log_snr, message",
+    [
+        (drop("log_snr_fc1.weight"), "tensor 'log_snr_fc1.weight' not found"),
+        (drop("log_snr_fc2.bias"), "tensor 'log_snr_fc2.bias' not found"),
+        (tiny_gguf.LogSnr(flag=None), "wrong number of tensors"),
+        (tiny_gguf.LogSnr(min_log_snr=None), "key not found in model: dflash.min_log_snr"),
+        (
+            tiny_gguf.LogSnr(min_log_snr=9.0),
+            "dspark log-SNR conditioning: max_log_snr must be greater than min_log_snr",
+        ),
+        (tiny_gguf.LogSnr(max_log_snr=math.inf), "dspark log-SNR conditioning: min/max_log_snr must be finite"),
+    ],
+)
 def test_patched_loader_refuses_a_broken_log_snr_drafter(llama_server, tmp_path, log_snr, message):
     target = tiny_gguf.write_target(tmp_path / "target.gguf")
     drafter = tiny_gguf.write_dspark_drafter(tmp_path / "drafter.gguf", log_snr=log_snr)
     with pytest.raises(tiny_gguf.ServerExited) as exited:
-        with tiny_gguf.serve(llama_server, ["-m", target, "-md", drafter, "--spec-draft-n-max", "4"],
-                             tmp_path / "server.log"):
+        with tiny_gguf.serve(
+            llama_server, ["-m", target, "-md", drafter, "--spec-draft-n-max", "4"], tmp_path / "server.log"
+        ):
             pass
     assert exited.value.returncode == 1
     assert message in exited.value.log

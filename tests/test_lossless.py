@@ -51,8 +51,21 @@ def test_random_dspark_pair_is_lossless_at_block_sizes_4_and_7(llama_server, tmp
         plain = _run(s, prompts)
     for block in (4, 7):
         drafter = tiny_gguf.write_dspark_drafter(tmp_path / f"drafter{block}.gguf", seed=7, block_size=block)
-        args = ["-m", target, "-md", drafter, "--spec-type", "draft-dspark", "--spec-draft-n-max", str(block),
-                "-c", "2048", "-np", "1", *THREADS]
+        args = [
+            "-m",
+            target,
+            "-md",
+            drafter,
+            "--spec-type",
+            "draft-dspark",
+            "--spec-draft-n-max",
+            str(block),
+            "-c",
+            "2048",
+            "-np",
+            "1",
+            *THREADS,
+        ]
         with tiny_gguf.serve(llama_server, args, tmp_path / f"spec{block}.log") as s:
             spec = _run(s, prompts)
         _assert_lossless_with_rejections(plain, spec, f"target seed {target_seed}, DSpark block {block}")
@@ -77,9 +90,14 @@ def test_random_target_with_ngram_mod_is_lossless(llama_server, tmp_path, target
 
 # -- the bench's equality check -----------------------------------------------------------------
 
+
 def _results(config: str, texts: dict[str, str], repeat: int = 0) -> list[RequestResult]:
-    return [RequestResult(config, pid, "code", 0.0, repeat, text=text, pieces=[text[i:i + 3] for i in range(0, len(text), 3)])
-            for pid, text in texts.items()]
+    return [
+        RequestResult(
+            config, pid, "code", 0.0, repeat, text=text, pieces=[text[i : i + 3] for i in range(0, len(text), 3)]
+        )
+        for pid, text in texts.items()
+    ]
 
 
 def test_equality_check_compares_prompt_by_prompt():
@@ -109,10 +127,21 @@ def test_bench_equality_on_a_random_pair_is_real(llama_server, tmp_path):
 
     target = tiny_gguf.write_target(tmp_path / "target.gguf", seed=5, layer_scale=1.0)
     drafter = tiny_gguf.write_dspark_drafter(tmp_path / "drafter.gguf", seed=7, block_size=7)
-    options = BenchOptions(configs=("plain", "speculative"), categories=("code", "math"), per_category=2,
-                           temps=(0.0,), repeats=1, max_tokens=32, tradeoffs=False)
-    doc, _ = run_bench(options, Target(model=str(target), drafter=str(drafter), binary=llama_server,
-                                       passthrough=tuple(THREADS)), tmp_path / "out", chart=False)
+    options = BenchOptions(
+        configs=("plain", "speculative"),
+        categories=("code", "math"),
+        per_category=2,
+        temps=(0.0,),
+        repeats=1,
+        max_tokens=32,
+        tradeoffs=False,
+    )
+    doc, _ = run_bench(
+        options,
+        Target(model=str(target), drafter=str(drafter), binary=llama_server, passthrough=tuple(THREADS)),
+        tmp_path / "out",
+        chart=False,
+    )
     suite = [r for r in doc["requests"] if r["phase"] == "suite"]
     plain_texts = {r["prompt_id"]: r["text"] for r in suite if r["config"] == "plain"}
     assert len(set(plain_texts.values())) == len(plain_texts) == 4  # prompt-dependent answers

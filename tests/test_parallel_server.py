@@ -25,8 +25,10 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("pair")
-    return {"target": tiny_gguf.write_target(d / "target.gguf"),
-            "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4)}
+    return {
+        "target": tiny_gguf.write_target(d / "target.gguf"),
+        "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4),
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +40,7 @@ def cleanup():
 def concurrent_completions(url: str, n: int, tokens: int = 16) -> list[dict]:
     """n requests at once, request i pinned to slot i (a tiny model answers so fast that unpinned
     requests could all land, one after the other, on slot 0)."""
+
     def one(i: int) -> dict:
         return client.completion(url, PROOF_PROMPT, n_predict=tokens, temperature=0.0, cache_prompt=False, id_slot=i)
 
@@ -46,9 +49,27 @@ def concurrent_completions(url: str, n: int, tokens: int = 16) -> list[dict]:
 
 
 def test_dspark_pair_drafts_on_four_slots(llama_server, pair):
-    data = json_out(bonsai(["start", "--model", pair["target"], "--drafter", pair["drafter"], "--speculative",
-                            "--parallel", "4", "--ctx", "4096", "--port", free_port(), "--detach", "--json"],
-                           server=llama_server))
+    data = json_out(
+        bonsai(
+            [
+                "start",
+                "--model",
+                pair["target"],
+                "--drafter",
+                pair["drafter"],
+                "--speculative",
+                "--parallel",
+                "4",
+                "--ctx",
+                "4096",
+                "--port",
+                free_port(),
+                "--detach",
+                "--json",
+            ],
+            server=llama_server,
+        )
+    )
     argv = data["plan"]["argv"]
     assert argv[argv.index("-np") + 1] == "4" and argv[argv.index("-ub") + 1] == "512"
     proof = data["speculative_slots"]
@@ -63,16 +84,50 @@ def test_dspark_pair_drafts_on_four_slots(llama_server, pair):
 
 
 def test_run_reports_speculation_on_every_slot(llama_server, pair):
-    done = bonsai(["run", "--model", pair["target"], "--drafter", pair["drafter"], "--speculative", "--parallel", "2",
-                   "--ctx", "4096", "-n", "8", "hello"], server=llama_server)
+    done = bonsai(
+        [
+            "run",
+            "--model",
+            pair["target"],
+            "--drafter",
+            pair["drafter"],
+            "--speculative",
+            "--parallel",
+            "2",
+            "--ctx",
+            "4096",
+            "-n",
+            "8",
+            "hello",
+        ],
+        server=llama_server,
+    )
     assert done.returncode == 0, done.stderr
     assert "speculative decoding: live on 2 slots (draft-dspark" in done.stderr
     assert no_server_left(pair["target"])
 
 
 def test_ubatch_smaller_than_slots_times_block_is_refused_before_spawning(llama_server, pair):
-    done = bonsai(["start", "--model", pair["target"], "--drafter", pair["drafter"], "--speculative",
-                   "--parallel", "4", "--ctx", "4096", "--port", free_port(), "--", "-ub", "8"], server=llama_server)
+    done = bonsai(
+        [
+            "start",
+            "--model",
+            pair["target"],
+            "--drafter",
+            pair["drafter"],
+            "--speculative",
+            "--parallel",
+            "4",
+            "--ctx",
+            "4096",
+            "--port",
+            free_port(),
+            "--",
+            "-ub",
+            "8",
+        ],
+        server=llama_server,
+    )
     assert done.returncode == 2
     assert "-ub 8 is smaller than speculation needs: 4 slots x (4 draft + 1) = 20" in done.stderr
     assert "raise -ub to at least 20" in done.stderr
@@ -84,9 +139,29 @@ def test_the_refused_ubatch_really_aborts_llama_server(llama_server, pair, tmp_p
     port = free_port()
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(llama_server), "-m", str(pair["target"]), "-md", str(pair["drafter"]),
-                                 "--spec-type", "draft-dspark", "--spec-draft-n-max", "4", "-np", "4", "-c", "4096",
-                                 "-ub", "8", "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                str(llama_server),
+                "-m",
+                str(pair["target"]),
+                "-md",
+                str(pair["drafter"]),
+                "--spec-type",
+                "draft-dspark",
+                "--spec-draft-n-max",
+                "4",
+                "-np",
+                "4",
+                "-c",
+                "4096",
+                "-ub",
+                "8",
+                "--port",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_health(url, proc)
@@ -129,8 +204,9 @@ def test_demo_ngram_mod_is_live_on_four_slots(llama_server, demo_gguf, isolated_
     folder.mkdir(parents=True)
     os.symlink(demo_gguf, folder / demo_gguf.name)
     env = bonsai_env(llama_server, BONSAI_SPECULATIVE="1", BONSAI_PARALLEL="4")
-    done = bonsai(["start", "--profile", "demo", "--port", str(free_port()), "--ctx", "16384", "--detach"], env=env,
-                  timeout=300)
+    done = bonsai(
+        ["start", "--profile", "demo", "--port", str(free_port()), "--ctx", "16384", "--detach"], env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "speculative decoding: live on 4 slots (ngram-mod" in done.stdout
     (inst,) = instances.running()
@@ -142,8 +218,23 @@ def test_demo_ngram_mod_is_live_on_four_slots(llama_server, demo_gguf, isolated_
 
 
 def test_dry_run_json_gives_the_reasons_for_slots_and_batches(llama_server, pair):
-    data = json_out(bonsai(["start", "--model", pair["target"], "--drafter", pair["drafter"], "--speculative",
-                            "--parallel", "8", "--dry-run", "--json"], server=llama_server))
+    data = json_out(
+        bonsai(
+            [
+                "start",
+                "--model",
+                pair["target"],
+                "--drafter",
+                pair["drafter"],
+                "--speculative",
+                "--parallel",
+                "8",
+                "--dry-run",
+                "--json",
+            ],
+            server=llama_server,
+        )
+    )
     reasons = {r["flag"]: r for r in data["reasons"]}
     # the real binary was probed: its --spec-type takes a list, so one context drafts for every slot
     assert "drafts for every slot in one context" in reasons["-np"]["why"]

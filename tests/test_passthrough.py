@@ -21,23 +21,27 @@ TABLE = parse_option_table(HELP)
 
 # -- the option table -------------------------------------------------------------------------------
 
+
 def test_shipped_table_is_generated_from_the_pinned_help():
     assert PINNED_TABLE.read_text() == TABLE.to_text(), "run: python -m bonsai_launch.llama_options"
 
 
-@pytest.mark.parametrize("spellings, canonical", [
-    (("-c", "--ctx-size", "--ctx_size"), "--ctx-size"),
-    (("-np", "--parallel"), "--parallel"),
-    (("-ub", "--ubatch-size"), "--ubatch-size"),
-    (("-b", "--batch-size"), "--batch-size"),
-    (("-md", "--spec-draft-model", "--model-draft"), "--spec-draft-model"),
-    (("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft"), "--spec-draft-ngl"),
-    (("-ngl", "--gpu-layers", "--n-gpu-layers"), "--gpu-layers"),
-    (("-a", "--alias"), "--alias"),
-    (("--host",), "--host"),
-    (("--api-key",), "--api-key"),
-    (("-nkvo", "--no-kv-offload", "-kvo"), "--kv-offload"),
-])
+@pytest.mark.parametrize(
+    "spellings, canonical",
+    [
+        (("-c", "--ctx-size", "--ctx_size"), "--ctx-size"),
+        (("-np", "--parallel"), "--parallel"),
+        (("-ub", "--ubatch-size"), "--ubatch-size"),
+        (("-b", "--batch-size"), "--batch-size"),
+        (("-md", "--spec-draft-model", "--model-draft"), "--spec-draft-model"),
+        (("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft"), "--spec-draft-ngl"),
+        (("-ngl", "--gpu-layers", "--n-gpu-layers"), "--gpu-layers"),
+        (("-a", "--alias"), "--alias"),
+        (("--host",), "--host"),
+        (("--api-key",), "--api-key"),
+        (("-nkvo", "--no-kv-offload", "-kvo"), "--kv-offload"),
+    ],
+)
 def test_aliases_fold_to_one_name(spellings, canonical):
     assert {TABLE.canonical(s) for s in spellings} == {canonical}
 
@@ -55,25 +59,34 @@ def test_value_counts_and_environment_names():
 
 # -- parsing ------------------------------------------------------------------------------------------
 
+
 def test_parse_counts_values_like_llama_server():
     p = parse(["--seed", "-1", "--no-warmup", "--port=9001", "--control-vector-layer-range", "1", "2"], TABLE)
     assert [(a.canonical, a.values) for a in p.args] == [
-        ("--seed", ("-1",)), ("--warmup", ()), ("--port", ("9001",)), ("--control-vector-layer-range", ("1", "2"))]
+        ("--seed", ("-1",)),
+        ("--warmup", ()),
+        ("--port", ("9001",)),
+        ("--control-vector-layer-range", ("1", "2")),
+    ]
 
 
-@pytest.mark.parametrize("words, message", [
-    (["--cxt", "4096"], "unknown option --cxt"),
-    (["--ctx-sise", "4096"], "did you mean --ctx-size?"),
-    (["-c"], "-c needs a value"),
-    (["4096"], "unexpected argument '4096'"),
-    (["--metrics=1"], "takes no value"),
-])
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (["--cxt", "4096"], "unknown option --cxt"),
+        (["--ctx-sise", "4096"], "did you mean --ctx-size?"),
+        (["-c"], "-c needs a value"),
+        (["4096"], "unexpected argument '4096'"),
+        (["--metrics=1"], "takes no value"),
+    ],
+)
 def test_parse_refuses_what_llama_server_would_reject(words, message):
     with pytest.raises(BonsaiError, match=message.replace("?", r"\?")):
         parse(words, TABLE)
 
 
 # -- folding into the plan ------------------------------------------------------------------------
+
 
 def count(plan, *spellings):
     return sum(plan.argv.count(s) for s in spellings)
@@ -152,17 +165,20 @@ def test_other_secrets_move_to_their_environment_variable():
     assert "hf_abc" not in str(plan.to_json())
 
 
-@pytest.mark.parametrize("words, hint", [
-    (("-m", "/x.gguf"), "--model PATH"),
-    (("-md", "/d.gguf"), "--drafter PATH"),
-    (("-ngld", "0"), "BONSAI_NGL"),
-    (("--api-key-file", "/keys"), "BONSAI_API_KEY"),
-    (("--help",), "directly"),
-    (("--draft-max", "4"), "removed"),
-    (("-hf", "org/repo"), "--model PATH"),
-    (("--spec-default",), "BONSAI_SPECULATIVE=1"),
-    (("--fim-qwen-7b-spec",), "preset"),
-])
+@pytest.mark.parametrize(
+    "words, hint",
+    [
+        (("-m", "/x.gguf"), "--model PATH"),
+        (("-md", "/d.gguf"), "--drafter PATH"),
+        (("-ngld", "0"), "BONSAI_NGL"),
+        (("--api-key-file", "/keys"), "BONSAI_API_KEY"),
+        (("--help",), "directly"),
+        (("--draft-max", "4"), "removed"),
+        (("-hf", "org/repo"), "--model PATH"),
+        (("--spec-default",), "BONSAI_SPECULATIVE=1"),
+        (("--fim-qwen-7b-spec",), "preset"),
+    ],
+)
 def test_options_bonsai_sets_itself_are_refused_with_the_setting_to_use(words, hint):
     with pytest.raises(BonsaiError) as err:
         plan_for(passthrough=words)
@@ -184,6 +200,7 @@ def test_passthrough_replaces_the_profiles_server_arguments():
 
 
 # -- issue 18: the key and the model name -------------------------------------------------------
+
 
 def test_a_key_the_user_sets_is_enforced_on_loopback():
     plan = plan_for(env={"BONSAI_API_KEY": "sk-local-test"})
@@ -209,13 +226,32 @@ def test_served_model_name_is_the_profile_or_the_file_stem():
 
 
 def test_every_owned_flag_appears_once_and_equals_the_plan_json():
-    plan = plan_for(env={"BONSAI_ALLOW_REMOTE": "1", "BONSAI_API_KEY": "k", "BONSAI_SPECULATIVE": "1"},
-                    draft=drafter(block_size=4),
-                    passthrough=("--host", "0.0.0.0", "--port", "9123", "--ctx-size", "20000", "--parallel", "2",
-                                 "-ngl", "0", "--threads", "2"))
+    plan = plan_for(
+        env={"BONSAI_ALLOW_REMOTE": "1", "BONSAI_API_KEY": "k", "BONSAI_SPECULATIVE": "1"},
+        draft=drafter(block_size=4),
+        passthrough=(
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9123",
+            "--ctx-size",
+            "20000",
+            "--parallel",
+            "2",
+            "-ngl",
+            "0",
+            "--threads",
+            "2",
+        ),
+    )
     data = plan.to_json()
-    for spellings, key in ((("--host",), "host"), (("--port",), "port"), (("-c", "--ctx-size"), "ctx"),
-                           (("-np", "--parallel"), "slots"), (("-ngl", "--gpu-layers"), "ngl")):
+    for spellings, key in (
+        (("--host",), "host"),
+        (("--port",), "port"),
+        (("-c", "--ctx-size"), "ctx"),
+        (("-np", "--parallel"), "slots"),
+        (("-ngl", "--gpu-layers"), "ngl"),
+    ):
         assert count(plan, *spellings) == 1, spellings
         value = next(plan.argv[i + 1] for i, a in enumerate(plan.argv) if a in spellings)
         assert value == str(data[key]["parallel"] if key == "slots" else data[key]), key

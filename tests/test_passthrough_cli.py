@@ -31,8 +31,10 @@ def dry_json(capsys, *args: str) -> dict:
 def test_typo_stops_with_the_closest_option(capsys, model):
     code, out, err = run_cli(capsys, "start", "--model", model, "--cxt", "4096", "--dry-run")
     assert code == 2 and out == ""
-    assert err.strip().splitlines() == ["error: unknown option --cxt (did you mean --ctx?) "
-                                        "(see --help for bonsai's options; llama-server's own go after --)"]
+    assert err.strip().splitlines() == [
+        "error: unknown option --cxt (did you mean --ctx?) "
+        "(see --help for bonsai's options; llama-server's own go after --)"
+    ]
 
 
 def test_unknown_option_after_dashdash_is_refused_before_running(capsys, model):
@@ -55,8 +57,9 @@ def test_port_given_twice_differently_is_refused(capsys, model):
 
 
 def test_small_context_with_speculation(capsys, model, drafter):
-    code, out, err = run_cli(capsys, "start", "--model", model, "--drafter", drafter, "--speculative",
-                             "--dry-run", "--", "-c", "1024")
+    code, out, err = run_cli(
+        capsys, "start", "--model", model, "--drafter", drafter, "--speculative", "--dry-run", "--", "-c", "1024"
+    )
     assert code == 0, err
     argv = out.split()
     assert argv.count("-c") == 1 and argv[argv.index("-c") + 1] == "1024"

@@ -19,8 +19,10 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
-    return {"target": tiny_gguf.write_target(d / "target.gguf"),
-            "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4)}
+    return {
+        "target": tiny_gguf.write_target(d / "target.gguf"),
+        "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4),
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -69,8 +71,9 @@ def test_port_after_dashdash_is_where_bonsai_and_the_server_meet(llama_server, t
     done = bonsai(["start", "--model", tiny["target"], "--port", a, "--", "--port", b], server=llama_server)
     assert done.returncode == 2 and f"--port {a} and -- --port {b} disagree" in done.stderr
     assert never_spawned()
-    data = json_out(bonsai(["start", "--model", tiny["target"], "--detach", "--json", "--", "--port", b],
-                           server=llama_server))
+    data = json_out(
+        bonsai(["start", "--model", tiny["target"], "--detach", "--json", "--", "--port", b], server=llama_server)
+    )
     assert data["url"] == f"http://127.0.0.1:{b}" and data["plan"]["from_passthrough"] == ["port"]
     assert listening(data["pid"]) == {("127.0.0.1", b)}
     assert cmdline(data["pid"]).count("--port") == 1
@@ -78,8 +81,24 @@ def test_port_after_dashdash_is_where_bonsai_and_the_server_meet(llama_server, t
 
 
 def test_small_context_after_dashdash_with_speculation(llama_server, tiny):
-    done = bonsai(["start", "--model", tiny["target"], "--drafter", tiny["drafter"], "--speculative",
-                   "--port", free_port(), "--detach", "--json", "--", "-c", "1024"], server=llama_server)
+    done = bonsai(
+        [
+            "start",
+            "--model",
+            tiny["target"],
+            "--drafter",
+            tiny["drafter"],
+            "--speculative",
+            "--port",
+            free_port(),
+            "--detach",
+            "--json",
+            "--",
+            "-c",
+            "1024",
+        ],
+        server=llama_server,
+    )
     data = json_out(done)
     assert "below 16384" in done.stderr
     assert data["speculative"]["live"] and data["plan"]["ctx"] == 1024
@@ -92,11 +111,26 @@ def test_small_context_after_dashdash_with_speculation(llama_server, tiny):
 
 def test_api_key_after_dashdash_is_required_and_never_shown(llama_server, tiny):
     port = free_port()
-    done = bonsai(["start", "--model", tiny["target"], "--drafter", tiny["drafter"], "--speculative",
-                   "--port", port, "--detach", "--", "--api-key", "sk-pass-1"], server=llama_server)
+    done = bonsai(
+        [
+            "start",
+            "--model",
+            tiny["target"],
+            "--drafter",
+            tiny["drafter"],
+            "--speculative",
+            "--port",
+            port,
+            "--detach",
+            "--",
+            "--api-key",
+            "sk-pass-1",
+        ],
+        server=llama_server,
+    )
     assert done.returncode == 0, done.stderr
     assert "speculative decoding: live" in done.stdout  # the proof sent the key
-    assert "sk-pass-1" not in done.stdout + done.stderr and 'Bearer sk-p***' in done.stdout
+    assert "sk-pass-1" not in done.stdout + done.stderr and "Bearer sk-p***" in done.stdout
     (inst,) = instances.running()
     assert "sk-pass-1" not in " ".join(cmdline(inst.pid)) and "--api-key" not in cmdline(inst.pid)
     ps_json = bonsai(["ps", "--json"], server=llama_server).stdout
@@ -114,8 +148,10 @@ def test_typo_never_starts_a_server(llama_server, tiny):
 
 def test_run_starts_its_temporary_server_on_the_port_after_dashdash(llama_server, tiny):
     port = free_port()
-    done = bonsai(["run", "--model", tiny["target"], "-n", "4", "--json", "Hello", "--", "--port", port, "-t", "1"],
-                  server=llama_server)
+    done = bonsai(
+        ["run", "--model", tiny["target"], "-n", "4", "--json", "Hello", "--", "--port", port, "-t", "1"],
+        server=llama_server,
+    )
     data = json_out(done)
     assert data["server"] == f"http://127.0.0.1:{port}"
     assert instances.running() == []  # the temporary server is gone

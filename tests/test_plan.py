@@ -22,24 +22,70 @@ PROFILES = load_all()
 
 def target(arch="qwen35", layers=64, embedding=5120, vocab=248320, fingerprint="abc", size=7 * GB, ctx_len=262144):
     return GGUFInfo(
-        path=Path(f"/m/{arch}-target.gguf"), file_size=size, version=3, architecture=arch, name="t",
-        layers=layers, embedding=embedding, context_length=ctx_len, head_count=24, head_count_kv=4,
-        key_length=256, value_length=256, vocab_size=vocab, vocab_fingerprint=fingerprint,
-        tokenizer_model="gpt2", has_chat_template=True, block_size=None, tensor_count=10,
-        tensor_types={"Q2_0": 10}, data_bytes=size - 1000)
+        path=Path(f"/m/{arch}-target.gguf"),
+        file_size=size,
+        version=3,
+        architecture=arch,
+        name="t",
+        layers=layers,
+        embedding=embedding,
+        context_length=ctx_len,
+        head_count=24,
+        head_count_kv=4,
+        key_length=256,
+        value_length=256,
+        vocab_size=vocab,
+        vocab_fingerprint=fingerprint,
+        tokenizer_model="gpt2",
+        has_chat_template=True,
+        block_size=None,
+        tensor_count=10,
+        tensor_types={"Q2_0": 10},
+        data_bytes=size - 1000,
+    )
 
 
-def drafter(block_size=4, embedding=5120, vocab=248320, fingerprint="abc", kind="dspark", layers=(1, 16, 31),
-            mask=248319, name="drafter.gguf"):
-    info = DrafterInfo(kind=kind, block_size=block_size, target_layers=layers, mask_token_id=mask,
-                       draft_layers=1, has_confidence_head=False)
+def drafter(
+    block_size=4,
+    embedding=5120,
+    vocab=248320,
+    fingerprint="abc",
+    kind="dspark",
+    layers=(1, 16, 31),
+    mask=248319,
+    name="drafter.gguf",
+):
+    info = DrafterInfo(
+        kind=kind,
+        block_size=block_size,
+        target_layers=layers,
+        mask_token_id=mask,
+        draft_layers=1,
+        has_confidence_head=False,
+    )
     return GGUFInfo(
-        path=Path(f"/m/{name}"), file_size=600 * 2**20, version=3,
-        architecture="dspark" if kind == "legacy-dspark" else "dflash", name="d", layers=1,
-        embedding=embedding, context_length=4096, head_count=8, head_count_kv=8, key_length=128,
-        value_length=128, vocab_size=vocab, vocab_fingerprint=fingerprint, tokenizer_model="gpt2",
-        has_chat_template=False, block_size=block_size, tensor_count=5, tensor_types={"Q4_1": 5},
-        data_bytes=1, drafter=info)
+        path=Path(f"/m/{name}"),
+        file_size=600 * 2**20,
+        version=3,
+        architecture="dspark" if kind == "legacy-dspark" else "dflash",
+        name="d",
+        layers=1,
+        embedding=embedding,
+        context_length=4096,
+        head_count=8,
+        head_count_kv=8,
+        key_length=128,
+        value_length=128,
+        vocab_size=vocab,
+        vocab_fingerprint=fingerprint,
+        tokenizer_model="gpt2",
+        has_chat_template=False,
+        block_size=block_size,
+        tensor_count=5,
+        tensor_types={"Q4_1": 5},
+        data_bytes=1,
+        drafter=info,
+    )
 
 
 HW = {
@@ -52,21 +98,42 @@ HW = {
 }
 ALL_SPEC = frozenset({"none", "draft-dflash", "draft-dspark", "ngram-mod", "ngram-simple", "ngram-map-k"})
 CAPS = {
-    "cpu-8g": Capabilities("llama-server", backend="cpu", spec_types=ALL_SPEC,
-                           flags=frozenset({"--cache-type-k", "--spec-draft-type-k"})),
-    "cuda-24g": Capabilities("llama-server", backend="cuda", spec_types=ALL_SPEC,
-                             flags=frozenset({"--cache-type-k", "--spec-draft-type-k"})),
+    "cpu-8g": Capabilities(
+        "llama-server", backend="cpu", spec_types=ALL_SPEC, flags=frozenset({"--cache-type-k", "--spec-draft-type-k"})
+    ),
+    "cuda-24g": Capabilities(
+        "llama-server", backend="cuda", spec_types=ALL_SPEC, flags=frozenset({"--cache-type-k", "--spec-draft-type-k"})
+    ),
 }
 
 
-def plan_for(profile="ternary-27b", hw="cpu-24g", env=None, flags=None, with_drafter=True, caps=None, passthrough=(),
-             model=None, draft=None, mmproj=None):
+def plan_for(
+    profile="ternary-27b",
+    hw="cpu-24g",
+    env=None,
+    flags=None,
+    with_drafter=True,
+    caps=None,
+    passthrough=(),
+    model=None,
+    draft=None,
+    mmproj=None,
+):
     prof = PROFILES[profile]
     settings = resolve(flags or {}, env or {}, prof.settings)
-    return build_plan(PlanInputs(
-        settings=settings, model=model or target(), hardware=HW[hw], binary="/bin/llama-server", profile=prof,
-        drafter=(draft or drafter()) if with_drafter else None, mmproj=mmproj, capabilities=caps,
-        passthrough=parse_passthrough(passthrough, pinned_table())))
+    return build_plan(
+        PlanInputs(
+            settings=settings,
+            model=model or target(),
+            hardware=HW[hw],
+            binary="/bin/llama-server",
+            profile=prof,
+            drafter=(draft or drafter()) if with_drafter else None,
+            mmproj=mmproj,
+            capabilities=caps,
+            passthrough=parse_passthrough(passthrough, pinned_table()),
+        )
+    )
 
 
 def arg(plan, flag):
@@ -93,8 +160,9 @@ CASES = [
 def test_plan_table(profile, hw, spec, expected):
     ctx, ngl, spec_type, n_max, np_ = expected
     model = target(arch="gemma3", layers=18, embedding=640, vocab=262144, ctx_len=32768) if profile == "demo" else None
-    plan = plan_for(profile, hw, env={"BONSAI_SPECULATIVE": "1" if spec else "0"},
-                    with_drafter=profile != "demo", model=model)
+    plan = plan_for(
+        profile, hw, env={"BONSAI_SPECULATIVE": "1" if spec else "0"}, with_drafter=profile != "demo", model=model
+    )
     if ctx is not None:
         assert arg(plan, "-c") == str(ctx)
     assert int(arg(plan, "-c")) > 0, "never -c 0"
@@ -106,7 +174,7 @@ def test_plan_table(profile, hw, spec, expected):
         assert arg(plan, "-ngld") == ngl
         assert arg(plan, "-md") == "/m/drafter.gguf"
     assert {r.flag for r in plan.reasons} >= {"-m", "-c", "-ngl"}
-    assert plan.argv[-len(PROFILES[profile].server_args):] == PROFILES[profile].server_args
+    assert plan.argv[-len(PROFILES[profile].server_args) :] == PROFILES[profile].server_args
 
 
 def test_reference_flags_for_ternary_27b_with_drafter():
@@ -174,14 +242,17 @@ def test_drafter_without_block_size_is_refused():
         plan_for(env={"BONSAI_SPECULATIVE": "1"}, draft=drafter(block_size=None))
 
 
-@pytest.mark.parametrize("bad,match", [
-    (dict(embedding=4096), "embedding size 4096"),
-    (dict(vocab=151936), "151936 tokens"),
-    (dict(fingerprint="zzz"), "different token lists"),
-    (dict(layers=(1, 70)), "target layers"),
-    (dict(mask=999999), "mask token id"),
-    (dict(kind="legacy-dspark"), "legacy"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(embedding=4096), "embedding size 4096"),
+        (dict(vocab=151936), "151936 tokens"),
+        (dict(fingerprint="zzz"), "different token lists"),
+        (dict(layers=(1, 70)), "target layers"),
+        (dict(mask=999999), "mask token id"),
+        (dict(kind="legacy-dspark"), "legacy"),
+    ],
+)
 def test_mismatched_drafter_is_refused(bad, match):
     with pytest.raises(BonsaiError, match=match):
         plan_for(env={"BONSAI_SPECULATIVE": "1"}, draft=drafter(**bad))
@@ -245,5 +316,10 @@ def test_vision_projector_and_cap_on_cpu():
 
 def test_render_posix_and_powershell():
     argv = ("/bin/llama-server", "--chat-template-kwargs", '{"enable_thinking": false}', "it's")
-    assert render_command(argv) == "/bin/llama-server --chat-template-kwargs '{\"enable_thinking\": false}' 'it'\"'\"'s'"
-    assert render_command(argv, "powershell") == "& '/bin/llama-server' --chat-template-kwargs '{\"enable_thinking\": false}' 'it''s'"
+    assert (
+        render_command(argv) == "/bin/llama-server --chat-template-kwargs '{\"enable_thinking\": false}' 'it'\"'\"'s'"
+    )
+    assert (
+        render_command(argv, "powershell")
+        == "& '/bin/llama-server' --chat-template-kwargs '{\"enable_thinking\": false}' 'it''s'"
+    )

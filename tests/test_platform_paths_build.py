@@ -34,6 +34,7 @@ def executable(path: Path, text: str) -> Path:
 
 # -- BONSAI_HOME and names ---------------------------------------------------------------------------
 
+
 def test_windows_home_is_local_appdata(monkeypatch):
     # platformdirs' documented override stands in for the Known Folder Windows would report.
     monkeypatch.setenv("WIN_PD_OVERRIDE_LOCAL_APPDATA", r"C:\Users\Ana Lopez\AppData\Local")
@@ -99,13 +100,15 @@ def test_probe_reads_a_windows_llama_server_exe(tmp_path):
     (tmp_path / "help.txt").write_bytes(help_text.replace("\n", "\r\n").encode())
     devices = "Available devices:\r\n  Vulkan0: AMD Radeon\u2122 RX 7900 XTX (24560 MiB, 24000 MiB free)\r\n"
     (tmp_path / "devices.txt").write_bytes(devices.encode("utf-8"))
-    server = executable(tmp_path / "llama-server.exe",
-                        "#!/bin/sh\n"
-                        'case "$1" in\n'
-                        f"  --help) cat '{tmp_path / 'help.txt'}' ;;\n"
-                        "  --version) printf 'version: 0.6.0-dev (build 11434, commit unknown)\\r\\n' >&2 ;;\n"
-                        f"  --list-devices) cat '{tmp_path / 'devices.txt'}' ;;\n"
-                        "esac\n")
+    server = executable(
+        tmp_path / "llama-server.exe",
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        f"  --help) cat '{tmp_path / 'help.txt'}' ;;\n"
+        "  --version) printf 'version: 0.6.0-dev (build 11434, commit unknown)\\r\\n' >&2 ;;\n"
+        f"  --list-devices) cat '{tmp_path / 'devices.txt'}' ;;\n"
+        "esac\n",
+    )
     caps = binaries.probe(server)
     assert caps.binary.endswith("llama-server.exe")
     assert caps.accepts("--spec-draft-n-max") and "draft-dspark" in caps.spec_types
@@ -129,8 +132,9 @@ def test_metal_devices_make_a_metal_backend():
 def test_a_binary_that_cannot_start_says_why(monkeypatch, tmp_path):
     """Windows reports a missing DLL (cudart64_12.dll) as exit 0xC0000135 with no output."""
     server = executable(tmp_path / "llama-server.exe", "")
-    monkeypatch.setattr(binaries.subprocess, "run",
-                        lambda *a, **k: subprocess.CompletedProcess(a[0], 0xC0000135, "", ""))
+    monkeypatch.setattr(
+        binaries.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a[0], 0xC0000135, "", "")
+    )
     with pytest.raises(BonsaiError, match=r"0xc0000135 and printed nothing \(a DLL it needs was not found"):
         binaries.probe_uncached(server)
 
@@ -138,8 +142,10 @@ def test_a_binary_that_cannot_start_says_why(monkeypatch, tmp_path):
 # -- Windows toolchain: MSVC + Ninja --------------------------------------------------------------------
 
 # What cl.exe prints when run bare: the banner on stderr, its usage on stdout.
-CL_BANNER = ("#!/bin/sh\necho 'Microsoft (R) C/C++ Optimizing Compiler Version 19.40.33811 for x64' >&2\n"
-             "echo 'usage: cl [ option... ] filename... [ /link linkoption... ]'\nexit 0\n")
+CL_BANNER = (
+    "#!/bin/sh\necho 'Microsoft (R) C/C++ Optimizing Compiler Version 19.40.33811 for x64' >&2\n"
+    "echo 'usage: cl [ option... ] filename... [ /link linkoption... ]'\nexit 0\n"
+)
 
 
 @pytest.fixture
@@ -217,8 +223,12 @@ def test_msvc_environment_is_read_back_from_cmd():
 
     def cmd(line, **kwargs):
         seen.append(line)
-        return subprocess.CompletedProcess(line, 0, "Path=C:\\VS\\bin;C:\\Windows\r\nINCLUDE=C:\\VS\\include\r\n"
-                                                    "LIB=C:\\VS\\lib\r\nVSCMD_VER=17.10\r\n", "")
+        return subprocess.CompletedProcess(
+            line,
+            0,
+            "Path=C:\\VS\\bin;C:\\Windows\r\nINCLUDE=C:\\VS\\include\r\nLIB=C:\\VS\\lib\r\nVSCMD_VER=17.10\r\n",
+            "",
+        )
 
     env = toolchain.msvc_environment(r"C:\Program Files\VS\vcvars64.bat", run=cmd)
     assert env["INCLUDE"] == "C:\\VS\\include" and env["Path"].startswith("C:\\VS\\bin")
@@ -290,6 +300,7 @@ def test_windows_cl_banner_is_the_compiler_id(tmp_path):
 
 # -- macOS toolchain: Xcode command line tools + Metal ------------------------------------------------------
 
+
 @needs_sh
 def test_macos_without_command_line_tools_has_no_compiler(bare_path, monkeypatch):
     executable(bare_path / "cc", "#!/bin/sh\nexit 1\n")  # /usr/bin/cc is a stub until the tools are installed
@@ -304,10 +315,15 @@ def test_macos_without_command_line_tools_has_no_compiler(bare_path, monkeypatch
 
 
 def test_xcode_select_answers():
-    ok = toolchain.find_xcode_clt(run=lambda argv, **k: subprocess.CompletedProcess(argv, 0, "/Applications/Xcode.app/Contents/Developer\n", ""))
+    ok = toolchain.find_xcode_clt(
+        run=lambda argv, **k: subprocess.CompletedProcess(argv, 0, "/Applications/Xcode.app/Contents/Developer\n", "")
+    )
     assert ok == "/Applications/Xcode.app/Contents/Developer"
-    missing = toolchain.find_xcode_clt(run=lambda argv, **k: subprocess.CompletedProcess(
-        argv, 2, "", "xcode-select: error: unable to get active developer directory"))
+    missing = toolchain.find_xcode_clt(
+        run=lambda argv, **k: subprocess.CompletedProcess(
+            argv, 2, "", "xcode-select: error: unable to get active developer directory"
+        )
+    )
     assert missing is None
 
 
@@ -326,7 +342,9 @@ def test_macos_backends(monkeypatch):
         toolchain.choose_backend("cuda", _hw("Darwin", "arm64"), clang)
     assert "does not exist on macOS" in err.value.fix
     monkeypatch.setenv("VULKAN_SDK", "/Users/ana/VulkanSDK/1.3.290.0/macOS")
-    vulkan = toolchain.choose_backend("vulkan", _hw("Darwin", "arm64"), _tools(cxx="/usr/bin/c++", glslc="/sdk/bin/glslc"))
+    vulkan = toolchain.choose_backend(
+        "vulkan", _hw("Darwin", "arm64"), _tools(cxx="/usr/bin/c++", glslc="/sdk/bin/glslc")
+    )
     assert vulkan.cmake_flags == ("-DGGML_VULKAN=ON", "-DGGML_METAL=OFF")
 
 

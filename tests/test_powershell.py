@@ -44,7 +44,7 @@ def test_ps1_parses_without_syntax_errors(script):
 
 def test_the_parser_does_find_errors():
     """The check above can fail: broken PowerShell is reported with its place."""
-    assert syntax_errors('if ($x -eq 1 {\n  & $exe @args\n')
+    assert syntax_errors("if ($x -eq 1 {\n  & $exe @args\n")
     assert syntax_errors("function Find-Bonsai {\n  return @(1, 2\n}\n")
 
 
@@ -119,11 +119,32 @@ def test_ps1_passes_the_exit_code(stem):
 # -- bonsai start --dry-run --format powershell --------------------------------------------------------
 
 HARD_ARGUMENTS = [
-    "--model", r"C:\Users\Ana Lopez\models\Bonsai 8B.gguf",  # spaces, backslashes
-    "--alias", "it's", "--chat-template-kwargs", '{"enable_thinking": false}',
-    "--api-key-file", "$HOME\\key;rm -rf /",  # $ and ; are literal
-    "--override-kv", "a,b", "-Dfoo.bar", "--", "1kb", "0x10", "007", "`n", "@args", "%PATH%",
-    "--reasoning", "\u2019quoted\u2018", "ünïcode ✓", "8080", "-c", "4096", "0.5", "127.0.0.1",
+    "--model",
+    r"C:\Users\Ana Lopez\models\Bonsai 8B.gguf",  # spaces, backslashes
+    "--alias",
+    "it's",
+    "--chat-template-kwargs",
+    '{"enable_thinking": false}',
+    "--api-key-file",
+    "$HOME\\key;rm -rf /",  # $ and ; are literal
+    "--override-kv",
+    "a,b",
+    "-Dfoo.bar",
+    "--",
+    "1kb",
+    "0x10",
+    "007",
+    "`n",
+    "@args",
+    "%PATH%",
+    "--reasoning",
+    "\u2019quoted\u2018",
+    "ünïcode ✓",
+    "8080",
+    "-c",
+    "4096",
+    "0.5",
+    "127.0.0.1",
 ]
 
 
@@ -150,8 +171,20 @@ def test_dry_run_format_powershell_is_valid_powershell(tmp_path, capsys):
     import tiny_gguf
 
     model = tiny_gguf.write_target(tmp_path / "my model's dir" / "target.gguf")
-    code, out, err = run_cli(capsys, "start", "--model", str(model), "--dry-run", "--format", "powershell",
-                             "--port", "8099", "--", "--alias", "a,b")
+    code, out, err = run_cli(
+        capsys,
+        "start",
+        "--model",
+        str(model),
+        "--dry-run",
+        "--format",
+        "powershell",
+        "--port",
+        "8099",
+        "--",
+        "--alias",
+        "a,b",
+    )
     assert code == 0, err
     name, args = _rendered_argv(out.strip())
     assert Path(name).name.startswith("llama-server")

@@ -29,7 +29,11 @@ from start_helpers import gone
 ROOT = Path(__file__).resolve().parent.parent
 posix_only = pytest.mark.skipif(os.name != "posix", reason="uses POSIX signals and process groups of this machine")
 # The systems whose branch can really run on this machine (the others run with fakes above).
-RUNNABLE = ["darwin"] * (os.name == "posix") + ["linux"] * sys.platform.startswith("linux") + ["win32"] * (sys.platform == "win32")
+RUNNABLE = (
+    ["darwin"] * (os.name == "posix")
+    + ["linux"] * sys.platform.startswith("linux")
+    + ["win32"] * (sys.platform == "win32")
+)
 
 
 class Recorder:
@@ -45,8 +49,10 @@ class Recorder:
             raise self.raises[name]
 
     def syscalls(self, with_killpg: bool = True) -> pc.SysCalls:
-        return pc.SysCalls(kill=lambda p, s: self._call("kill", p, s),
-                           killpg=(lambda p, s: self._call("killpg", p, s)) if with_killpg else None)
+        return pc.SysCalls(
+            kill=lambda p, s: self._call("kill", p, s),
+            killpg=(lambda p, s: self._call("killpg", p, s)) if with_killpg else None,
+        )
 
 
 def sleeper(**kwargs) -> subprocess.Popen:
@@ -55,8 +61,16 @@ def sleeper(**kwargs) -> subprocess.Popen:
 
 # -- choosing a control ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("platform, cls", [("linux", pc.LinuxControl), ("darwin", pc.WatchdogControl),
-                                           ("win32", pc.WindowsControl), ("freebsd14", pc.WatchdogControl)])
+
+@pytest.mark.parametrize(
+    "platform, cls",
+    [
+        ("linux", pc.LinuxControl),
+        ("darwin", pc.WatchdogControl),
+        ("win32", pc.WindowsControl),
+        ("freebsd14", pc.WatchdogControl),
+    ],
+)
 def test_each_system_gets_its_control(platform, cls):
     assert type(pc.for_platform(platform)) is cls
 
@@ -91,6 +105,7 @@ def test_stop_signals_name_only_signals_of_that_system():
 
 # -- Windows ------------------------------------------------------------------------------------------
 
+
 def test_windows_stop_is_a_console_break_to_the_group_never_killpg():
     rec = Recorder(raises={"killpg": AssertionError("os.killpg does not exist on Windows")})
     win = pc.for_platform("win32", rec.syscalls())
@@ -113,7 +128,9 @@ def test_windows_sends_no_console_event_to_a_group_outside_its_console():
     assert win.request_stop(4242, shares_console=False) is False
     assert rec.calls == []
     proc = sleeper()
-    server = ServerProcess(proc, "http://127.0.0.1:1", Path("/nonexistent.log"), ["llama-server.exe"], win, detached=True)
+    server = ServerProcess(
+        proc, "http://127.0.0.1:1", Path("/nonexistent.log"), ["llama-server.exe"], win, detached=True
+    )
     started = time.monotonic()
     assert server.stop(timeout=10) is not None
     assert rec.calls == [] and time.monotonic() - started < 5  # no waiting on a request never sent
@@ -125,10 +142,21 @@ def test_bonsai_stop_on_windows_terminates_at_once(monkeypatch, isolated_home):
     rec = Recorder()
     win = pc.for_platform("win32", rec.syscalls(with_killpg=False))
     proc = sleeper()
-    inst = instances.Instance(name="x", pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(),
-                              host="127.0.0.1", port=1, base_url="http://127.0.0.1:1", profile=None, model="m",
-                              log_path="", started_at=time.time(), detached=True, speculative=False,
-                              argv=(sys.executable,))
+    inst = instances.Instance(
+        name="x",
+        pid=proc.pid,
+        create_time=psutil.Process(proc.pid).create_time(),
+        host="127.0.0.1",
+        port=1,
+        base_url="http://127.0.0.1:1",
+        profile=None,
+        model="m",
+        log_path="",
+        started_at=time.time(),
+        detached=True,
+        speculative=False,
+        argv=(sys.executable,),
+    )
     monkeypatch.setattr(instances, "_matches", lambda i: True)
     started = time.monotonic()
     assert instances.stop(inst, timeout=10, control=win) is True
@@ -149,8 +177,14 @@ def test_windows_server_stop_breaks_resends_then_terminates(monkeypatch):
 
     win = pc.WindowsControl(rec.syscalls(with_killpg=False), job_factory=lambda pid: Job())
     proc = sleeper()
-    server = ServerProcess(proc, "http://127.0.0.1:1", Path("/nonexistent.log"), ["llama-server.exe"],
-                           win, win.guard(proc, die_with_parent=True))
+    server = ServerProcess(
+        proc,
+        "http://127.0.0.1:1",
+        Path("/nonexistent.log"),
+        ["llama-server.exe"],
+        win,
+        win.guard(proc, die_with_parent=True),
+    )
     code = server.stop(timeout=0.5)
     assert rec.calls == [("kill", proc.pid, pc.CTRL_BREAK_EVENT)] * 2  # the break, and the resend
     assert code is not None and proc.poll() is not None  # ended by Popen.kill
@@ -178,8 +212,9 @@ def test_windows_spawn_passes_creationflags_and_makes_a_job(monkeypatch, tmp_pat
     assert seen["kwargs"]["creationflags"] == pc.CREATE_NEW_PROCESS_GROUP
     assert "start_new_session" not in seen["kwargs"] and "preexec_fn" not in seen["kwargs"]
     assert jobs == [777]
-    ServerProcess.spawn(argv, env=None, log_path=tmp_path / "s.log", base_url="http://x", control=win,
-                        die_with_parent=False)
+    ServerProcess.spawn(
+        argv, env=None, log_path=tmp_path / "s.log", base_url="http://x", control=win, die_with_parent=False
+    )
     assert seen["kwargs"]["creationflags"] == pc.CREATE_NEW_PROCESS_GROUP | pc.DETACHED_PROCESS
     assert jobs == [777]  # a detached server gets no job: it must outlive bonsai
 
@@ -197,13 +232,17 @@ def test_job_object_is_kill_on_close_through_pywin32():
     log = []
     limits = {"BasicLimitInformation": {"LimitFlags": 0}}
     win32job = types.SimpleNamespace(
-        JobObjectExtendedLimitInformation=9, JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE=0x2000,
+        JobObjectExtendedLimitInformation=9,
+        JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE=0x2000,
         CreateJobObject=lambda sa, name: log.append("create") or "JOB",
         QueryInformationJobObject=lambda job, cls: limits,
         SetInformationJobObject=lambda job, cls, info: log.append(("set", info["BasicLimitInformation"]["LimitFlags"])),
-        AssignProcessToJobObject=lambda job, proc: log.append(("assign", job, proc)))
-    win32api = types.SimpleNamespace(OpenProcess=lambda access, inherit, pid: log.append(("open", access, pid)) or "PROC",
-                                     CloseHandle=lambda h: log.append(("close", h)))
+        AssignProcessToJobObject=lambda job, proc: log.append(("assign", job, proc)),
+    )
+    win32api = types.SimpleNamespace(
+        OpenProcess=lambda access, inherit, pid: log.append(("open", access, pid)) or "PROC",
+        CloseHandle=lambda h: log.append(("close", h)),
+    )
     win32con = types.SimpleNamespace(PROCESS_SET_QUOTA=0x100, PROCESS_TERMINATE=0x1)
     guard = pc.assign_kill_on_close_job(55, win32job, win32api, win32con)
     assert log == ["create", ("set", 0x2000), ("open", 0x101, 55), ("assign", "JOB", "PROC"), ("close", "PROC")]
@@ -234,10 +273,12 @@ def test_windows_build_interrupt_then_job_ends_the_rest(monkeypatch):
 def _short_wait(wait):
     def short(self, timeout=None):
         return wait(self, timeout if timeout is None else min(timeout, 0.2))
+
     return short
 
 
 # -- POSIX (Linux and macOS) ---------------------------------------------------------------------------
+
 
 @posix_only
 @pytest.mark.parametrize("platform", ["linux", "darwin"])
@@ -248,8 +289,12 @@ def test_posix_stop_signals_the_group(platform):
     control.interrupt(10)
     control.force_stop(10)
     control.end_leftovers(10)
-    assert rec.calls == [("killpg", 10, signal.SIGTERM), ("killpg", 10, signal.SIGINT),
-                         ("killpg", 10, signal.SIGKILL), ("killpg", 10, signal.SIGKILL)]
+    assert rec.calls == [
+        ("killpg", 10, signal.SIGTERM),
+        ("killpg", 10, signal.SIGINT),
+        ("killpg", 10, signal.SIGKILL),
+        ("killpg", 10, signal.SIGKILL),
+    ]
 
 
 def test_posix_falls_back_to_the_process_when_the_group_is_not_ours():
@@ -284,8 +329,12 @@ WATCHED_PARENT = textwrap.dedent("""
 
 
 def _watched_parent(tmp_path: Path, platform: str, mode: str) -> tuple[subprocess.Popen, int]:
-    parent = subprocess.Popen([sys.executable, "-c", WATCHED_PARENT, platform, str(tmp_path / "child.log"), mode],
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", WATCHED_PARENT, platform, str(tmp_path / "child.log"), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert parent.stdout is not None
     return parent, int(parent.stdout.readline())
 
@@ -296,7 +345,9 @@ def test_killing_bonsai_takes_the_child_along(tmp_path, platform):
     win32 (on Windows only): the Job Object."""
     parent, child = _watched_parent(tmp_path, platform, "wait")
     try:
-        watchers = [p for p in psutil.process_iter(["cmdline"]) if "bonsai_launch.watchdog" in (p.info["cmdline"] or ())]
+        watchers = [
+            p for p in psutil.process_iter(["cmdline"]) if "bonsai_launch.watchdog" in (p.info["cmdline"] or ())
+        ]
         assert bool(watchers) == (platform == "darwin")
         parent.kill()  # SIGKILL (TerminateProcess on Windows): no cleanup code of bonsai runs
         parent.wait(10)
@@ -313,8 +364,12 @@ def test_killing_bonsai_takes_the_child_along(tmp_path, platform):
 def test_windows_real_stop(tmp_path):
     """Written for Windows CI, never run on our Linux machines: CTRL_BREAK_EVENT (or, without
     a console, TerminateProcess) ends a real child started in its own process group."""
-    server = ServerProcess.spawn([sys.executable, "-c", "import time; time.sleep(60)"], env=None,
-                                 log_path=tmp_path / "child.log", base_url="http://127.0.0.1:1")
+    server = ServerProcess.spawn(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env=None,
+        log_path=tmp_path / "child.log",
+        base_url="http://127.0.0.1:1",
+    )
     started = time.monotonic()
     assert server.stop(timeout=10) is not None
     assert time.monotonic() - started < 20
@@ -326,8 +381,11 @@ def test_a_normal_stop_sends_the_watchdog_home(tmp_path):
     try:
         assert parent.stdout.readline().strip() == "stopped"
         assert gone(child, timeout=1)
-        assert not [p for p in psutil.Process(parent.pid).children(recursive=True)
-                    if "bonsai_launch.watchdog" in " ".join(p.cmdline())]
+        assert not [
+            p
+            for p in psutil.Process(parent.pid).children(recursive=True)
+            if "bonsai_launch.watchdog" in " ".join(p.cmdline())
+        ]
     finally:
         parent.kill()
         parent.wait()
@@ -360,16 +418,32 @@ def test_argv_reaches_the_child_unchanged(tmp_path):
     list2cmdline and the C runtime's parser must agree; CI's windows lane checks that)."""
     import json
 
-    weird = ["a b", "it's", '{"enable_thinking": false}', "$HOME", "%PATH%", "a,b", "", "back\\slash\\", "\u00fcn\u00efcode", "--"]
+    weird = [
+        "a b",
+        "it's",
+        '{"enable_thinking": false}',
+        "$HOME",
+        "%PATH%",
+        "a,b",
+        "",
+        "back\\slash\\",
+        "\u00fcn\u00efcode",
+        "--",
+    ]
     log = tmp_path / "argv.log"
-    server = ServerProcess.spawn([sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", *weird],
-                                 env={"PYTHONIOENCODING": "utf-8"}, log_path=log, base_url="http://127.0.0.1:1")
+    server = ServerProcess.spawn(
+        [sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", *weird],
+        env={"PYTHONIOENCODING": "utf-8"},
+        log_path=log,
+        base_url="http://127.0.0.1:1",
+    )
     assert server.wait(30) == 0
     server.stop()
     assert json.loads(log.read_text(encoding="utf-8")) == weird
 
 
 # -- exit codes ------------------------------------------------------------------------------------------
+
 
 def test_exit_hints_for_signals_and_ntstatus():
     assert "illegal instruction" in exit_hint(-4)
@@ -392,10 +466,25 @@ def test_real_server_dies_with_bonsai_through_the_macos_watchdog(llama_server, t
     model = tiny_gguf.write_target(tmp_path / "target.gguf")
     out = tmp_path / "out.txt"
     with open(out, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "platform_runner.py"), "darwin", "start",
-                                 "--model", str(model), "--port", str(free_port()), "--ctx", "2048"],
-                                env=bonsai_env(llama_server), stdout=sink, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=ROOT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "tests" / "platform_runner.py"),
+                "darwin",
+                "start",
+                "--model",
+                str(model),
+                "--port",
+                str(free_port()),
+                "--ctx",
+                "2048",
+            ],
+            env=bonsai_env(llama_server),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
     try:
         deadline = time.monotonic() + 60
         while "press Ctrl+C to stop" not in out.read_text() and time.monotonic() < deadline:
@@ -417,8 +506,17 @@ def test_real_server_dies_with_bonsai_through_the_macos_watchdog(llama_server, t
 # -- what may be named where ------------------------------------------------------------------------------
 
 # Signals Python defines on Windows too; anything else must go through getattr/hasattr.
-WINDOWS_SIGNALS = {"SIGABRT", "SIGFPE", "SIGILL", "SIGINT", "SIGSEGV", "SIGTERM", "SIGBREAK",
-                   "CTRL_C_EVENT", "CTRL_BREAK_EVENT"}
+WINDOWS_SIGNALS = {
+    "SIGABRT",
+    "SIGFPE",
+    "SIGILL",
+    "SIGINT",
+    "SIGSEGV",
+    "SIGTERM",
+    "SIGBREAK",
+    "CTRL_C_EVENT",
+    "CTRL_BREAK_EVENT",
+}
 POSIX_ONLY_MODULES = {"watchdog.py"}  # started only by the macOS/POSIX control
 
 
@@ -436,8 +534,12 @@ def test_no_posix_only_signal_or_call_outside_the_posix_parts():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 name = f"{node.value.id}.{node.attr}"
-                if node.value.id == "signal" and node.attr.startswith(("SIG", "CTRL_")) \
-                        and node.attr not in WINDOWS_SIGNALS and node.attr not in ("SIG_IGN", "SIG_DFL"):
+                if (
+                    node.value.id == "signal"
+                    and node.attr.startswith(("SIG", "CTRL_"))
+                    and node.attr not in WINDOWS_SIGNALS
+                    and node.attr not in ("SIG_IGN", "SIG_DFL")
+                ):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
                 if node.value.id == "os" and node.attr in ("killpg", "getpgid", "setsid", "setpgid"):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")

@@ -55,17 +55,20 @@ def test_unknown_profile_lists_the_known_ones():
 GOOD = {"name": "x", "family": "f", "size": "1B", "repo": "o/r", "files": [{"role": "model", "name": "x.gguf"}]}
 
 
-@pytest.mark.parametrize("change,match", [
-    ({"name": "y"}, "field 'name' is 'y'"),
-    ({"files": [{"role": "weights", "name": "x.gguf"}]}, r"files\[0\].role='weights'"),
-    ({"files": [{"role": "model", "name": "x.bin"}]}, r"files\[0\].name='x.bin'"),
-    ({"files": [{"role": "drafter", "name": "d.gguf"}]}, "no entry with role 'model'"),
-    ({"speculative": {"draft_free_type": "draft-dspark"}}, "not an n-gram type"),
-    ({"settings": {"ctx": "big"}}, r"settings.ctx='big'"),
-    ({"settings": {"host": "0.0.0.0"}}, "settings.host cannot be set"),
-    ({"colour": "red"}, "unknown field 'colour'"),
-    ({"repo": None}, "needs field 'repo'"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"name": "y"}, "field 'name' is 'y'"),
+        ({"files": [{"role": "weights", "name": "x.gguf"}]}, r"files\[0\].role='weights'"),
+        ({"files": [{"role": "model", "name": "x.bin"}]}, r"files\[0\].name='x.bin'"),
+        ({"files": [{"role": "drafter", "name": "d.gguf"}]}, "no entry with role 'model'"),
+        ({"speculative": {"draft_free_type": "draft-dspark"}}, "not an n-gram type"),
+        ({"settings": {"ctx": "big"}}, r"settings.ctx='big'"),
+        ({"settings": {"host": "0.0.0.0"}}, "settings.host cannot be set"),
+        ({"colour": "red"}, "unknown field 'colour'"),
+        ({"repo": None}, "needs field 'repo'"),
+    ],
+)
 def test_bad_profile_names_file_and_field(change, match):
     data = {**GOOD, **change}
     with pytest.raises(BonsaiError, match=match) as err:
@@ -75,7 +78,8 @@ def test_bad_profile_names_file_and_field(change, match):
 
 def test_user_profile_folder_overrides(tmp_path, monkeypatch):
     (tmp_path / "demo.yaml").write_text(
-        "name: demo\nfamily: mine\nsize: 1B\nrepo: me/mine\nfiles:\n  - {role: model, name: mine.gguf}\n")
+        "name: demo\nfamily: mine\nsize: 1B\nrepo: me/mine\nfiles:\n  - {role: model, name: mine.gguf}\n"
+    )
     monkeypatch.setenv("BONSAI_PROFILES_DIR", str(tmp_path))
     assert get_profile("demo").family == "mine"
 

@@ -76,7 +76,7 @@ def test_cut_off_download_resumes_with_a_range_request(hub):
     assert [s.range for s in first_run] == [None, f"bytes={half}-"]
 
     result, reporter = ternary("mainline", want_vision=False)
-    second = hub.body_gets(MAINLINE_MODEL)[len(first_run):]
+    second = hub.body_gets(MAINLINE_MODEL)[len(first_run) :]
     assert [(s.range, s.status) for s in second] == [(f"bytes={half}-", 206)]
     assert second[0].body_bytes == len(blob.content) - half  # not restarted from zero
     [model] = result.files
@@ -275,9 +275,14 @@ def test_drafter_that_does_not_fit_its_target_names_the_file_to_replace(hub, tmp
     hub.repos[TERNARY_27B].files["Ternary-Bonsai-27B-dspark-bf16.gguf"].content = wrong.read_bytes()
     with pytest.raises(ActionFailed) as err:
         ternary("fork", want_drafter=True)
-    assert "the drafter Ternary-Bonsai-27B-dspark-bf16.gguf does not fit the target Ternary-Bonsai-27B-PQ2_0.gguf" in err.value.message
+    assert (
+        "the drafter Ternary-Bonsai-27B-dspark-bf16.gguf does not fit the target Ternary-Bonsai-27B-PQ2_0.gguf"
+        in err.value.message
+    )
     assert "embedding size 32" in err.value.message
-    assert err.value.fix.startswith(f"replace {model_store.folder('ternary-27b') / 'Ternary-Bonsai-27B-dspark-bf16.gguf'}")
+    assert err.value.fix.startswith(
+        f"replace {model_store.folder('ternary-27b') / 'Ternary-Bonsai-27B-dspark-bf16.gguf'}"
+    )
 
 
 def test_ensure_profile_files_pulls_once_then_needs_no_network(hub, monkeypatch, llama_server):
@@ -299,6 +304,7 @@ def test_ensure_profile_files_reports_a_missing_token_as_an_error(hub):
 
 
 # --- the commands, through the console-script entry point (error handler included) -------------
+
 
 def test_cli_pull_models_and_rm(hub, capsys):
     code, out, _ = bonsai(capsys, "pull", "--family", "bonsai", "--size", "8B", "--json")

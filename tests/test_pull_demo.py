@@ -42,7 +42,8 @@ def test_demo_pull_works_offline_and_is_recorded_as_verified(no_network, capsys,
         again = pull_profile(profile)
         assert again.files[0].status == "already verified"
         assert ensure_profile_files(profile, layout="mainline", want_drafter=True, want_vision=True) == {
-            "model": folder / DEMO_FILE}
+            "model": folder / DEMO_FILE
+        }
 
         models = json.loads(bonsai(capsys, "models", "--json")[1])
         [demo_file] = next(e for e in models if e["profile"] == "demo")["files"]

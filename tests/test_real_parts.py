@@ -16,8 +16,14 @@ from start_helpers import ROOT
 
 def _pytest(test_id: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in ("SKIP_REAL_SERVER_TESTS", "BONSAI_TEST_LLAMA_SERVER")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_id],
-                          env={**clean, **env}, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_id],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def test_a_missing_llama_server_fails_the_run_unless_skipping_is_asked_for(tmp_path):
@@ -57,10 +63,18 @@ def _fake_build(tmp_path: Path, **source: object) -> Path:
     server = key / "bin" / "llama-server"
     server.write_text("#!/bin/sh\n")
     pin = load_pin().default
-    manifest = {"schema": 1, "backend": "cpu", "patches_hash": series_hash(load_series()),
-                "source": {"kind": "pin", "spec": f"{pin.package}=={pin.version}", "identity": pin.sha256,
-                           "patches": [p.name for p in load_series()]},
-                "binaries": {"llama-server": str(server)}}
+    manifest = {
+        "schema": 1,
+        "backend": "cpu",
+        "patches_hash": series_hash(load_series()),
+        "source": {
+            "kind": "pin",
+            "spec": f"{pin.package}=={pin.version}",
+            "identity": pin.sha256,
+            "patches": [p.name for p in load_series()],
+        },
+        "binaries": {"llama-server": str(server)},
+    }
     for k, v in source.items():
         if k == "patches_hash":
             manifest["patches_hash"] = v

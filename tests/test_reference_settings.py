@@ -25,8 +25,7 @@ def files(tmp_path_factory):
     legacy.write_bytes(target.read_bytes())
     empty = d / "empty-bin"
     empty.mkdir()
-    return {"target": str(target), "drafter": str(drafter), "legacy": str(legacy), "empty": str(empty),
-            "dir": str(d)}
+    return {"target": str(target), "drafter": str(drafter), "legacy": str(legacy), "empty": str(empty), "dir": str(d)}
 
 
 def dry(*argv: str) -> list[str]:
@@ -35,33 +34,89 @@ def dry(*argv: str) -> list[str]:
 
 # (case id, environment, argv (given the files), text the one-line error must contain)
 BAD = [
-    ("gguf-missing", {"BONSAI_GGUF": "/no/such/model.gguf"}, lambda f: dry(), "BONSAI_GGUF='/no/such/model.gguf' is not a file"),
+    (
+        "gguf-missing",
+        {"BONSAI_GGUF": "/no/such/model.gguf"},
+        lambda f: dry(),
+        "BONSAI_GGUF='/no/such/model.gguf' is not a file",
+    ),
     ("gguf-legacy", {"BONSAI_GGUF": "{legacy}"}, lambda f: dry(), "legacy group-128 Q2_0"),
     ("model-legacy", {}, lambda f: dry("--model", f["legacy"]), "only old prism-v5 fork releases load it"),
-    ("mmproj-missing", {"BONSAI_MMPROJ": "/no/such/mm.gguf"}, lambda f: dry("--model", f["target"]),
-     "BONSAI_MMPROJ='/no/such/mm.gguf' is not a file"),
-    ("mmproj-flag-missing", {}, lambda f: dry("--model", f["target"], "--mmproj", "/no/mm.gguf"), "--mmproj='/no/mm.gguf' is not a file"),
-    ("mmproj-vision-off", {"BONSAI_MMPROJ": "{target}", "BONSAI_VISION": "0"}, lambda f: dry("--model", f["target"]),
-     "BONSAI_MMPROJ is set but BONSAI_VISION is off"),
-    ("llama-bin-missing", {"BONSAI_LLAMA_BIN": "/no/such/bin"}, lambda f: dry("--model", f["target"]),
-     "BONSAI_LLAMA_BIN='/no/such/bin' is not a folder"),
-    ("llama-bin-empty", {"BONSAI_LLAMA_BIN": "{empty}"}, lambda f: dry("--model", f["target"]), "holds no llama-server"),
-    ("llama-bin-and-server", {"BONSAI_LLAMA_BIN": "{empty}", "BONSAI_LLAMA_SERVER": "{target}"},
-     lambda f: dry("--model", f["target"]), "are both set"),
+    (
+        "mmproj-missing",
+        {"BONSAI_MMPROJ": "/no/such/mm.gguf"},
+        lambda f: dry("--model", f["target"]),
+        "BONSAI_MMPROJ='/no/such/mm.gguf' is not a file",
+    ),
+    (
+        "mmproj-flag-missing",
+        {},
+        lambda f: dry("--model", f["target"], "--mmproj", "/no/mm.gguf"),
+        "--mmproj='/no/mm.gguf' is not a file",
+    ),
+    (
+        "mmproj-vision-off",
+        {"BONSAI_MMPROJ": "{target}", "BONSAI_VISION": "0"},
+        lambda f: dry("--model", f["target"]),
+        "BONSAI_MMPROJ is set but BONSAI_VISION is off",
+    ),
+    (
+        "llama-bin-missing",
+        {"BONSAI_LLAMA_BIN": "/no/such/bin"},
+        lambda f: dry("--model", f["target"]),
+        "BONSAI_LLAMA_BIN='/no/such/bin' is not a folder",
+    ),
+    (
+        "llama-bin-empty",
+        {"BONSAI_LLAMA_BIN": "{empty}"},
+        lambda f: dry("--model", f["target"]),
+        "holds no llama-server",
+    ),
+    (
+        "llama-bin-and-server",
+        {"BONSAI_LLAMA_BIN": "{empty}", "BONSAI_LLAMA_SERVER": "{target}"},
+        lambda f: dry("--model", f["target"]),
+        "are both set",
+    ),
     ("port-text", {"PORT": "http"}, lambda f: dry("--model", f["target"]), "PORT='http' is not a whole number"),
     ("port-zero", {"PORT": "0"}, lambda f: dry("--model", f["target"]), "PORT='0' is too small"),
     ("port-huge", {"PORT": "70000"}, lambda f: dry("--model", f["target"]), "PORT='70000' is too large"),
-    ("effort-low", {"BONSAI_REASONING_EFFORT": "low", "BONSAI_FAMILY": "bonsai2"}, lambda f: dry("--model", f["target"]),
-     "BONSAI_REASONING_EFFORT='low' is refused (Bonsai 2 does not support low"),
-    ("effort-unknown", {"BONSAI_REASONING_EFFORT": "max"}, lambda f: dry("--model", f["target"]),
-     "BONSAI_REASONING_EFFORT='max' is not a known value; allowed: one of medium, high, xhigh"),
-    ("effort-wrong-profile", {"BONSAI_REASONING_EFFORT": "medium"}, lambda f: dry("--profile", "ternary-8b", "--model", f["target"]),
-     "profile ternary-8b's chat template takes no reasoning effort"),
-    ("bonsai2-size", {"BONSAI_FAMILY": "bonsai2", "BONSAI_MODEL": "8B"}, lambda f: dry("--model", f["target"]),
-     "BONSAI_FAMILY=bonsai2 comes only in 27B; BONSAI_MODEL=8B is not one of them (set BONSAI_MODEL to 27B, or use BONSAI_FAMILY=ternary"),
-    ("bonsai2-mainline", {"BONSAI_LAYOUT": "mainline"}, lambda f: dry("--profile", "bonsai2-27b"),
-     "profile bonsai2-27b has no model file a mainline llama.cpp build loads"),
-    ("family-typo", {"BONSAI_FAMILY": "bonsai3"}, lambda f: dry("--model", f["target"]), "BONSAI_FAMILY='bonsai3' is not a known value"),
+    (
+        "effort-low",
+        {"BONSAI_REASONING_EFFORT": "low", "BONSAI_FAMILY": "bonsai2"},
+        lambda f: dry("--model", f["target"]),
+        "BONSAI_REASONING_EFFORT='low' is refused (Bonsai 2 does not support low",
+    ),
+    (
+        "effort-unknown",
+        {"BONSAI_REASONING_EFFORT": "max"},
+        lambda f: dry("--model", f["target"]),
+        "BONSAI_REASONING_EFFORT='max' is not a known value; allowed: one of medium, high, xhigh",
+    ),
+    (
+        "effort-wrong-profile",
+        {"BONSAI_REASONING_EFFORT": "medium"},
+        lambda f: dry("--profile", "ternary-8b", "--model", f["target"]),
+        "profile ternary-8b's chat template takes no reasoning effort",
+    ),
+    (
+        "bonsai2-size",
+        {"BONSAI_FAMILY": "bonsai2", "BONSAI_MODEL": "8B"},
+        lambda f: dry("--model", f["target"]),
+        "BONSAI_FAMILY=bonsai2 comes only in 27B; BONSAI_MODEL=8B is not one of them (set BONSAI_MODEL to 27B, or use BONSAI_FAMILY=ternary",
+    ),
+    (
+        "bonsai2-mainline",
+        {"BONSAI_LAYOUT": "mainline"},
+        lambda f: dry("--profile", "bonsai2-27b"),
+        "profile bonsai2-27b has no model file a mainline llama.cpp build loads",
+    ),
+    (
+        "family-typo",
+        {"BONSAI_FAMILY": "bonsai3"},
+        lambda f: dry("--model", f["target"]),
+        "BONSAI_FAMILY='bonsai3' is not a known value",
+    ),
 ]
 
 
@@ -84,7 +139,7 @@ def plan(capsys, *argv: str) -> dict:
 
 def sampling(argv: list[str]) -> list[str]:
     i = argv.index("--temp") if "--temp" in argv else len(argv)
-    return argv[i:i + 8]
+    return argv[i : i + 8]
 
 
 def test_family_and_size_keep_their_sampling_with_model(files, monkeypatch, capsys):
@@ -173,7 +228,8 @@ def test_models_lists_bonsai2_with_the_build_each_file_needs(capsys, monkeypatch
     assert [(f["name"], f["builds"]) for f in entry["files"]] == [
         ("Ternary-Bonsai-2-27B-PQ2_0.gguf", "fork ≥ b10743"),
         ("Ternary-Bonsai-2-27B-PTQ1_0.gguf", "fork ≥ b10743"),
-        ("Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf", "fork")]
+        ("Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf", "fork"),
+    ]
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _err = run_cli(capsys, "models")
     assert code == 0 and "bonsai2-27b" in out and "legacy: refused" in out
@@ -204,13 +260,21 @@ def test_pull_bonsai2_fetches_pq2_and_the_q8_projector_only(hub, tmp_path, capsy
     from fake_hub import _write_mmproj
 
     mmproj = _write_mmproj(tmp_path / "mm.gguf").read_bytes()
-    for name, data in (("Ternary-Bonsai-2-27B-PQ2_0.gguf", target), ("Ternary-Bonsai-2-27B-PTQ1_0.gguf", target + b"\0" * 16),
-                       ("Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf", mmproj), ("Ternary-Bonsai-2-27B-mmproj-BF16.gguf", mmproj + b"\0" * 8),
-                       ("Ternary-Bonsai-2-27B-F16.gguf", target + b"\0" * 64)):
+    for name, data in (
+        ("Ternary-Bonsai-2-27B-PQ2_0.gguf", target),
+        ("Ternary-Bonsai-2-27B-PTQ1_0.gguf", target + b"\0" * 16),
+        ("Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf", mmproj),
+        ("Ternary-Bonsai-2-27B-mmproj-BF16.gguf", mmproj + b"\0" * 8),
+        ("Ternary-Bonsai-2-27B-F16.gguf", target + b"\0" * 64),
+    ):
         repo.add(name, data)
     code, out, err = run_cli(capsys, "pull", "--family", "bonsai2", "--json")
     assert code == 0, err
-    assert [f["name"] for f in json.loads(out)["files"]] == ["Ternary-Bonsai-2-27B-PQ2_0.gguf",
-                                                             "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf"]
+    assert [f["name"] for f in json.loads(out)["files"]] == [
+        "Ternary-Bonsai-2-27B-PQ2_0.gguf",
+        "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf",
+    ]
     assert sorted(p.name for p in model_store.folder("bonsai2-27b").glob("*.gguf")) == [
-        "Ternary-Bonsai-2-27B-PQ2_0.gguf", "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf"]
+        "Ternary-Bonsai-2-27B-PQ2_0.gguf",
+        "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf",
+    ]

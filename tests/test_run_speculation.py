@@ -31,8 +31,15 @@ def cleanup():
 
 def test_chat_to_a_dead_url_fails_before_the_prompt():
     port = free_port()
-    done = subprocess.run([sys.executable, "-m", "bonsai_launch", "chat", "--url", f"http://127.0.0.1:{port}"],
-                          input="hello\n", env=bonsai_env(None), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", "chat", "--url", f"http://127.0.0.1:{port}"],
+        input="hello\n",
+        env=bonsai_env(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert done.returncode == 1
     assert f"cannot reach http://127.0.0.1:{port}/health" in done.stderr
     assert "chatting with" not in done.stderr and "> " not in done.stdout
@@ -40,15 +47,26 @@ def test_chat_to_a_dead_url_fails_before_the_prompt():
 
 @pytest.mark.server
 def test_run_and_chat_refuse_a_plain_url_when_speculation_is_asked_for(llama_server, target):
-    plain = json_out(bonsai(["start", "--model", target, "--port", free_port(), "--ctx", "2048", "--detach", "--json"],
-                            server=llama_server))
+    plain = json_out(
+        bonsai(
+            ["start", "--model", target, "--port", free_port(), "--ctx", "2048", "--detach", "--json"],
+            server=llama_server,
+        )
+    )
     env = bonsai_env(llama_server, BONSAI_SPECULATIVE="1")
     refused = bonsai(["run", "--url", plain["url"], "-n", "4", "hello"], env=env)
     assert refused.returncode == 1, refused.stderr
     assert f"the server at {plain['url']} does not speculate: the server has no draft context" in refused.stderr
     assert "bonsai start --speculative" in refused.stderr and refused.stdout == ""
-    chat = subprocess.run([sys.executable, "-m", "bonsai_launch", "chat", "--url", plain["url"]], input="hello\n",
-                          env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    chat = subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", "chat", "--url", plain["url"]],
+        input="hello\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert chat.returncode == 1 and "does not speculate" in chat.stderr
     # without speculation asked for, the same server answers
     assert bonsai(["run", "--url", plain["url"], "-n", "4", "hello"], server=llama_server).returncode == 0
@@ -69,8 +87,11 @@ def test_readme_first_command_answers_sensibly_with_live_speculation(llama_serve
     env = bonsai_env(llama_server, BONSAI_SPECULATIVE="1")
     # A plain demo server is running: it must be passed over, not silently used.
     plain_env = bonsai_env(llama_server)
-    started = bonsai(["start", "--profile", "demo", "--port", str(free_port()), "--ctx", "4096", "--detach"],
-                     env=plain_env, timeout=300)
+    started = bonsai(
+        ["start", "--profile", "demo", "--port", str(free_port()), "--ctx", "4096", "--detach"],
+        env=plain_env,
+        timeout=300,
+    )
     assert started.returncode == 0, started.stderr
     (plain,) = instances.running()
     assert not plain.speculative
@@ -78,8 +99,10 @@ def test_readme_first_command_answers_sensibly_with_live_speculation(llama_serve
 
     done = bonsai(["run", "--profile", "demo", "-n", "128", README_PROMPT], env=env, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert f"the running server {plain.name} ({plain.base_url}) does not speculate: starting a temporary " \
-           "speculative server" in done.stderr
+    assert (
+        f"the running server {plain.name} ({plain.base_url}) does not speculate: starting a temporary "
+        "speculative server" in done.stderr
+    )
     assert "temporary llama-server: checking speculative decoding" in done.stderr
     assert "speculative decoding: live (ngram-mod, n-max 64 (llama.cpp default)" in done.stderr
     assert "; speculative: drafted " in done.stderr
@@ -101,8 +124,25 @@ def test_readme_first_command_answers_sensibly_with_live_speculation(llama_serve
 
 @pytest.mark.server
 def test_an_answer_that_drafted_nothing_says_so_on_a_speculating_server(llama_server, target):
-    spec = json_out(bonsai(["start", "--model", target, "--port", free_port(), "--ctx", "2048", "--speculative",
-                            "--spec-type", "ngram-simple", "--detach", "--json"], server=llama_server))
+    spec = json_out(
+        bonsai(
+            [
+                "start",
+                "--model",
+                target,
+                "--port",
+                free_port(),
+                "--ctx",
+                "2048",
+                "--speculative",
+                "--spec-type",
+                "ngram-simple",
+                "--detach",
+                "--json",
+            ],
+            server=llama_server,
+        )
+    )
     assert spec["speculative"]["live"]
     env = bonsai_env(llama_server, BONSAI_SPECULATIVE="1")
     done = bonsai(["run", "--url", spec["url"], "-n", "4", "hello"], env=env)  # too short to repeat anything

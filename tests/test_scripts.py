@@ -45,14 +45,20 @@ def fake_bin(tmp_path) -> Path:
 
 def run_script(shell: str, script: Path, args: list[str], path: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {"PATH": path, "HOME": os.environ.get("HOME", "/tmp"), **env}
-    return subprocess.run([shutil.which(shell), str(script), *args], env=full_env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [shutil.which(shell), str(script), *args], env=full_env, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_start_wrapper_passes_arguments_and_environment(shell, fake_bin):
-    done = run_script(shell, SCRIPTS / "start_llama_server.sh", ["--threads", "2", "a b", "it's"],
-                      f"{fake_bin}:/usr/bin:/bin", BONSAI_SPECULATIVE="1")
+    done = run_script(
+        shell,
+        SCRIPTS / "start_llama_server.sh",
+        ["--threads", "2", "a b", "it's"],
+        f"{fake_bin}:/usr/bin:/bin",
+        BONSAI_SPECULATIVE="1",
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[start][--][--threads][2][a b][it's]", "BONSAI_SPECULATIVE=1"]
 
@@ -66,8 +72,9 @@ def test_start_wrapper_passes_the_exit_code(shell, fake_bin):
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_run_wrapper(shell, fake_bin):
-    done = run_script(shell, SCRIPTS / "run_llama.sh", ["Why is the sky blue?", "--max-tokens", "5"],
-                      f"{fake_bin}:/usr/bin:/bin")
+    done = run_script(
+        shell, SCRIPTS / "run_llama.sh", ["Why is the sky blue?", "--max-tokens", "5"], f"{fake_bin}:/usr/bin:/bin"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "[run][Why is the sky blue?][--max-tokens][5]"
     usage = run_script(shell, SCRIPTS / "run_llama.sh", [], f"{fake_bin}:/usr/bin:/bin")
@@ -89,14 +96,24 @@ def test_wrappers_say_how_to_install_bonsai(shell, script, tmp_path):
     assert "pip install 'bonsai-launch[demo]'" in done.stderr
 
 
-@pytest.mark.skipif(not shutil.which("pwsh"), reason="PowerShell (pwsh) is not installed (tests/test_powershell.py parses the .ps1 instead)")
+@pytest.mark.skipif(
+    not shutil.which("pwsh"),
+    reason="PowerShell (pwsh) is not installed (tests/test_powershell.py parses the .ps1 instead)",
+)
 @pytest.mark.skipif(sys.platform == "win32", reason="the stand-in bonsai is a #! script, which Windows cannot run")
-@pytest.mark.parametrize("script, expected", [("start_llama_server.ps1", "[start][--][--threads][2][a b]"),
-                                              ("run_llama.ps1", "[run][--threads][2][a b]")])
+@pytest.mark.parametrize(
+    "script, expected",
+    [("start_llama_server.ps1", "[start][--][--threads][2][a b]"), ("run_llama.ps1", "[run][--threads][2][a b]")],
+)
 def test_powershell_wrappers(script, expected, fake_bin):
     env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}", "BONSAI_SPECULATIVE": "1"}
-    done = subprocess.run(["pwsh", "-NoProfile", "-File", str(SCRIPTS / script), "--threads", "2", "a b"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["pwsh", "-NoProfile", "-File", str(SCRIPTS / script), "--threads", "2", "a b"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == expected
 
@@ -110,13 +127,24 @@ def test_start_wrapper_serves_the_demo_with_speculation(shell, llama_server, dem
     folder = isolated_home / "models" / "demo"
     folder.mkdir(parents=True)
     os.symlink(demo_gguf, folder / demo_gguf.name)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "BONSAI_LLAMA_SERVER": str(llama_server), "BONSAI_PROFILE": "demo", "BONSAI_SPECULATIVE": "1",
-           "BONSAI_PORT": str(free_port()), "BONSAI_CTX": "4096"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "BONSAI_LLAMA_SERVER": str(llama_server),
+        "BONSAI_PROFILE": "demo",
+        "BONSAI_SPECULATIVE": "1",
+        "BONSAI_PORT": str(free_port()),
+        "BONSAI_CTX": "4096",
+    }
     out = tmp_path / "out.txt"
     with open(out, "wb") as sink:
-        proc = subprocess.Popen([shutil.which(shell), str(SCRIPTS / "start_llama_server.sh"), "--threads", "2"],
-                                env=env, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [shutil.which(shell), str(SCRIPTS / "start_llama_server.sh"), "--threads", "2"],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         deadline = time.monotonic() + 240
         while "press Ctrl+C to stop" not in out.read_text() and time.monotonic() < deadline:

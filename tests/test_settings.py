@@ -58,10 +58,26 @@ def test_every_setting_is_documented_and_typed():
 
 
 def test_reference_variables_exist():
-    reference = {"BONSAI_FAMILY", "BONSAI_MODEL", "BONSAI_TOKEN", "BONSAI_HOST", "BONSAI_CTX", "BONSAI_NGL",
-                 "BONSAI_IMAGE_MAX_TOKENS", "BONSAI_MMPROJ_CPU", "BONSAI_SPECULATIVE", "BONSAI_SPEC_NMAX",
-                 "BONSAI_KV4", "BONSAI_LLAMA_VERBOSE", "BONSAI_ALLOW_REMOTE", "BONSAI_PORT", "BONSAI_PROFILE",
-                 "BONSAI_HOME", "BONSAI_LLAMA_SERVER", "BONSAI_SPEC_TYPE"}
+    reference = {
+        "BONSAI_FAMILY",
+        "BONSAI_MODEL",
+        "BONSAI_TOKEN",
+        "BONSAI_HOST",
+        "BONSAI_CTX",
+        "BONSAI_NGL",
+        "BONSAI_IMAGE_MAX_TOKENS",
+        "BONSAI_MMPROJ_CPU",
+        "BONSAI_SPECULATIVE",
+        "BONSAI_SPEC_NMAX",
+        "BONSAI_KV4",
+        "BONSAI_LLAMA_VERBOSE",
+        "BONSAI_ALLOW_REMOTE",
+        "BONSAI_PORT",
+        "BONSAI_PROFILE",
+        "BONSAI_HOME",
+        "BONSAI_LLAMA_SERVER",
+        "BONSAI_SPEC_TYPE",
+    }
     assert reference <= set(BY_ENV)
 
 

@@ -12,8 +12,11 @@ from bonsai_launch.errors import BonsaiError
 from bonsai_launch.slots import LLAMA_BATCH_DEFAULT, LLAMA_UBATCH_DEFAULT, context_for_slots, draft_length, size_batches
 from test_plan import CAPS, HW, arg, drafter, plan_for, target
 
-DEMO = dict(profile="demo", with_drafter=False,
-            model=target(arch="gemma3", layers=18, embedding=640, vocab=262144, ctx_len=32768))
+DEMO = dict(
+    profile="demo",
+    with_drafter=False,
+    model=target(arch="gemma3", layers=18, embedding=640, vocab=262144, ctx_len=32768),
+)
 SPEC = {"BONSAI_SPECULATIVE": "1"}
 
 
@@ -22,6 +25,7 @@ def reason(plan, flag):
 
 
 # -- the plan table: N in 1, 2, 4, 8 and each n-max --------------------------------------------------
+
 
 @pytest.mark.parametrize("slots", [1, 2, 4, 8])
 @pytest.mark.parametrize("block", [2, 4, 7, 16])
@@ -45,11 +49,16 @@ def test_drafter_plan_table(slots, block):
 
 
 @pytest.mark.parametrize("slots", [1, 2, 4, 8])
-@pytest.mark.parametrize("spec_type,draft", [("ngram-mod", 64), ("ngram-simple", 48), ("ngram-map-k", 48),
-                                             ("ngram-cache", 8)])
+@pytest.mark.parametrize(
+    "spec_type,draft", [("ngram-mod", 64), ("ngram-simple", 48), ("ngram-map-k", 48), ("ngram-cache", 8)]
+)
 def test_ngram_plan_table(slots, spec_type, draft):
-    plan = plan_for(**DEMO, hw="cpu-8g", env={**SPEC, "BONSAI_PARALLEL": str(slots), "BONSAI_SPEC_TYPE": spec_type},
-                    caps=CAPS["cpu-8g"] if spec_type in CAPS["cpu-8g"].spec_types else None)
+    plan = plan_for(
+        **DEMO,
+        hw="cpu-8g",
+        env={**SPEC, "BONSAI_PARALLEL": str(slots), "BONSAI_SPEC_TYPE": spec_type},
+        caps=CAPS["cpu-8g"] if spec_type in CAPS["cpu-8g"].spec_types else None,
+    )
     need = slots * (draft + 1)
     assert plan.slots.batch_need == need
     # n-gram drafts are verified causally: -ub is never resized; -b must hold every slot's draft.
@@ -75,6 +84,7 @@ def test_ngram_draft_length_follows_the_value_after_double_dash():
 
 
 # -- refusals ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("flag", ["-ub", "--ubatch-size", "-b", "--batch-size"])
 def test_explicit_batch_smaller_than_slots_times_draft_is_refused(flag):
@@ -130,6 +140,7 @@ def test_probed_build_with_shared_drafting_is_named_in_the_reason():
 
 # -- defaults and reasons --------------------------------------------------------------------------------
 
+
 def test_default_slots_with_and_without_speculation():
     spec = plan_for(env=SPEC)
     assert arg(spec, "-np") == "1" and "speculation: one slot" in reason(spec, "-np")
@@ -180,13 +191,22 @@ def test_gpu_too_small_for_every_slot_warns():
 
 def test_dry_run_json_carries_slots_and_prompt_cache():
     data = plan_for(env={**SPEC, "BONSAI_PARALLEL": "4"}).to_json()
-    assert data["slots"] == {"parallel": 4, "effective": 4, "kv_unified": False, "per_slot_ctx": 16384,
-                             "draft_length": 4, "batch_need": 20, "ubatch": 512, "batch": 2048}
+    assert data["slots"] == {
+        "parallel": 4,
+        "effective": 4,
+        "kv_unified": False,
+        "per_slot_ctx": 16384,
+        "draft_length": 4,
+        "batch_need": 20,
+        "ubatch": 512,
+        "batch": 2048,
+    }
     assert data["prompt_cache"]["cache_ram_mib"] == 8192 and data["prompt_cache"]["ctx_checkpoints"] == 32
     assert {r["flag"] for r in data["reasons"]} >= {"-np", "-ub", "-b", "-c"}
 
 
 # -- prompt cache --------------------------------------------------------------------------------------
+
 
 def test_prompt_cache_settings_become_flags_with_reasons():
     plan = plan_for(env={"BONSAI_CACHE_RAM": "4096", "BONSAI_CTX_CHECKPOINTS": "32", "BONSAI_CACHE_IDLE_SLOTS": "1"})
@@ -199,7 +219,11 @@ def test_prompt_cache_settings_become_flags_with_reasons():
 def test_prompt_cache_defaults_pass_nothing():
     plan = plan_for(env={})
     assert not {"--cache-ram", "--ctx-checkpoints", "--cache-idle-slots"} & set(plan.argv)
-    assert set(plan.prompt_cache["from_llama_server_defaults"]) == {"cache_ram_mib", "ctx_checkpoints", "cache_idle_slots"}
+    assert set(plan.prompt_cache["from_llama_server_defaults"]) == {
+        "cache_ram_mib",
+        "ctx_checkpoints",
+        "cache_idle_slots",
+    }
 
 
 def test_turning_every_prefix_reuse_off_warns():
@@ -219,6 +243,7 @@ def test_bad_parallel_value_names_the_setting():
 
 
 # -- the pure rules ----------------------------------------------------------------------------------------
+
 
 def test_draft_length_per_type():
     assert draft_length("draft-dspark", 4) == (4, "n-max")
@@ -265,7 +290,9 @@ def test_slots_proof_needs_more_than_one_drafting_slot():
     from bonsai_launch.slot_proof import SlotResult, SlotsProof
 
     every = SlotsProof("draft-dspark", 4, tuple(SlotResult(i, 10, 5) for i in range(4)))
-    assert every.live and every.summary().startswith("speculative decoding: live on 4 slots (draft-dspark; 4 concurrent")
+    assert every.live and every.summary().startswith(
+        "speculative decoding: live on 4 slots (draft-dspark; 4 concurrent"
+    )
     assert every.rate == 0.5
     some = SlotsProof("ngram-mod", 8, (SlotResult(0, 3, 3), SlotResult(1, 2, 2), SlotResult(2, 0, 0)))
     assert some.live and "live on 2 of 8 slots" in some.summary()

@@ -32,18 +32,30 @@ REFUSED_LOG = """\
 
 def test_reason_is_the_servers_own_words():
     reason = speculation_failure_reason(REFUSED_LOG)
-    assert reason == ("draft vocab differs from the target; failed to initialize speculative decoding context: "
-                      "DSpark draft has no confidence head: please set --spec-draft-p-min 0")
+    assert reason == (
+        "draft vocab differs from the target; failed to initialize speculative decoding context: "
+        "DSpark draft has no confidence head: please set --spec-draft-p-min 0"
+    )
     assert speculation_failure_reason(["0.00.1 I srv ready"]) is None
 
 
 def test_proof_summaries():
     live = SpecProof(True, "draft-dspark", 4, drafted=40, accepted=30, slots_speculative=True)
-    assert live.summary() == "speculative decoding: live (draft-dspark, n-max 4, acceptance 75.0% of 40 drafted on the probe)"
+    assert (
+        live.summary()
+        == "speculative decoding: live (draft-dspark, n-max 4, acceptance 75.0% of 40 drafted on the probe)"
+    )
     ngram = SpecProof(True, "ngram-mod", None, drafted=14, accepted=14, slots_speculative=True)
-    assert ngram.summary().startswith("speculative decoding: live (ngram-mod, n-max 64 (llama.cpp default), acceptance 100.0%")
-    dead = SpecProof(False, "draft-dspark", 4, 0, 0, False, reason="failed to initialize speculative decoding context: x")
-    assert dead.summary() == "speculative decoding: NOT live (draft-dspark): failed to initialize speculative decoding context: x"
+    assert ngram.summary().startswith(
+        "speculative decoding: live (ngram-mod, n-max 64 (llama.cpp default), acceptance 100.0%"
+    )
+    dead = SpecProof(
+        False, "draft-dspark", 4, 0, 0, False, reason="failed to initialize speculative decoding context: x"
+    )
+    assert (
+        dead.summary()
+        == "speculative decoding: NOT live (draft-dspark): failed to initialize speculative decoding context: x"
+    )
     assert dead.to_json()["acceptance"] is None
 
 
@@ -80,8 +92,10 @@ def test_port_in_use_is_one_message_with_the_fix():
 def test_non_loopback_host_refused_without_opt_in(tmp_path):
     done = bonsai(["start", "--model", tmp_path / "missing.gguf", "--host", "0.0.0.0"])
     assert done.returncode == 2
-    assert done.stderr == ("error: BONSAI_HOST='0.0.0.0' is not a loopback address and remote access is not "
-                           "allowed (set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1)\n")
+    assert done.stderr == (
+        "error: BONSAI_HOST='0.0.0.0' is not a loopback address and remote access is not "
+        "allowed (set BONSAI_ALLOW_REMOTE=1 (an API key is then required) or use 127.0.0.1)\n"
+    )
 
 
 @pytest.mark.server
@@ -128,8 +142,12 @@ def test_wait_ready_reports_loading_then_ready(tmp_path):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     port = free_port()
-    server = ServerProcess.spawn([sys.executable, str(script), str(port)], env=None, log_path=tmp_path / "s.log",
-                                 base_url=f"http://127.0.0.1:{port}")
+    server = ServerProcess.spawn(
+        [sys.executable, str(script), str(port)],
+        env=None,
+        log_path=tmp_path / "s.log",
+        base_url=f"http://127.0.0.1:{port}",
+    )
     seen: list[str] = []
     try:
         server.wait_ready(timeout=30, on_status=seen.append)
@@ -143,7 +161,9 @@ def test_wait_ready_reports_loading_then_ready(tmp_path):
 
 def test_server_that_exits_while_loading_shows_its_last_lines(tmp_path):
     argv = [sys.executable, "-c", "import sys; [print(f'line {i}') for i in range(40)]; sys.exit(3)"]
-    server = ServerProcess.spawn(argv, env=None, log_path=tmp_path / "s.log", base_url=f"http://127.0.0.1:{free_port()}")
+    server = ServerProcess.spawn(
+        argv, env=None, log_path=tmp_path / "s.log", base_url=f"http://127.0.0.1:{free_port()}"
+    )
     with pytest.raises(ActionFailed) as err:
         server.wait_ready(timeout=30)
     message = err.value.message
@@ -156,7 +176,9 @@ def test_server_that_exits_while_loading_shows_its_last_lines(tmp_path):
 def test_illegal_instruction_explains_itself(tmp_path):
     # What a binary built for another CPU (AMX/AVX-512 hidden by a VM) looks like.
     argv = [sys.executable, "-c", "import os, signal; print('init', flush=True); os.kill(os.getpid(), signal.SIGILL)"]
-    server = ServerProcess.spawn(argv, env=None, log_path=tmp_path / "s.log", base_url=f"http://127.0.0.1:{free_port()}")
+    server = ServerProcess.spawn(
+        argv, env=None, log_path=tmp_path / "s.log", base_url=f"http://127.0.0.1:{free_port()}"
+    )
     with pytest.raises(ActionFailed) as err:
         server.wait_ready(timeout=30)
     assert "killed by signal 4 (illegal instruction" in err.value.message
@@ -165,14 +187,22 @@ def test_illegal_instruction_explains_itself(tmp_path):
 
 def test_missing_binary_is_an_action_failure(tmp_path):
     with pytest.raises(ActionFailed) as err:
-        ServerProcess.spawn([str(tmp_path / "no-such-llama-server")], env=None, log_path=tmp_path / "s.log",
-                            base_url="http://127.0.0.1:1")
+        ServerProcess.spawn(
+            [str(tmp_path / "no-such-llama-server")],
+            env=None,
+            log_path=tmp_path / "s.log",
+            base_url="http://127.0.0.1:1",
+        )
     assert "cannot run" in err.value.message and "bonsai build" in err.value.fix
 
 
 def test_stop_escalates_to_kill(tmp_path):
-    argv = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('ready', flush=True); time.sleep(60)"]
+    argv = [
+        sys.executable,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(60)",
+    ]
     server = ServerProcess.spawn(argv, env=None, log_path=tmp_path / "s.log", base_url="http://127.0.0.1:1")
     deadline = time.monotonic() + 10
     while "ready" not in "".join(server.log_tail()) and time.monotonic() < deadline:
@@ -183,10 +213,23 @@ def test_stop_escalates_to_kill(tmp_path):
 
 # -- pid files ---------------------------------------------------------------------------------------
 
+
 def _record(name: str, pid: int, create_time: float) -> instances.Instance:
-    return instances.Instance(name=name, pid=pid, create_time=create_time, host="127.0.0.1", port=1,
-                              base_url="http://127.0.0.1:1", profile="demo", model="m.gguf", log_path="x.log",
-                              started_at=time.time(), detached=True, speculative=False, argv=("llama-server",))
+    return instances.Instance(
+        name=name,
+        pid=pid,
+        create_time=create_time,
+        host="127.0.0.1",
+        port=1,
+        base_url="http://127.0.0.1:1",
+        profile="demo",
+        model="m.gguf",
+        log_path="x.log",
+        started_at=time.time(),
+        detached=True,
+        speculative=False,
+        argv=("llama-server",),
+    )
 
 
 def test_stale_and_unreadable_state_files_are_removed():

@@ -58,9 +58,12 @@ def never_spawned() -> bool:
 
 # -- speculation is proven ------------------------------------------------------------------------
 
+
 def test_dspark_drafter_is_live(llama_server, tiny):
-    done = bonsai(["start", *start_args(tiny["target"], "--drafter", tiny["drafter"], "--speculative"),
-                   "--detach", "--json"], server=llama_server)
+    done = bonsai(
+        ["start", *start_args(tiny["target"], "--drafter", tiny["drafter"], "--speculative"), "--detach", "--json"],
+        server=llama_server,
+    )
     data = json_out(done)
     spec = data["speculative"]
     assert spec["live"] and spec["type"] == "draft-dspark" and spec["n_max"] == 4
@@ -72,8 +75,17 @@ def test_dspark_drafter_is_live(llama_server, tiny):
 
 def test_agreeing_drafter_accepts_everything_and_changes_nothing(llama_server, tiny):
     prompt, n = "tok1 tok2 tok3", 24
-    spec = json_out(bonsai(["start", *start_args(tiny["const_target"], "--drafter", tiny["const_drafter"],
-                                                 "--speculative"), "--detach", "--json"], server=llama_server))
+    spec = json_out(
+        bonsai(
+            [
+                "start",
+                *start_args(tiny["const_target"], "--drafter", tiny["const_drafter"], "--speculative"),
+                "--detach",
+                "--json",
+            ],
+            server=llama_server,
+        )
+    )
     assert spec["speculative"]["live"]
     assert spec["speculative"]["acceptance"] == 1.0
     with_spec = client.completion(spec["url"], prompt, n_predict=n, temperature=0)
@@ -89,8 +101,16 @@ def test_agreeing_drafter_accepts_everything_and_changes_nothing(llama_server, t
 
 
 def test_runtime_refused_drafter_fails_with_the_servers_reason(llama_server, tiny):
-    done = bonsai(["start", *start_args(tiny["target"], "--drafter", tiny["refused"], "--speculative"),
-                   "--", "--spec-draft-p-min", "0.5"], server=llama_server)
+    done = bonsai(
+        [
+            "start",
+            *start_args(tiny["target"], "--drafter", tiny["refused"], "--speculative"),
+            "--",
+            "--spec-draft-p-min",
+            "0.5",
+        ],
+        server=llama_server,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "speculative decoding: NOT live" in done.stderr
     assert "failed to initialize speculative decoding context: DSpark draft has no confidence head" in done.stderr
@@ -100,8 +120,18 @@ def test_runtime_refused_drafter_fails_with_the_servers_reason(llama_server, tin
 
 
 def test_runtime_refused_drafter_with_fallback_keeps_serving(llama_server, tiny):
-    done = bonsai(["start", *start_args(tiny["target"], "--drafter", tiny["refused"], "--speculative"),
-                   "--spec-fallback", "--detach", "--", "--spec-draft-p-min", "0.5"], server=llama_server)
+    done = bonsai(
+        [
+            "start",
+            *start_args(tiny["target"], "--drafter", tiny["refused"], "--speculative"),
+            "--spec-fallback",
+            "--detach",
+            "--",
+            "--spec-draft-p-min",
+            "0.5",
+        ],
+        server=llama_server,
+    )
     assert done.returncode == 0, done.stderr
     assert "warning: speculative decoding: NOT live" in done.stderr
     assert "no confidence head" in done.stderr
@@ -114,11 +144,13 @@ def test_runtime_refused_drafter_with_fallback_keeps_serving(llama_server, tiny)
 
 # -- refused before spawning ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("drafter, words", [("wide", "embedding"), ("othervocab", "vocab")])
 def test_mismatched_drafter_refused_before_spawning(llama_server, tiny, drafter, words):
     started = time.monotonic()
-    done = bonsai(["start", *start_args(tiny["target"], "--drafter", tiny[drafter], "--speculative")],
-                  server=llama_server)
+    done = bonsai(
+        ["start", *start_args(tiny["target"], "--drafter", tiny[drafter], "--speculative")], server=llama_server
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("error: drafter does not fit the target")
     assert words in done.stderr.lower()
@@ -157,6 +189,7 @@ def test_port_taken_by_a_bonsai_server_names_it(llama_server, tiny):
 
 
 # -- signals and deaths: exit codes and no orphans ----------------------------------------------------
+
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_user_stop_exits_zero_and_leaves_nothing(llama_server, tiny, tmp_path, sig):
@@ -217,6 +250,7 @@ def test_ctrl_c_while_loading_stops_the_server(llama_server, tiny, tmp_path):
 
 # -- detach, ps, logs, stop ---------------------------------------------------------------------------
 
+
 def test_detach_ps_logs_stop(llama_server, tiny):
     a = json_out(bonsai(["start", *start_args(tiny["target"]), "--detach", "--json"], server=llama_server))
     b = json_out(bonsai(["start", *start_args(tiny["target"]), "--detach", "--json"], server=llama_server))
@@ -259,10 +293,23 @@ def test_stale_pid_files_are_removed_not_trusted(llama_server, tiny):
     dead.wait()
     try:
         for name, pid in (("dead", dead.pid), ("bystander", bystander.pid)):
-            instances.register(instances.Instance(
-                name=name, pid=pid, create_time=time.time(), host="127.0.0.1", port=1, base_url="http://127.0.0.1:1",
-                profile="demo", model="m.gguf", log_path="x.log", started_at=time.time(), detached=True,
-                speculative=False, argv=("llama-server",)))
+            instances.register(
+                instances.Instance(
+                    name=name,
+                    pid=pid,
+                    create_time=time.time(),
+                    host="127.0.0.1",
+                    port=1,
+                    base_url="http://127.0.0.1:1",
+                    profile="demo",
+                    model="m.gguf",
+                    log_path="x.log",
+                    started_at=time.time(),
+                    detached=True,
+                    speculative=False,
+                    argv=("llama-server",),
+                )
+            )
         assert len(list(run_dir().glob("*.json"))) == 2
         assert json_out(bonsai(["ps", "--json"], server=llama_server)) == []
         assert list(run_dir().glob("*.json")) == []
@@ -276,6 +323,7 @@ def test_stale_pid_files_are_removed_not_trusted(llama_server, tiny):
 
 # -- run ------------------------------------------------------------------------------------------
 
+
 def test_run_with_a_temporary_server_streams_and_cleans_up(llama_server, tiny):
     done = bonsai(["run", "--model", tiny["target"], "--ctx", "2048", "-n", "8", "hello"], server=llama_server)
     assert done.returncode == 0, done.stderr
@@ -286,8 +334,17 @@ def test_run_with_a_temporary_server_streams_and_cleans_up(llama_server, tiny):
 
 
 def test_run_against_a_speculative_server_reports_acceptance(llama_server, tiny):
-    data = json_out(bonsai(["start", *start_args(tiny["const_target"], "--drafter", tiny["const_drafter"],
-                                                 "--speculative"), "--detach", "--json"], server=llama_server))
+    data = json_out(
+        bonsai(
+            [
+                "start",
+                *start_args(tiny["const_target"], "--drafter", tiny["const_drafter"], "--speculative"),
+                "--detach",
+                "--json",
+            ],
+            server=llama_server,
+        )
+    )
     done = bonsai(["run", "--url", data["openai_base_url"], "-n", "16", "--json", "hello"], server=llama_server)
     result = json_out(done)
     assert result["drafted"] > 0 and result["acceptance"] == 1.0
@@ -297,14 +354,16 @@ def test_run_against_a_speculative_server_reports_acceptance(llama_server, tiny)
 
 # -- the demo profile ----------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_demo_profile_ngram_speculation_is_live(llama_server, demo_gguf, isolated_home):
     folder = isolated_home / "models" / "demo"
     folder.mkdir(parents=True)
     os.symlink(demo_gguf, folder / demo_gguf.name)
     env = {**os.environ, "BONSAI_LLAMA_SERVER": str(llama_server), "BONSAI_SPECULATIVE": "1"}
-    done = bonsai(["start", "--profile", "demo", "--port", str(free_port()), "--ctx", "4096", "--detach"], env=env,
-                  timeout=300)
+    done = bonsai(
+        ["start", "--profile", "demo", "--port", str(free_port()), "--ctx", "4096", "--detach"], env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "speculative decoding: live (ngram-mod" in done.stdout
     assert re.search(r"acceptance [\d.]+% of [1-9]\d* drafted on the probe", done.stdout), done.stdout  # real drafts
@@ -327,15 +386,22 @@ def test_run_reuses_the_running_server_of_the_profile(llama_server, tiny):
 
 # -- chat ------------------------------------------------------------------------------------------
 
+
 def test_chat_keeps_history_and_leaves_nothing_behind(llama_server, tiny):
     import subprocess
 
     from start_helpers import ROOT, bonsai_env
 
     script = "hello\n/reset\nagain\n/exit\n"
-    done = subprocess.run([sys.executable, "-m", "bonsai_launch", "chat", "--model", str(tiny["target"]),
-                           "--ctx", "2048", "-n", "4"], input=script, env=bonsai_env(llama_server),
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "bonsai_launch", "chat", "--model", str(tiny["target"]), "--ctx", "2048", "-n", "4"],
+        input=script,
+        env=bonsai_env(llama_server),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert "history cleared" in done.stderr
     stats_lines = [line for line in done.stderr.splitlines() if re.match(r"^\d+ tokens, ", line)]

@@ -15,11 +15,24 @@ SPEC_FAILED = "failed to initialize speculative decoding context"
 
 
 def _spec_args(target: Path, drafter: Path, kind: str = "draft-dspark", n_max: int = 4) -> list[str]:
-    return ["-m", target, "-md", drafter, "--spec-type", kind, "--spec-draft-n-max", str(n_max),
-            "-np", "1", "-c", "4096"]
+    return [
+        "-m",
+        target,
+        "-md",
+        drafter,
+        "--spec-type",
+        kind,
+        "--spec-draft-n-max",
+        str(n_max),
+        "-np",
+        "1",
+        "-c",
+        "4096",
+    ]
 
 
 # --- header reader -----------------------------------------------------------------------------
+
 
 def test_target_header(tmp_path):
     info = inspect_gguf(tg.write_target(tmp_path / "t.gguf", chat_template="{{ messages }}"))
@@ -31,11 +44,14 @@ def test_target_header(tmp_path):
     assert (llama.architecture, llama.layers, llama.embedding, llama.vocab_size) == ("llama", 3, 32, 300)
 
 
-@pytest.mark.parametrize(("writer", "kwargs", "kind", "arch"), [
-    (tg.write_dspark_drafter, {}, "dspark", "dflash"),
-    (tg.write_dflash_drafter, {}, "dflash", "dflash"),
-    (tg.write_dspark_drafter, {"legacy": True}, "legacy-dspark", "dspark"),
-])
+@pytest.mark.parametrize(
+    ("writer", "kwargs", "kind", "arch"),
+    [
+        (tg.write_dspark_drafter, {}, "dspark", "dflash"),
+        (tg.write_dflash_drafter, {}, "dflash", "dflash"),
+        (tg.write_dspark_drafter, {"legacy": True}, "legacy-dspark", "dspark"),
+    ],
+)
 def test_drafter_header(tmp_path, writer, kwargs, kind, arch):
     info = inspect_gguf(writer(tmp_path / "d.gguf", block_size=8, target_layers=(0, 1), **kwargs))
     assert info.architecture == arch and info.embedding == 64 and info.vocab_size == 512
@@ -46,8 +62,9 @@ def test_drafter_header(tmp_path, writer, kwargs, kind, arch):
 
 
 def test_drafter_options(tmp_path):
-    info = inspect_gguf(tg.write_dspark_drafter(tmp_path / "d.gguf", omit_block_size=True, mask_token_id=3,
-                                                confidence_head=True))
+    info = inspect_gguf(
+        tg.write_dspark_drafter(tmp_path / "d.gguf", omit_block_size=True, mask_token_id=3, confidence_head=True)
+    )
     assert info.block_size is None and info.drafter.block_size is None
     assert info.drafter.mask_token_id == 3 and info.drafter.has_confidence_head
     legacy = inspect_gguf(tg.write_dspark_drafter(tmp_path / "l.gguf", legacy=True, omit_block_size=True))
@@ -103,6 +120,7 @@ def test_constant_token_out_of_range(tmp_path):
 
 # --- the real llama-server ---------------------------------------------------------------------
 
+
 @pytest.mark.server
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_server_loads_target(tmp_path, llama_server, arch):
@@ -118,16 +136,20 @@ def test_server_chat_with_template(tmp_path, llama_server):
     template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>"
     target = tg.write_target(tmp_path / "t.gguf", chat_template=template, constant_token=10)
     with tg.serve(llama_server, ["-m", target, "-np", "1", "-c", "4096"], tmp_path / "s.log") as srv:
-        out = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                                "max_tokens": 4, "temperature": 0})
+        out = srv.post(
+            "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+        )
     assert out["choices"][0]["message"]["content"] == "a" * 4  # token 10 prints as hex "a"
 
 
 @pytest.mark.server
-@pytest.mark.parametrize(("writer", "kind", "n_max"), [
-    (tg.write_dspark_drafter, "draft-dspark", 4),
-    (tg.write_dflash_drafter, "draft-dflash", 3),  # DFlash drafts at most block_size - 1
-])
+@pytest.mark.parametrize(
+    ("writer", "kind", "n_max"),
+    [
+        (tg.write_dspark_drafter, "draft-dspark", 4),
+        (tg.write_dflash_drafter, "draft-dflash", 3),  # DFlash drafts at most block_size - 1
+    ],
+)
 def test_server_speculates_with_drafter(tmp_path, llama_server, writer, kind, n_max):
     target = tg.write_target(tmp_path / "t.gguf")
     drafter = writer(tmp_path / "d.gguf", block_size=4)
@@ -211,8 +233,11 @@ def test_server_auto_detects_dspark(tmp_path, llama_server):
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("kwargs", [{"omit_block_size": True}, {"target_layers": (5,)}, {"target_embedding": 32}],
-                         ids=["no-block-size", "layer-id-above", "embedding"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"omit_block_size": True}, {"target_layers": (5,)}, {"target_embedding": 32}],
+    ids=["no-block-size", "layer-id-above", "embedding"],
+)
 def test_server_aborts_on_pairs_check_pair_rejects(tmp_path, llama_server, kwargs):
     """Why the launcher checks pairs first: llama-server dies on these instead of refusing them."""
     target = tg.write_target(tmp_path / "t.gguf", layers=2)

@@ -28,14 +28,24 @@ from bonsai_launch.tune.store import Choice, Decision
 
 
 def key(**changes) -> TuneKey:
-    base = dict(machine="CPU x2 (Linux x86_64)", build="cpu-abc:0011", model_sha256="m" * 64,
-                drafter_sha256=None, prompts_sha256="p" * 64)
+    base = dict(
+        machine="CPU x2 (Linux x86_64)",
+        build="cpu-abc:0011",
+        model_sha256="m" * 64,
+        drafter_sha256=None,
+        prompts_sha256="p" * 64,
+    )
     base.update(changes)
     return TuneKey(**base)
 
 
-def decision(k: TuneKey, created: str = "2026-12-01T05:00:00Z", spec_type: str | None = "ngram-mod",
-             n_max: int | None = None, model: str = "/m/model.gguf") -> Decision:
+def decision(
+    k: TuneKey,
+    created: str = "2026-12-01T05:00:00Z",
+    spec_type: str | None = "ngram-mod",
+    n_max: int | None = None,
+    model: str = "/m/model.gguf",
+) -> Decision:
     choice = Choice(spec_type or "plain", spec_type or "plain", spec_type, n_max, 1.5 if spec_type else None)
     return Decision(k, choice, ({"config": "plain"},), created, "tune", model)
 
@@ -45,8 +55,14 @@ def decision(k: TuneKey, created: str = "2026-12-01T05:00:00Z", spec_type: str |
 
 def test_key_id_is_stable_and_depends_on_every_input():
     assert key().id == key().id and len(key().id) == 16
-    ids = {key().id, key(machine="other").id, key(build="cpu-def:22").id, key(model_sha256="x" * 64).id,
-           key(drafter_sha256="d" * 64).id, key(prompts_sha256="q" * 64).id}
+    ids = {
+        key().id,
+        key(machine="other").id,
+        key(build="cpu-def:22").id,
+        key(model_sha256="x" * 64).id,
+        key(drafter_sha256="d" * 64).id,
+        key(prompts_sha256="q" * 64).id,
+    }
     assert len(ids) == 6
 
 
@@ -67,16 +83,18 @@ def test_any_prompt_set_serves_a_launch_and_the_newest_wins():
     assert len(store.load_all()) == 2  # one file per key: both prompt sets are kept
 
 
-@pytest.mark.parametrize("change,words", [
-    ({"build": "cpu-def:9999"}, ["llama-server build"]),
-    ({"machine": "Apple M4 Pro x14 (Darwin arm64); Metal"}, ["machine"]),
-    ({"drafter_sha256": "e" * 64}, ["drafter file"]),
-    ({"build": "cpu-def:9999", "drafter_sha256": "e" * 64}, ["llama-server build", "drafter file"]),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"build": "cpu-def:9999"}, ["llama-server build"]),
+        ({"machine": "Apple M4 Pro x14 (Darwin arm64); Metal"}, ["machine"]),
+        ({"drafter_sha256": "e" * 64}, ["drafter file"]),
+        ({"build": "cpu-def:9999", "drafter_sha256": "e" * 64}, ["llama-server build", "drafter file"]),
+    ],
+)
 def test_a_decision_whose_inputs_changed_is_stale(change, words):
     store.save(decision(key(drafter_sha256="d" * 64)))
-    found = store.lookup(key(drafter_sha256="d" * 64, **change) if "drafter_sha256" not in change
-                         else key(**change))
+    found = store.lookup(key(drafter_sha256="d" * 64, **change) if "drafter_sha256" not in change else key(**change))
     assert found.status == "stale" and list(found.changed) == words
     assert found.decision is not None  # reported, never used
 
@@ -113,8 +131,9 @@ def test_build_id_names_the_bonsai_build_and_the_binary(tmp_path):
     (key_dir / "bin").mkdir(parents=True)
     binary = key_dir / "bin" / "llama-server"
     binary.write_bytes(b"\x7fELF fake")
-    (key_dir / "manifest.json").write_text(json.dumps({"key": "cpu-42dcf22328ae",
-                                                       "binaries": {"llama-server": str(binary)}}))
+    (key_dir / "manifest.json").write_text(
+        json.dumps({"key": "cpu-42dcf22328ae", "binaries": {"llama-server": str(binary)}})
+    )
     first = identity.build_id(binary)
     assert first.startswith("cpu-42dcf22328ae:")
     other = tmp_path / "llama-server"
@@ -139,18 +158,31 @@ def recorded(speeds: dict[str, list[float]], temps=(0.0,), accepted: int = 8) ->
     """A bench document from decode speeds per configuration and repeat (one prompt each)."""
     prompts = [suite.Prompt("p0", "code", (("user", "x"),)), suite.Prompt("p1", "code-edit", (("user", "y"),))]
     configs = [ConfigSpec(name, name == "plain", None if name == "plain" else name.split("/")[0]) for name in speeds]
-    data = BenchData("launch", BenchOptions(configs=tuple(speeds), repeats=3, temps=tuple(temps), tradeoffs=False),
-                     configs, prompts)
+    data = BenchData(
+        "launch", BenchOptions(configs=tuple(speeds), repeats=3, temps=tuple(temps), tradeoffs=False), configs, prompts
+    )
     for t in temps:
         for name, per_repeat in speeds.items():
             for r, tps in enumerate(per_repeat):
                 tps = tps * (0.8 if t > 0 and name != "plain" else 1.0)  # acceptance falls with temperature
                 for p in prompts:
-                    data.requests.append(RequestResult(name, p.id, p.category, t, r, text="x", pieces=["x"],
-                                                       completion_tokens=64, predicted_n=64,
-                                                       predicted_ms=64 / tps * 1000, wall_s=64 / tps,
-                                                       drafted=10 if name != "plain" else None,
-                                                       accepted=accepted if name != "plain" else None))
+                    data.requests.append(
+                        RequestResult(
+                            name,
+                            p.id,
+                            p.category,
+                            t,
+                            r,
+                            text="x",
+                            pieces=["x"],
+                            completion_tokens=64,
+                            predicted_n=64,
+                            predicted_ms=64 / tps * 1000,
+                            wall_s=64 / tps,
+                            drafted=10 if name != "plain" else None,
+                            accepted=accepted if name != "plain" else None,
+                        )
+                    )
     data.finished = data.started + 10
     return summarize(data)
 
@@ -162,12 +194,15 @@ def test_a_gain_beyond_noise_is_chosen():
     assert [r["status"] for r in rows] == ["baseline", "chosen: faster beyond noise"]
 
 
-@pytest.mark.parametrize("speeds,why", [
-    ({"plain": [40, 41, 40], "ngram-mod": [41.5, 42.5, 41.8]}, "no gain beyond noise"),   # +3%: inside the 5% band
-    ({"plain": [40, 41, 40], "ngram-mod": [55, 39, 56]}, "no gain beyond noise"),        # one repeat below plain
-    ({"plain": [40, 60, 40], "ngram-mod": [50, 66, 49]}, "no gain beyond noise"),        # +24% but plain varies 50%
-    ({"plain": [40, 41, 40], "draft-dspark": [20, 21, 19]}, "slower"),
-])
+@pytest.mark.parametrize(
+    "speeds,why",
+    [
+        ({"plain": [40, 41, 40], "ngram-mod": [41.5, 42.5, 41.8]}, "no gain beyond noise"),  # +3%: inside the 5% band
+        ({"plain": [40, 41, 40], "ngram-mod": [55, 39, 56]}, "no gain beyond noise"),  # one repeat below plain
+        ({"plain": [40, 60, 40], "ngram-mod": [50, 66, 49]}, "no gain beyond noise"),  # +24% but plain varies 50%
+        ({"plain": [40, 41, 40], "draft-dspark": [20, 21, 19]}, "slower"),
+    ],
+)
 def test_without_a_gain_beyond_noise_the_choice_is_plain(speeds, why):
     choice, rows = decide(recorded(speeds))
     assert not choice.speculative and choice.config == "plain"
@@ -211,8 +246,17 @@ def test_every_temperature_must_show_the_gain():
 def test_candidates_follow_the_build_and_the_drafter():
     all_types = {"none", "draft-dspark", "draft-dflash", *cands.NGRAM_TYPES}
     names = [c.name for c in cands.all_candidates(all_types, "draft-dspark", 4, "ngram-mod")]
-    assert names == ["plain", "draft-dspark", "ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
-                     "ngram-mod/n16", "ngram-mod/n8", "ngram-cache"]
+    assert names == [
+        "plain",
+        "draft-dspark",
+        "ngram-mod",
+        "ngram-simple",
+        "ngram-map-k",
+        "ngram-map-k4v",
+        "ngram-mod/n16",
+        "ngram-mod/n8",
+        "ngram-cache",
+    ]
     few = [c.name for c in cands.all_candidates({"none", "ngram-simple"}, None, None, None)]
     assert few == ["plain", "ngram-simple"]  # only what this binary lists
     drafter = cands.all_candidates(all_types, "draft-dspark", 4, None)[1]
@@ -223,7 +267,10 @@ def test_candidates_follow_the_build_and_the_drafter():
 def test_restricting_candidates():
     found = cands.all_candidates(None, "draft-dspark", 4, "ngram-mod")
     assert [c.name for c in cands.restrict(found, ["drafter", "ngram-simple/n24"])] == [
-        "plain", "draft-dspark", "ngram-simple/n24"]
+        "plain",
+        "draft-dspark",
+        "ngram-simple/n24",
+    ]
     with pytest.raises(BonsaiError, match="'turbo' cannot be measured"):
         cands.restrict(found, ["turbo"])
     with pytest.raises(BonsaiError, match="no speculative configuration"):
@@ -244,7 +291,11 @@ def test_speculative_accepts_auto_and_other_booleans_do_not():
 def test_speculative_auto_argument_rewrite():
     from bonsai_launch.cli.main import speculative_auto_args
 
-    assert speculative_auto_args(["start", "--speculative", "auto", "--dry-run"]) == ["start", "--speculative-auto", "--dry-run"]
+    assert speculative_auto_args(["start", "--speculative", "auto", "--dry-run"]) == [
+        "start",
+        "--speculative-auto",
+        "--dry-run",
+    ]
     assert speculative_auto_args(["run", "--speculative=auto", "hi"]) == ["run", "--speculative-auto", "hi"]
     assert speculative_auto_args(["start", "--speculative", "--dry-run"]) == ["start", "--speculative", "--dry-run"]
     assert speculative_auto_args(["start", "--", "--speculative", "auto"]) == ["start", "--", "--speculative", "auto"]
@@ -261,8 +312,10 @@ def test_ngram_draft_length_uses_the_types_own_flags():
 
 @pytest.fixture
 def tiny_files(tmp_path):
-    return (tg.write_target(tmp_path / "target.gguf", constant_token=7),
-            tg.write_dspark_drafter(tmp_path / "drafter.gguf", constant_token=7))
+    return (
+        tg.write_target(tmp_path / "target.gguf", constant_token=7),
+        tg.write_dspark_drafter(tmp_path / "drafter.gguf", constant_token=7),
+    )
 
 
 def _dry(capsys, *args: str) -> tuple[int, dict | str]:
@@ -272,8 +325,9 @@ def _dry(capsys, *args: str) -> tuple[int, dict | str]:
     return code, (json.loads(out) if code == 0 else err)
 
 
-def test_stored_decision_becomes_the_plan_and_a_changed_drafter_turns_it_off(llama_server, tiny_files, capsys,
-                                                                             monkeypatch):
+def test_stored_decision_becomes_the_plan_and_a_changed_drafter_turns_it_off(
+    llama_server, tiny_files, capsys, monkeypatch
+):
     from bonsai_launch.launch_inputs import model_files, select
     from bonsai_launch.tune.auto import launch_key
 
@@ -288,15 +342,22 @@ def test_stored_decision_becomes_the_plan_and_a_changed_drafter_turns_it_off(lla
     files = model_files(select({}), str(target), str(drafter))
     k, why = launch_key(files, llama_server)
     assert why is None and k.drafter_sha256 == identity.file_sha256(drafter)
-    store.save(decision(TuneKey(k.machine, k.build, k.model_sha256, k.drafter_sha256, "p" * 64),
-                        spec_type="ngram-mod", n_max=16, model=str(target)))
+    store.save(
+        decision(
+            TuneKey(k.machine, k.build, k.model_sha256, k.drafter_sha256, "p" * 64),
+            spec_type="ngram-mod",
+            n_max=16,
+            model=str(target),
+        )
+    )
     code, plan = _dry(capsys, *args)
     assert code == 0 and plan["tuning"]["status"] == "found"
     assert plan["speculative"]["type"] == "ngram-mod" and plan["speculative"]["n_max"] == 16
     argv = plan["argv"]
     assert argv[argv.index("--spec-ngram-mod-n-max") + 1] == "16" and "-md" not in argv
-    assert any(r["flag"] == "BONSAI_SPECULATIVE" and r["value"] == "auto" and "ngram-mod" in r["why"]
-               for r in plan["reasons"])
+    assert any(
+        r["flag"] == "BONSAI_SPECULATIVE" and r["value"] == "auto" and "ngram-mod" in r["why"] for r in plan["reasons"]
+    )
     assert plan["tuning"]["choice"]["ratio"] == 1.5 and plan["tuning"]["table"]
 
     # the environment variable works the same way

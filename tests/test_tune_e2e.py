@@ -141,10 +141,35 @@ def test_start_auto_tunes_first_then_uses_the_decision(llama_server, pair_dir, t
 def test_bench_save_feeds_the_store_and_bench_runs_auto(llama_server, pair_dir, tmp_path):
     env = bonsai_env(llama_server)
     target, drafter = pair_dir / "tiny.gguf", pair_dir / "tiny-disagrees.gguf"
-    done = bonsai(["bench", "--model", target, "--drafter", drafter, "--configs", "plain,speculative",
-                   "--categories", "code-edit", "--per-category", "1", "--temps", "0", "--repeats", "3",
-                   "--max-tokens", "32", "--no-tradeoffs", "--save", "--out", tmp_path / "b1", "--", *THREADS],
-                  env=env, timeout=600)
+    done = bonsai(
+        [
+            "bench",
+            "--model",
+            target,
+            "--drafter",
+            drafter,
+            "--configs",
+            "plain,speculative",
+            "--categories",
+            "code-edit",
+            "--per-category",
+            "1",
+            "--temps",
+            "0",
+            "--repeats",
+            "3",
+            "--max-tokens",
+            "32",
+            "--no-tradeoffs",
+            "--save",
+            "--out",
+            tmp_path / "b1",
+            "--",
+            *THREADS,
+        ],
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert "stored as the tuning decision for BONSAI_SPECULATIVE=auto: plain" in done.stdout
     [saved] = store.load_all()
@@ -152,10 +177,35 @@ def test_bench_save_feeds_the_store_and_bench_runs_auto(llama_server, pair_dir, 
     assert saved.prompts == "bench suite (code-edit; 1 per category)"
 
     # --speculative auto: plain against the stored choice
-    done = bonsai(["bench", "--model", target, "--drafter", drafter, "--speculative", "auto",
-                   "--categories", "code-edit", "--per-category", "1", "--temps", "0", "--repeats", "1",
-                   "--max-tokens", "16", "--no-tradeoffs", "--json", "--out", tmp_path / "b2", "--", *THREADS],
-                  env=env, timeout=600)
+    done = bonsai(
+        [
+            "bench",
+            "--model",
+            target,
+            "--drafter",
+            drafter,
+            "--speculative",
+            "auto",
+            "--categories",
+            "code-edit",
+            "--per-category",
+            "1",
+            "--temps",
+            "0",
+            "--repeats",
+            "1",
+            "--max-tokens",
+            "16",
+            "--no-tradeoffs",
+            "--json",
+            "--out",
+            tmp_path / "b2",
+            "--",
+            *THREADS,
+        ],
+        env=env,
+        timeout=600,
+    )
     doc = json.loads(done.stdout)
     assert [c["name"] for c in doc["configs"]] == ["plain", "auto"]
     assert next(c for c in doc["configs"] if c["name"] == "auto")["label"] == "auto (plain)"
@@ -176,15 +226,28 @@ def test_the_budget_bounds_the_measurement(llama_server, pair_dir):
 
 def test_tune_cli_prints_json_and_a_table(llama_server, pair_dir):
     env = bonsai_env(llama_server)
-    args = ["tune", "--model", pair_dir / "tiny.gguf", "--drafter", pair_dir / "tiny-disagrees.gguf",
-            "--configs", "plain,ngram-mod/n16,draft-dspark", "--max-tokens", "32", "--budget", "60"]
+    args = [
+        "tune",
+        "--model",
+        pair_dir / "tiny.gguf",
+        "--drafter",
+        pair_dir / "tiny-disagrees.gguf",
+        "--configs",
+        "plain,ngram-mod/n16,draft-dspark",
+        "--max-tokens",
+        "32",
+        "--budget",
+        "60",
+    ]
     data = json_out(bonsai([*args, "--json", "--", *THREADS], env=env, timeout=300))
     decision = data["decision"]
     assert [r["config"] for r in decision["table"]] == ["plain", "ngram-mod/n16", "draft-dspark"]
     assert decision["choice"]["config"] != "draft-dspark"
     assert Path(data["stored"]).is_file() and Path(data["reports"]["markdown"]).is_file()
     assert decision["key"]["drafter_sha256"] and decision["evidence"]["rule"].startswith("speculation is chosen only")
-    ngram = next(c for c in json.loads(Path(data["reports"]["json"]).read_text())["configs"] if c["name"] == "ngram-mod/n16")
+    ngram = next(
+        c for c in json.loads(Path(data["reports"]["json"]).read_text())["configs"] if c["name"] == "ngram-mod/n16"
+    )
     assert ngram["argv"][ngram["argv"].index("--spec-ngram-mod-n-max") + 1] == "16"
 
     done = bonsai([*args, "--", *THREADS], env={**env, "COLUMNS": "200"}, timeout=300)

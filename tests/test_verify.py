@@ -31,8 +31,12 @@ def cleanup():
 
 
 def detached(llama_server, model, *extra) -> dict:
-    return json_out(bonsai(["start", "--model", model, "--port", free_port(), "--ctx", "2048", *extra,
-                            "--detach", "--json"], server=llama_server))
+    return json_out(
+        bonsai(
+            ["start", "--model", model, "--port", free_port(), "--ctx", "2048", *extra, "--detach", "--json"],
+            server=llama_server,
+        )
+    )
 
 
 @pytest.mark.server
@@ -93,8 +97,13 @@ class _OpenAIStandIn(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         if self.path == "/v1/chat/completions":
-            self._json(200, {"choices": [{"message": {"role": "assistant", "content": "a b c"}, "finish_reason": "length"}],
-                             "usage": {"completion_tokens": 3, "prompt_tokens": 5}})
+            self._json(
+                200,
+                {
+                    "choices": [{"message": {"role": "assistant", "content": "a b c"}, "finish_reason": "length"}],
+                    "usage": {"completion_tokens": 3, "prompt_tokens": 5},
+                },
+            )
         else:
             self._json(404, {"error": "not found"})
 

@@ -82,8 +82,10 @@ DEFAULT_TOKEN_PREFIX = "tok"
 # at runtime (it loads, then speculation initialization fails and the server serves without it).
 RUNTIME_REFUSED_ARGS = ("--spec-draft-p-min", "0.5")
 RUNTIME_REFUSED_ENV = {"LLAMA_ARG_SPEC_DRAFT_P_MIN": "0.5"}  # the same, for an unchanged argv
-RUNTIME_REFUSED_LOG = ("failed to initialize speculative decoding context: "
-                       "DSpark draft has no confidence head: please set --spec-draft-p-min 0")
+RUNTIME_REFUSED_LOG = (
+    "failed to initialize speculative decoding context: "
+    "DSpark draft has no confidence head: please set --spec-draft-p-min 0"
+)
 
 _RMS_EPS = 1e-6
 _ROPE_BASE = 10000.0
@@ -121,8 +123,12 @@ class LogSnr:
         return out
 
     def tensor_list(self, rng: np.random.Generator, embedding: int) -> list[tuple[str, np.ndarray]]:
-        shapes = {"log_snr_fc1.weight": (LOG_SNR_FEATURES, embedding), "log_snr_fc1.bias": (embedding,),
-                  "log_snr_fc2.weight": (embedding, embedding), "log_snr_fc2.bias": (embedding,)}
+        shapes = {
+            "log_snr_fc1.weight": (LOG_SNR_FEATURES, embedding),
+            "log_snr_fc1.bias": (embedding,),
+            "log_snr_fc2.weight": (embedding, embedding),
+            "log_snr_fc2.bias": (embedding,),
+        }
         unknown = set(self.weights) - set(shapes)
         if unknown:
             raise ValueError(f"not log-SNR tensors: {sorted(unknown)}")
@@ -173,8 +179,9 @@ def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, 
     return embd, out
 
 
-def _write(path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]],
-           tensors: Sequence[tuple[str, np.ndarray]]) -> Path:
+def _write(
+    path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]], tensors: Sequence[tuple[str, np.ndarray]]
+) -> Path:
     """Write a GGUF file atomically. kv items are (kind, key, value), kind one of the
     GGUFWriter add_* suffixes (uint32, float32, bool, string, array)."""
     path = Path(path)
@@ -199,8 +206,9 @@ def _write(path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]],
     return path
 
 
-def _tokenizer_kv(vocab: int, tokenizer: str, token_prefix: str, chat_template: str | None,
-                  mask_token_id: int | None = None) -> list[tuple[str, str, object]]:
+def _tokenizer_kv(
+    vocab: int, tokenizer: str, token_prefix: str, chat_template: str | None, mask_token_id: int | None = None
+) -> list[tuple[str, str, object]]:
     if tokenizer != "test":
         raise ValueError("only the 'test' tokenizer is supported by tiny_gguf")
     kv: list[tuple[str, str, object]] = [
@@ -214,8 +222,9 @@ def _tokenizer_kv(vocab: int, tokenizer: str, token_prefix: str, chat_template: 
     return kv
 
 
-def _attention_kv(arch: str, *, context_length: int, embedding: int, layers: int, ff: int, heads: int,
-                  heads_kv: int, head_dim: int) -> list[tuple[str, str, object]]:
+def _attention_kv(
+    arch: str, *, context_length: int, embedding: int, layers: int, ff: int, heads: int, heads_kv: int, head_dim: int
+) -> list[tuple[str, str, object]]:
     return [
         ("uint32", f"{arch}.context_length", context_length),
         ("uint32", f"{arch}.embedding_length", embedding),
@@ -231,8 +240,19 @@ def _attention_kv(arch: str, *, context_length: int, embedding: int, layers: int
     ]
 
 
-def _layer_tensors(rng: np.random.Generator, i: int, *, embedding: int, ff: int, heads: int, heads_kv: int,
-                   head_dim: int, qk_norm: bool, constant: bool, scale: float = 0.1) -> list[tuple[str, np.ndarray]]:
+def _layer_tensors(
+    rng: np.random.Generator,
+    i: int,
+    *,
+    embedding: int,
+    ff: int,
+    heads: int,
+    heads_kv: int,
+    head_dim: int,
+    qk_norm: bool,
+    constant: bool,
+    scale: float = 0.1,
+) -> list[tuple[str, np.ndarray]]:
     e, q, kv = embedding, head_dim * heads, head_dim * heads_kv
     # constant models zero the projections back into the residual stream, so it never changes
     wo = _zeros(q, e) if constant else _rand(rng, q, e, scale=scale)
@@ -249,17 +269,30 @@ def _layer_tensors(rng: np.random.Generator, i: int, *, embedding: int, ff: int,
         (f"blk.{i}.ffn_down.weight", down),
     ]
     if qk_norm:
-        out += [(f"blk.{i}.attn_q_norm.weight", _ones(head_dim)),
-                (f"blk.{i}.attn_k_norm.weight", _ones(head_dim))]
+        out += [(f"blk.{i}.attn_q_norm.weight", _ones(head_dim)), (f"blk.{i}.attn_k_norm.weight", _ones(head_dim))]
     return out
 
 
-def write_target(path: str | Path, *, arch: str = "qwen3", embedding: int = 64, layers: int = 2,
-                 vocab: int = 512, ff: int = 128, heads: int = 4, heads_kv: int = 2, head_dim: int = 16,
-                 context_length: int = 32768, seed: int = 0, constant_token: int | None = None,
-                 tokenizer: str = "test", chat_template: str | None = None,
-                 token_prefix: str = DEFAULT_TOKEN_PREFIX, name: str = "tiny-target",
-                 layer_scale: float = 0.1) -> Path:
+def write_target(
+    path: str | Path,
+    *,
+    arch: str = "qwen3",
+    embedding: int = 64,
+    layers: int = 2,
+    vocab: int = 512,
+    ff: int = 128,
+    heads: int = 4,
+    heads_kv: int = 2,
+    head_dim: int = 16,
+    context_length: int = 32768,
+    seed: int = 0,
+    constant_token: int | None = None,
+    tokenizer: str = "test",
+    chat_template: str | None = None,
+    token_prefix: str = DEFAULT_TOKEN_PREFIX,
+    name: str = "tiny-target",
+    layer_scale: float = 0.1,
+) -> Path:
     """A tiny `qwen3` or `llama` target. `constant_token=k`: it always predicts k.
     With the default layer_scale the embedding dominates and the model mostly repeats its last
     token; layer_scale=1.0 makes its greedy output vary with the context (lossless tests)."""
@@ -267,8 +300,16 @@ def write_target(path: str | Path, *, arch: str = "qwen3", embedding: int = 64, 
         raise ValueError(f"unsupported target architecture {arch!r} (qwen3 or llama)")
     rng = _rng(seed)
     kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
-    kv += _attention_kv(arch, context_length=context_length, embedding=embedding, layers=layers, ff=ff,
-                        heads=heads, heads_kv=heads_kv, head_dim=head_dim)
+    kv += _attention_kv(
+        arch,
+        context_length=context_length,
+        embedding=embedding,
+        layers=layers,
+        ff=ff,
+        heads=heads,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+    )
     kv += _tokenizer_kv(vocab, tokenizer, token_prefix, chat_template)
 
     tensors: list[tuple[str, np.ndarray]] = []
@@ -280,26 +321,63 @@ def write_target(path: str | Path, *, arch: str = "qwen3", embedding: int = 64, 
         tensors += [("token_embd.weight", _rand(rng, embedding, vocab, scale=1.0).astype(np.float16))]
     tensors.append(("output_norm.weight", _ones(embedding)))
     for i in range(layers):
-        tensors += _layer_tensors(rng, i, embedding=embedding, ff=ff, heads=heads, heads_kv=heads_kv,
-                                  head_dim=head_dim, qk_norm=arch == "qwen3", constant=constant_token is not None,
-                                  scale=layer_scale)
+        tensors += _layer_tensors(
+            rng,
+            i,
+            embedding=embedding,
+            ff=ff,
+            heads=heads,
+            heads_kv=heads_kv,
+            head_dim=head_dim,
+            qk_norm=arch == "qwen3",
+            constant=constant_token is not None,
+            scale=layer_scale,
+        )
     return _write(path, arch, kv, tensors)
 
 
-def _write_drafter(path: str | Path, *, markov: bool, target_embedding: int, target_layers: Sequence[int],
-                   vocab: int, block_size: int, mask_token_id: int | None, draft_layers: int, seed: int,
-                   constant_token: int | None, legacy: bool, omit_block_size: bool, markov_rank: int,
-                   token_prefix: str, heads: int, heads_kv: int, head_dim: int, ff: int,
-                   context_length: int, has_confidence_head: bool | None, confidence_head: bool,
-                   name: str, log_snr: LogSnr | None = None,
-                   tensor_overrides: Mapping[str, np.ndarray] | None = None) -> Path:
+def _write_drafter(
+    path: str | Path,
+    *,
+    markov: bool,
+    target_embedding: int,
+    target_layers: Sequence[int],
+    vocab: int,
+    block_size: int,
+    mask_token_id: int | None,
+    draft_layers: int,
+    seed: int,
+    constant_token: int | None,
+    legacy: bool,
+    omit_block_size: bool,
+    markov_rank: int,
+    token_prefix: str,
+    heads: int,
+    heads_kv: int,
+    head_dim: int,
+    ff: int,
+    context_length: int,
+    has_confidence_head: bool | None,
+    confidence_head: bool,
+    name: str,
+    log_snr: LogSnr | None = None,
+    tensor_overrides: Mapping[str, np.ndarray] | None = None,
+) -> Path:
     arch = "dspark" if legacy else "dflash"
     e = target_embedding
     mask = vocab - 1 if mask_token_id is None else mask_token_id
     rng = _rng(seed)
     kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
-    kv += _attention_kv(arch, context_length=context_length, embedding=e, layers=draft_layers, ff=ff,
-                        heads=heads, heads_kv=heads_kv, head_dim=head_dim)
+    kv += _attention_kv(
+        arch,
+        context_length=context_length,
+        embedding=e,
+        layers=draft_layers,
+        ff=ff,
+        heads=heads,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+    )
     layer_ids = [int(i) for i in target_layers]
     if legacy:
         # the PrismML fork's layout: the DSpark settings live under "dspark.dspark."
@@ -334,8 +412,17 @@ def _write_drafter(path: str | Path, *, markov: bool, target_embedding: int, tar
         if confidence_head:
             tensors += [("conf_proj.weight", _rand(rng, e + markov_rank, 1)), ("conf_proj.bias", _zeros(1))]
     for i in range(draft_layers):
-        tensors += _layer_tensors(rng, i, embedding=e, ff=ff, heads=heads, heads_kv=heads_kv, head_dim=head_dim,
-                                  qk_norm=True, constant=constant_token is not None)
+        tensors += _layer_tensors(
+            rng,
+            i,
+            embedding=e,
+            ff=ff,
+            heads=heads,
+            heads_kv=heads_kv,
+            head_dim=head_dim,
+            qk_norm=True,
+            constant=constant_token is not None,
+        )
     if log_snr is not None:
         tensors += log_snr.tensor_list(rng, e)
     if tensor_overrides:
@@ -346,16 +433,33 @@ def _write_drafter(path: str | Path, *, markov: bool, target_embedding: int, tar
     return _write(path, arch, kv, tensors)
 
 
-def write_dspark_drafter(path: str | Path, *, target_embedding: int = 64, target_layers: Sequence[int] = (1,),
-                         vocab: int = 512, block_size: int = 4, mask_token_id: int | None = None,
-                         draft_layers: int = 1, seed: int = 0, constant_token: int | None = None,
-                         legacy: bool = False, omit_block_size: bool = False, markov_rank: int = 8,
-                         tokens_like_target: bool = True, token_prefix: str | None = None,
-                         heads: int = 4, heads_kv: int = 2, head_dim: int = 16, ff: int = 128,
-                         context_length: int = 32768, has_confidence_head: bool | None = None,
-                         confidence_head: bool = False, name: str = "tiny-dspark",
-                         log_snr: LogSnr | bool | None = None,
-                         tensor_overrides: Mapping[str, np.ndarray] | None = None) -> Path:
+def write_dspark_drafter(
+    path: str | Path,
+    *,
+    target_embedding: int = 64,
+    target_layers: Sequence[int] = (1,),
+    vocab: int = 512,
+    block_size: int = 4,
+    mask_token_id: int | None = None,
+    draft_layers: int = 1,
+    seed: int = 0,
+    constant_token: int | None = None,
+    legacy: bool = False,
+    omit_block_size: bool = False,
+    markov_rank: int = 8,
+    tokens_like_target: bool = True,
+    token_prefix: str | None = None,
+    heads: int = 4,
+    heads_kv: int = 2,
+    head_dim: int = 16,
+    ff: int = 128,
+    context_length: int = 32768,
+    has_confidence_head: bool | None = None,
+    confidence_head: bool = False,
+    name: str = "tiny-dspark",
+    log_snr: LogSnr | bool | None = None,
+    tensor_overrides: Mapping[str, np.ndarray] | None = None,
+) -> Path:
     """A DSpark drafter: architecture `dflash` plus markov_w1/markov_w2.
 
     legacy=True writes the PrismML fork's `general.architecture = "dspark"` form (block size
@@ -369,29 +473,81 @@ def write_dspark_drafter(path: str | Path, *, target_embedding: int = 64, target
     prefix = token_prefix or (DEFAULT_TOKEN_PREFIX if tokens_like_target else "other")
     if log_snr is True:
         log_snr = LogSnr()
-    return _write_drafter(path, markov=True, log_snr=log_snr or None, tensor_overrides=tensor_overrides, target_embedding=target_embedding, target_layers=target_layers,
-                          vocab=vocab, block_size=block_size, mask_token_id=mask_token_id,
-                          draft_layers=draft_layers, seed=seed, constant_token=constant_token, legacy=legacy,
-                          omit_block_size=omit_block_size, markov_rank=markov_rank, token_prefix=prefix,
-                          heads=heads, heads_kv=heads_kv, head_dim=head_dim, ff=ff, context_length=context_length,
-                          has_confidence_head=has_confidence_head, confidence_head=confidence_head, name=name)
+    return _write_drafter(
+        path,
+        markov=True,
+        log_snr=log_snr or None,
+        tensor_overrides=tensor_overrides,
+        target_embedding=target_embedding,
+        target_layers=target_layers,
+        vocab=vocab,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        draft_layers=draft_layers,
+        seed=seed,
+        constant_token=constant_token,
+        legacy=legacy,
+        omit_block_size=omit_block_size,
+        markov_rank=markov_rank,
+        token_prefix=prefix,
+        heads=heads,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+        ff=ff,
+        context_length=context_length,
+        has_confidence_head=has_confidence_head,
+        confidence_head=confidence_head,
+        name=name,
+    )
 
 
-def write_dflash_drafter(path: str | Path, *, target_embedding: int = 64, target_layers: Sequence[int] = (1,),
-                         vocab: int = 512, block_size: int = 4, mask_token_id: int | None = None,
-                         draft_layers: int = 1, seed: int = 0, constant_token: int | None = None,
-                         omit_block_size: bool = False, tokens_like_target: bool = True,
-                         token_prefix: str | None = None, heads: int = 4, heads_kv: int = 2,
-                         head_dim: int = 16, ff: int = 128, context_length: int = 32768,
-                         name: str = "tiny-dflash") -> Path:
+def write_dflash_drafter(
+    path: str | Path,
+    *,
+    target_embedding: int = 64,
+    target_layers: Sequence[int] = (1,),
+    vocab: int = 512,
+    block_size: int = 4,
+    mask_token_id: int | None = None,
+    draft_layers: int = 1,
+    seed: int = 0,
+    constant_token: int | None = None,
+    omit_block_size: bool = False,
+    tokens_like_target: bool = True,
+    token_prefix: str | None = None,
+    heads: int = 4,
+    heads_kv: int = 2,
+    head_dim: int = 16,
+    ff: int = 128,
+    context_length: int = 32768,
+    name: str = "tiny-dflash",
+) -> Path:
     """A plain DFlash drafter (no Markov head; llama-server's kind draft-dflash)."""
     prefix = token_prefix or (DEFAULT_TOKEN_PREFIX if tokens_like_target else "other")
-    return _write_drafter(path, markov=False, target_embedding=target_embedding, target_layers=target_layers,
-                          vocab=vocab, block_size=block_size, mask_token_id=mask_token_id,
-                          draft_layers=draft_layers, seed=seed, constant_token=constant_token, legacy=False,
-                          omit_block_size=omit_block_size, markov_rank=0, token_prefix=prefix,
-                          heads=heads, heads_kv=heads_kv, head_dim=head_dim, ff=ff, context_length=context_length,
-                          has_confidence_head=None, confidence_head=False, name=name)
+    return _write_drafter(
+        path,
+        markov=False,
+        target_embedding=target_embedding,
+        target_layers=target_layers,
+        vocab=vocab,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        draft_layers=draft_layers,
+        seed=seed,
+        constant_token=constant_token,
+        legacy=False,
+        omit_block_size=omit_block_size,
+        markov_rank=0,
+        token_prefix=prefix,
+        heads=heads,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+        ff=ff,
+        context_length=context_length,
+        has_confidence_head=None,
+        confidence_head=False,
+        name=name,
+    )
 
 
 def write_runtime_refused_drafter(path: str | Path, **kwargs) -> Path:
@@ -423,6 +579,7 @@ def write_not_gguf(path: str | Path, content: bytes = b"<html>404 Not Found</htm
 
 # --- running a tiny model in the real llama-server (for tests) ---------------------------------
 
+
 @dataclass
 class TinyServer:
     """A llama-server started by `serve`: its base URL, process and log file."""
@@ -435,8 +592,9 @@ class TinyServer:
         return self.log_path.read_text(errors="replace")
 
     def post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(f"{self.url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.load(resp)
 
@@ -461,8 +619,14 @@ class ServerExited(RuntimeError):
 
 
 @contextlib.contextmanager
-def serve(binary: str | Path, args: Sequence[str], log_path: str | Path, *,
-          timeout: float = 60.0, env: dict[str, str] | None = None) -> Iterator[TinyServer]:
+def serve(
+    binary: str | Path,
+    args: Sequence[str],
+    log_path: str | Path,
+    *,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[TinyServer]:
     """Run `binary args --host 127.0.0.1 --port <free>` until /health answers 200; always kill it.
 
     Raises ServerExited if the process ends first (a refused model), TimeoutError otherwise.
@@ -472,8 +636,9 @@ def serve(binary: str | Path, args: Sequence[str], log_path: str | Path, *,
     port = free_port()
     argv = [str(binary), *map(str, args), "--host", "127.0.0.1", "--port", str(port)]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout

@@ -44,13 +44,15 @@ def render(doc: dict[str, Any]) -> str:
     width = LEFT + len(temps) * (panel_w + 20) + 10
     legend_h = 18 * len(configs) + 10
     height = TOP + PANEL_H + 60 + legend_h
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">bonsai bench: decode speed per '
-           'category and configuration</text>',
-           f'<text x="14" y="{TOP + PANEL_H / 2:.0f}" transform="rotate(-90 14 {TOP + PANEL_H / 2:.0f})" '
-           'text-anchor="middle">decode tok/s (median, min-max)</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">bonsai bench: decode speed per '
+        "category and configuration</text>",
+        f'<text x="14" y="{TOP + PANEL_H / 2:.0f}" transform="rotate(-90 14 {TOP + PANEL_H / 2:.0f})" '
+        'text-anchor="middle">decode tok/s (median, min-max)</text>',
+    ]
 
     def y(value: float) -> float:
         return TOP + PANEL_H - value / y_max * PANEL_H
@@ -72,15 +74,21 @@ def render(doc: dict[str, Any]) -> str:
                     continue
                 bx = gx + k * BAR_W
                 color = COLORS[k % len(COLORS)]
-                out.append(f'<rect x="{bx}" y="{y(s["median"]):.1f}" width="{BAR_W - 2}" '
-                           f'height="{y(0) - y(s["median"]):.1f}" fill="{color}">'
-                           f'<title>{escape(labels[config])}, {escape(cat)}: {s["median"]:.1f} tok/s</title></rect>')
+                out.append(
+                    f'<rect x="{bx}" y="{y(s["median"]):.1f}" width="{BAR_W - 2}" '
+                    f'height="{y(0) - y(s["median"]):.1f}" fill="{color}">'
+                    f"<title>{escape(labels[config])}, {escape(cat)}: {s['median']:.1f} tok/s</title></rect>"
+                )
                 if s["max"] > s["min"]:
                     mid = bx + (BAR_W - 2) / 2
-                    out.append(f'<line x1="{mid:.1f}" x2="{mid:.1f}" y1="{y(s["max"]):.1f}" y2="{y(s["min"]):.1f}" '
-                               'stroke="#222"/>')
-            out.append(f'<text x="{gx + len(configs) * BAR_W / 2:.0f}" y="{y(0) + 14:.0f}" '
-                       f'text-anchor="middle">{escape(cat)}</text>')
+                    out.append(
+                        f'<line x1="{mid:.1f}" x2="{mid:.1f}" y1="{y(s["max"]):.1f}" y2="{y(s["min"]):.1f}" '
+                        'stroke="#222"/>'
+                    )
+            out.append(
+                f'<text x="{gx + len(configs) * BAR_W / 2:.0f}" y="{y(0) + 14:.0f}" '
+                f'text-anchor="middle">{escape(cat)}</text>'
+            )
     ly = TOP + PANEL_H + 40
     for k, config in enumerate(configs):
         out.append(f'<rect x="{LEFT}" y="{ly + 18 * k}" width="12" height="12" fill="{COLORS[k % len(COLORS)]}"/>')
@@ -103,12 +111,16 @@ def render_concurrency(doc: dict[str, Any]) -> str | None:
     panel_w, gap = 300, 70
     width = LEFT + 2 * panel_w + gap + 20
     height = TOP + PANEL_H + 60 + 18 * len(series) + 10
-    panels = (("total throughput, tok/s (median of repeats)", lambda p: (p.get("throughput_tps") or {}).get("median")),
-              ("time to first token, s (p95)", lambda p: p.get("ttft_p95_s")))
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">bonsai bench: slots x clients</text>']
+    panels = (
+        ("total throughput, tok/s (median of repeats)", lambda p: (p.get("throughput_tps") or {}).get("median")),
+        ("time to first token, s (p95)", lambda p: p.get("ttft_p95_s")),
+    )
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">bonsai bench: slots x clients</text>',
+    ]
     for p, (title, value) in enumerate(panels):
         x0 = LEFT + p * (panel_w + gap)
         top = max([value(r) or 0.0 for r in rows] + [0.0])
@@ -129,12 +141,17 @@ def render_concurrency(doc: dict[str, Any]) -> str | None:
             out.append(f'<text x="{x0 - 4}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
         for level in levels:
             out.append(f'<text x="{x(level):.1f}" y="{y(0) + 14:.0f}" text-anchor="middle">{level}</text>')
-        out.append(f'<text x="{x0 + panel_w / 2:.0f}" y="{y(0) + 30:.0f}" text-anchor="middle">simultaneous clients</text>')
+        out.append(
+            f'<text x="{x0 + panel_w / 2:.0f}" y="{y(0) + 30:.0f}" text-anchor="middle">simultaneous clients</text>'
+        )
         for k, ((config, slots), points) in enumerate(series.items()):
             color = COLORS[k % len(COLORS)]
             pts = [(x(r["level"]), y(value(r) or 0.0)) for r in sorted(points, key=lambda r: r["level"])]
-            out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
-                       + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>')
+            out.append(
+                f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
+                + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts)
+                + '"/>'
+            )
             out += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{color}"/>' for a, b in pts]
     ly = TOP + PANEL_H + 46
     for k, (config, slots) in enumerate(series):

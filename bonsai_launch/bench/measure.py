@@ -72,11 +72,21 @@ class Endpoint:
     api_key: str | None = None
 
 
-def _body(endpoint: Endpoint, messages: list[dict[str, str]] | None, text: str | None, temperature: float,
-          max_tokens: int, seed: int | None) -> tuple[str, dict[str, Any]]:
-    body: dict[str, Any] = {"stream": True, "max_tokens": max_tokens, "temperature": temperature,
-                            # usage in the last chunk: vLLM and SGLang count tokens only there
-                            "stream_options": {"include_usage": True}}
+def _body(
+    endpoint: Endpoint,
+    messages: list[dict[str, str]] | None,
+    text: str | None,
+    temperature: float,
+    max_tokens: int,
+    seed: int | None,
+) -> tuple[str, dict[str, Any]]:
+    body: dict[str, Any] = {
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        # usage in the last chunk: vLLM and SGLang count tokens only there
+        "stream_options": {"include_usage": True},
+    }
     if seed is not None:
         body["seed"] = seed
     if endpoint.model:
@@ -88,9 +98,16 @@ def _body(endpoint: Endpoint, messages: list[dict[str, str]] | None, text: str |
     return "/v1/chat/completions", body
 
 
-def stream_request(http: httpx.Client, endpoint: Endpoint, result: RequestResult, *,
-                   messages: list[dict[str, str]] | None = None, text: str | None = None,
-                   max_tokens: int = 128, seed: int | None = 42) -> RequestResult:
+def stream_request(
+    http: httpx.Client,
+    endpoint: Endpoint,
+    result: RequestResult,
+    *,
+    messages: list[dict[str, str]] | None = None,
+    text: str | None = None,
+    max_tokens: int = 128,
+    seed: int | None = 42,
+) -> RequestResult:
     """Send one streamed request and fill `result` with what the client and server saw.
 
     Network or HTTP failures are recorded in `result.error` (a run keeps going and the report
@@ -118,8 +135,11 @@ def stream_request(http: httpx.Client, endpoint: Endpoint, result: RequestResult
                     if choice.get("finish_reason"):
                         result.finish_reason = choice["finish_reason"]
                     delta = choice.get("delta") or {}
-                    piece = choice.get("text") if endpoint.api == "completion" else (
-                        delta.get("content") or delta.get("reasoning_content"))
+                    piece = (
+                        choice.get("text")
+                        if endpoint.api == "completion"
+                        else (delta.get("content") or delta.get("reasoning_content"))
+                    )
                     if piece:
                         now = time.perf_counter()
                         if first is None:
@@ -178,10 +198,16 @@ def _float(v: Any) -> float | None:
 
 # Counter names per server family: (drafted tokens, accepted tokens, verify steps).
 SPEC_COUNTERS = {
-    "llamacpp": ("llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:spec_decode_num_accepted_tokens_total",
-                 "llamacpp:spec_decode_num_drafts_total"),
-    "vllm": ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
-             "vllm:spec_decode_num_drafts_total"),
+    "llamacpp": (
+        "llamacpp:spec_decode_num_draft_tokens_total",
+        "llamacpp:spec_decode_num_accepted_tokens_total",
+        "llamacpp:spec_decode_num_drafts_total",
+    ),
+    "vllm": (
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_drafts_total",
+    ),
 }
 # SGLang exposes acceptance only as gauges averaged by the server over its own window.
 SGLANG_GAUGES = ("sglang:spec_accept_length", "sglang:spec_accept_rate")
@@ -244,8 +270,10 @@ def served_model(http: httpx.Client, endpoint: Endpoint) -> str | None:
     try:
         r = http.get(base(endpoint.base_url) + "/v1/models", headers=headers, timeout=10.0)
         if r.status_code == 401:
-            raise ActionFailed(f"{endpoint.base_url} refused the request (401 unauthorized)",
-                               "pass the server's API key with --api-key or BONSAI_API_KEY")
+            raise ActionFailed(
+                f"{endpoint.base_url} refused the request (401 unauthorized)",
+                "pass the server's API key with --api-key or BONSAI_API_KEY",
+            )
         data = r.json().get("data") or []
         return str(data[0]["id"]) if data else None
     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):

@@ -68,27 +68,41 @@ def busy_note(environment: dict[str, Any]) -> str | None:
     start, end = environment.get("load_average_start"), environment.get("load_average_end")
     seen = [x for x in ((start or [None])[0], (end or [None])[0]) if x is not None]
     if (start and start[0] > spare) or (end and end[0] > cores + spare):
-        return (f"the machine was busy (load average up to {max(seen):.1f} on {cores} logical cores): other work "
-                "competed with the servers, so timings are noisier and slower than on an idle machine")
+        return (
+            f"the machine was busy (load average up to {max(seen):.1f} on {cores} logical cores): other work "
+            "competed with the servers, so timings are noisier and slower than on an idle machine"
+        )
     return None
 
 
-def run_bench(options: BenchOptions, target: Target, out_dir: Path | None, listener: Listener | None = None,
-              chart: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
+def run_bench(
+    options: BenchOptions, target: Target, out_dir: Path | None, listener: Listener | None = None, chart: bool = True
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Measure, summarise and write the reports. Returns (report document, written paths)."""
     check_options(options)
     all_prompts = suite.load_prompts(options.prompts_path)
     prompts = suite.select(all_prompts, list(options.categories) if options.categories else None, options.per_category)
     if target.url and options.parallel:
-        raise BonsaiError("--parallel sets the slots of servers bonsai starts; a --url server keeps its own",
-                          "drop --parallel, or leave out --url to launch servers")
+        raise BonsaiError(
+            "--parallel sets the slots of servers bonsai starts; a --url server keeps its own",
+            "drop --parallel, or leave out --url to launch servers",
+        )
     if target.url:
         data = runner.run_urls(options, target.url, target.baseline_url, prompts, all_prompts, target.api_key, listener)
     else:
         if target.binary is None:
-            raise BonsaiError("no llama-server to benchmark", "run `bonsai build`, set BONSAI_LLAMA_SERVER, or pass --url")
-        configs = runner.plan_configs(options.configs, target.flags, target.model, target.drafter, target.passthrough,
-                                      target.binary, options.parallel)
+            raise BonsaiError(
+                "no llama-server to benchmark", "run `bonsai build`, set BONSAI_LLAMA_SERVER, or pass --url"
+            )
+        configs = runner.plan_configs(
+            options.configs,
+            target.flags,
+            target.model,
+            target.drafter,
+            target.passthrough,
+            target.binary,
+            options.parallel,
+        )
         from bonsai_launch.paths import logs_dir
 
         log_dir = logs_dir() / "bench" / time.strftime("%Y%m%d-%H%M%S")

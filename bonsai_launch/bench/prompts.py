@@ -24,8 +24,11 @@ from bonsai_launch.errors import BonsaiError
 
 BUNDLED_CATEGORIES = ("code", "math", "reasoning", "chat", "code-edit")
 # The warm-up request: not in any suite, so it seeds no cache the measured prompts could hit.
-WARMUP = {"id": "warm-up", "category": "warm-up",
-          "messages": [{"role": "user", "content": "Say hello in one short sentence."}]}
+WARMUP = {
+    "id": "warm-up",
+    "category": "warm-up",
+    "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
+}
 
 
 @dataclass(frozen=True)
@@ -54,23 +57,27 @@ class Conversation:
 
 def _parse_prompt(data: Any, where: str) -> Prompt:
     if not isinstance(data, dict):
-        raise BonsaiError(f"{where}: a prompt must be a JSON object", 'write {"id": ..., "category": ..., "prompt": ...}')
+        raise BonsaiError(
+            f"{where}: a prompt must be a JSON object", 'write {"id": ..., "category": ..., "prompt": ...}'
+        )
     category = data.get("category")
     if not isinstance(category, str) or not category.strip():
-        raise BonsaiError(f"{where}: missing \"category\"", "give every prompt a category such as code, math or chat")
+        raise BonsaiError(f'{where}: missing "category"', "give every prompt a category such as code, math or chat")
     messages: list[tuple[str, str]] = []
     if "messages" in data:
         raw = data["messages"]
         if not isinstance(raw, list) or not raw:
-            raise BonsaiError(f"{where}: \"messages\" must be a non-empty list", 'use [{"role": "user", "content": "..."}]')
+            raise BonsaiError(
+                f'{where}: "messages" must be a non-empty list', 'use [{"role": "user", "content": "..."}]'
+            )
         for m in raw:
             if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str):
-                raise BonsaiError(f"{where}: every message needs a string \"role\" and \"content\"")
+                raise BonsaiError(f'{where}: every message needs a string "role" and "content"')
             messages.append((m["role"], m["content"]))
     elif isinstance(data.get("prompt"), str) and data["prompt"].strip():
         messages.append(("user", data["prompt"]))
     else:
-        raise BonsaiError(f"{where}: a prompt needs \"prompt\" (text) or \"messages\" (a chat)")
+        raise BonsaiError(f'{where}: a prompt needs "prompt" (text) or "messages" (a chat)')
     pid = data.get("id")
     return Prompt(str(pid) if pid else where.rsplit(" ", 1)[-1], category.strip(), tuple(messages))
 
@@ -83,7 +90,9 @@ def _read_jsonl(text: str, source: str) -> list[tuple[str, Any]]:
         try:
             rows.append((f"{source} line {number}", json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise BonsaiError(f"{source} line {number} is not valid JSON ({exc.msg})", "one JSON object per line") from None
+            raise BonsaiError(
+                f"{source} line {number} is not valid JSON ({exc.msg})", "one JSON object per line"
+            ) from None
     return rows
 
 
@@ -100,7 +109,9 @@ def load_prompts(path: str | Path | None = None) -> list[Prompt]:
         try:
             text = p.read_text(encoding="utf-8")
         except OSError as exc:
-            raise BonsaiError(f"cannot read prompts file {p}: {exc.strerror}", "pass a JSONL file with --prompts") from None
+            raise BonsaiError(
+                f"cannot read prompts file {p}: {exc.strerror}", "pass a JSONL file with --prompts"
+            ) from None
         source = str(p)
     prompts = [_parse_prompt(data, where) for where, data in _read_jsonl(text, source)]
     if not prompts:
@@ -132,8 +143,10 @@ def select(prompts: list[Prompt], categories: list[str] | None = None, per_categ
     if categories:
         unknown = [c for c in categories if c not in known]
         if unknown:
-            raise BonsaiError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}",
-                              f"choose from {', '.join(known)}")
+            raise BonsaiError(
+                f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}",
+                f"choose from {', '.join(known)}",
+            )
     wanted = categories or known
     out: list[Prompt] = []
     for category in wanted:

@@ -11,9 +11,11 @@ import os
 from pathlib import Path
 
 MARK = {"faster": "faster", "slower": "SLOWER", "noise": "noise", "inconclusive": "?"}
-LEGEND = ("faster / SLOWER: beyond the noise band; noise: within it; ?: fewer than 3 repeats, no verdict. "
-          "Ratios are paired per repeat, candidate / baseline, median (min-max). "
-          "acc. rate = accepted / drafted draft tokens.")
+LEGEND = (
+    "faster / SLOWER: beyond the noise band; noise: within it; ?: fewer than 3 repeats, no verdict. "
+    "Ratios are paired per repeat, candidate / baseline, median (min-max). "
+    "acc. rate = accepted / drafted draft tokens."
+)
 
 
 # -- small formatters ---------------------------------------------------------------------------
@@ -75,13 +77,21 @@ def _equality_text(eq: dict | None) -> str:
 
 
 def _result(doc: dict, config: str, category: str, temp: float) -> dict | None:
-    return next((r for r in doc["results"] if r["config"] == config and r["category"] == category
-                 and r["temperature"] == temp), None)
+    return next(
+        (r for r in doc["results"] if r["config"] == config and r["category"] == category and r["temperature"] == temp),
+        None,
+    )
 
 
 def _comparison(doc: dict, config: str, category: str, temp: float) -> dict | None:
-    return next((c for c in doc["comparisons"] if c["config"] == config and c["category"] == category
-                 and c["temperature"] == temp), None)
+    return next(
+        (
+            c
+            for c in doc["comparisons"]
+            if c["config"] == config and c["category"] == category and c["temperature"] == temp
+        ),
+        None,
+    )
 
 
 def _candidates(doc: dict) -> list[str]:
@@ -119,9 +129,11 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
     base = doc.get("baseline")
     cands = _candidates(doc)
     o = doc["options"]
-    console.print(f"[bold]bonsai bench[/bold] ({doc['mode']} mode): {len(doc['configs'])} configurations, "
-                  f"{o['repeats']} repeats, temperatures {', '.join(_temp(t) for t in o['temps'])}, "
-                  f"max {o['max_tokens']} tokens; {_machine(doc)}")
+    console.print(
+        f"[bold]bonsai bench[/bold] ({doc['mode']} mode): {len(doc['configs'])} configurations, "
+        f"{o['repeats']} repeats, temperatures {', '.join(_temp(t) for t in o['temps'])}, "
+        f"max {o['max_tokens']} tokens; {_machine(doc)}"
+    )
 
     if len(cands) <= 2:
         console.print(_category_rows_table(doc))
@@ -139,8 +151,10 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
     eq_rows = [(c, _comparison(doc, c, "all", 0.0)) for c in cands]
     eq_rows = [(c, comp) for c, comp in eq_rows if comp and comp.get("output_equality")]
     for c, comp in eq_rows:
-        console.print(f"  temperature 0, {labels.get(c, c)} vs {labels.get(base, base)}: "
-                      f"{_equality_text(comp['output_equality'])}")
+        console.print(
+            f"  temperature 0, {labels.get(c, c)} vs {labels.get(base, base)}: "
+            f"{_equality_text(comp['output_equality'])}"
+        )
 
     _print_tradeoffs(doc, console, labels)
     if paths:
@@ -170,8 +184,10 @@ def _config_rows_tables(doc: dict, labels: dict[str, str], base: str | None, can
     from rich.table import Table
 
     cats = doc["categories"] + ["all"]
-    speed = Table(title=f"Decode speed: {labels.get(base, base)} tok/s, others as paired ratios (median of repeats; "
-                        "ranges in bench.md)")
+    speed = Table(
+        title=f"Decode speed: {labels.get(base, base)} tok/s, others as paired ratios (median of repeats; "
+        "ranges in bench.md)"
+    )
     accept = Table(title="Acceptance rate (accepted / drafted draft tokens)")
     for table in (speed, accept):
         table.add_column("configuration")
@@ -180,17 +196,25 @@ def _config_rows_tables(doc: dict, labels: dict[str, str], base: str | None, can
             table.add_column(cat, justify="right")
     for temp in doc["options"]["temps"]:
         if base:
-            speed.add_row(labels.get(base, base), _temp(temp),
-                          *[_sp_median((_result(doc, base, cat, temp) or {}).get("decode_tps")) for cat in cats])
+            speed.add_row(
+                labels.get(base, base),
+                _temp(temp),
+                *[_sp_median((_result(doc, base, cat, temp) or {}).get("decode_tps")) for cat in cats],
+            )
         for c in cands:
             cells = []
             for cat in cats:
                 comp = _comparison(doc, c, cat, temp)
                 v = comp["verdict"] if comp else None
-                cells.append(f"{v['ratio']['median']:.2f}x {MARK.get(v['kind'], v['kind'])}" if v and v.get("ratio") else "-")
+                cells.append(
+                    f"{v['ratio']['median']:.2f}x {MARK.get(v['kind'], v['kind'])}" if v and v.get("ratio") else "-"
+                )
             speed.add_row(labels.get(c, c), _temp(temp), *cells)
-            accept.add_row(labels.get(c, c), _temp(temp),
-                           *[_pct((_result(doc, c, cat, temp) or {}).get("acceptance_rate")) for cat in cats])
+            accept.add_row(
+                labels.get(c, c),
+                _temp(temp),
+                *[_pct((_result(doc, c, cat, temp) or {}).get("acceptance_rate")) for cat in cats],
+            )
     return speed, accept
 
 
@@ -222,8 +246,10 @@ def _print_tradeoffs(doc: dict, console, labels: dict[str, str]) -> None:
             t.add_row(labels.get(config, config), *cells)
         console.print(t)
         for c in mt.get("comparisons") or []:
-            console.print(f"  first token on turns 2+, {labels.get(c['config'], c['config'])} vs baseline: "
-                          f"{_ratio(c['verdict'])} (above 1 = sooner)")
+            console.print(
+                f"  first token on turns 2+, {labels.get(c['config'], c['config'])} vs baseline: "
+                f"{_ratio(c['verdict'])} (above 1 = sooner)"
+            )
     conc = doc.get("concurrency") or []
     if conc:
         header, rows = concurrency_rows(doc)
@@ -245,9 +271,13 @@ def _print_tradeoffs(doc: dict, console, labels: dict[str, str]) -> None:
         t.add_column("ready after", justify="right")
         for m in mem:
             delta = m.get("rss_delta_bytes")
-            t.add_row(labels.get(m["config"], m["config"]), _mib(m["peak_rss_bytes"]),
-                      "-" if delta is None else f"{delta / 2**20:+.0f} MiB", _mib(m.get("peak_gpu_bytes")),
-                      _sp(m.get("startup_s"), 2, " s"))
+            t.add_row(
+                labels.get(m["config"], m["config"]),
+                _mib(m["peak_rss_bytes"]),
+                "-" if delta is None else f"{delta / 2**20:+.0f} MiB",
+                _mib(m.get("peak_gpu_bytes")),
+                _sp(m.get("startup_s"), 2, " s"),
+            )
         console.print(t)
 
 
@@ -281,7 +311,10 @@ def category_speed_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
             for c in cands:
                 comp = _comparison(doc, c, category, temp)
                 res = _result(doc, c, category, temp) or {}
-                row += [_ratio(comp["verdict"]) if comp else _sp(res.get("decode_tps")), _pct(res.get("acceptance_rate"))]
+                row += [
+                    _ratio(comp["verdict"]) if comp else _sp(res.get("decode_tps")),
+                    _pct(res.get("acceptance_rate")),
+                ]
             v = next((x for x in doc["verdicts"] if x["category"] == category and x["temperature"] == temp), None)
             row.append(v["line"].split(": ", 1)[1] if v else "-")
             rows.append(row)
@@ -291,14 +324,30 @@ def category_speed_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 def concurrency_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     """The slots x clients table: one source for the terminal and the Markdown report."""
     labels = _labels(doc)
-    header = ["clients", "configuration", "slots", "total tok/s", "per user tok/s", "TTFT p50 s", "TTFT p95 s",
-              "vs baseline"]
+    header = [
+        "clients",
+        "configuration",
+        "slots",
+        "total tok/s",
+        "per user tok/s",
+        "TTFT p50 s",
+        "TTFT p95 s",
+        "vs baseline",
+    ]
     rows = []
     for r in doc.get("concurrency") or []:
-        rows.append([str(r["level"]), labels.get(r["config"], r["config"]),
-                     "-" if r.get("slots") is None else str(r["slots"]), _sp(r["throughput_tps"]),
-                     _sp_median(r.get("per_stream_tps")), _num(r.get("ttft_p50_s")), _num(r.get("ttft_p95_s")),
-                     _vs_baseline(r)])
+        rows.append(
+            [
+                str(r["level"]),
+                labels.get(r["config"], r["config"]),
+                "-" if r.get("slots") is None else str(r["slots"]),
+                _sp(r["throughput_tps"]),
+                _sp_median(r.get("per_stream_tps")),
+                _num(r.get("ttft_p50_s")),
+                _num(r.get("ttft_p95_s")),
+                _vs_baseline(r),
+            ]
+        )
     return header, rows
 
 
@@ -325,16 +374,20 @@ def config_rows_markdown(doc: dict) -> list[str]:
     speed, accept = [], []
     for temp in doc["options"]["temps"]:
         if base:
-            speed.append([f"{labels.get(base, base)} (tok/s)", _temp(temp)]
-                         + [_sp((_result(doc, base, cat, temp) or {}).get("decode_tps")) for cat in cats])
+            speed.append(
+                [f"{labels.get(base, base)} (tok/s)", _temp(temp)]
+                + [_sp((_result(doc, base, cat, temp) or {}).get("decode_tps")) for cat in cats]
+            )
         for c in _candidates(doc):
             row = [labels.get(c, c), _temp(temp)]
             for cat in cats:
                 comp = _comparison(doc, c, cat, temp)
                 row.append(_ratio(comp["verdict"]) if comp else "-")
             speed.append(row)
-            accept.append([labels.get(c, c), _temp(temp)]
-                          + [_pct((_result(doc, c, cat, temp) or {}).get("acceptance_rate")) for cat in cats])
+            accept.append(
+                [labels.get(c, c), _temp(temp)]
+                + [_pct((_result(doc, c, cat, temp) or {}).get("acceptance_rate")) for cat in cats]
+            )
     header = ["configuration", "T"] + cats
     out = _md_table(header, speed)
     out += ["", "Acceptance rate (accepted / drafted draft tokens):", ""]
@@ -347,9 +400,11 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
     o = doc["options"]
     lines = [f"# bonsai bench report ({doc['created']})", ""]
     lines.append(f"- mode: {doc['mode']}; configurations: " + ", ".join(labels[c["name"]] for c in doc["configs"]))
-    lines.append(f"- {o['repeats']} repeats, temperatures {', '.join(_temp(t) for t in o['temps'])}, "
-                 f"max {o['max_tokens']} tokens, API {o['api']}, categories {', '.join(doc['categories'])}"
-                 + (" (--quick)" if o.get("quick") else ""))
+    lines.append(
+        f"- {o['repeats']} repeats, temperatures {', '.join(_temp(t) for t in o['temps'])}, "
+        f"max {o['max_tokens']} tokens, API {o['api']}, categories {', '.join(doc['categories'])}"
+        + (" (--quick)" if o.get("quick") else "")
+    )
     lines.append(f"- machine: {_machine(doc)}")
     lines.append(f"- duration: {doc['duration_s']:.0f} s")
     for c in doc["configs"]:
@@ -359,9 +414,14 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
             lines.append(f"- `{c['name']}`: {c['url']}")
     lines += ["", "## Verdicts", ""]
     lines += [f"- {v['line']}" for v in doc["verdicts"]] or ["- no comparison (one configuration)"]
-    lines += ["", "## Decode speed per category", "",
-              "The baseline's numbers are decode tok/s, median of the repeats (min-max); the others are paired "
-              "ratios (candidate / baseline of the same repeat) with the verdict of the noise rule.", ""]
+    lines += [
+        "",
+        "## Decode speed per category",
+        "",
+        "The baseline's numbers are decode tok/s, median of the repeats (min-max); the others are paired "
+        "ratios (candidate / baseline of the same repeat) with the verdict of the noise rule.",
+        "",
+    ]
     if len(_candidates(doc)) <= 2:
         lines += verdict_table_markdown(doc)
     else:
@@ -371,15 +431,35 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
         lines += ["", f"![decode tok/s per category]({chart})"]
 
     lines += ["", "## Details", ""]
-    header = ["config", "category", "T", "decode tok/s", "client decode tok/s", "prefill tok/s", "TTFT s",
-              "acceptance rate", "mean acceptance length", "temperature-0 output vs baseline"]
+    header = [
+        "config",
+        "category",
+        "T",
+        "decode tok/s",
+        "client decode tok/s",
+        "prefill tok/s",
+        "TTFT s",
+        "acceptance rate",
+        "mean acceptance length",
+        "temperature-0 output vs baseline",
+    ]
     rows = []
     for r in doc["results"]:
         comp = _comparison(doc, r["config"], r["category"], r["temperature"])
-        rows.append([labels.get(r["config"], r["config"]), r["category"], _temp(r["temperature"]), _sp(r["decode_tps"]),
-                     _sp(r["client_decode_tps"]), _sp(r["prefill_tps"], 0), _sp(r["ttft_s"], 3),
-                     _pct(r["acceptance_rate"]), _num(r["mean_acceptance_length"]),
-                     _equality_text(comp.get("output_equality")) if comp else "-"])
+        rows.append(
+            [
+                labels.get(r["config"], r["config"]),
+                r["category"],
+                _temp(r["temperature"]),
+                _sp(r["decode_tps"]),
+                _sp(r["client_decode_tps"]),
+                _sp(r["prefill_tps"], 0),
+                _sp(r["ttft_s"], 3),
+                _pct(r["acceptance_rate"]),
+                _num(r["mean_acceptance_length"]),
+                _equality_text(comp.get("output_equality")) if comp else "-",
+            ]
+        )
     lines += _md_table(header, rows, ["l", "l", "r", "r", "r", "r", "r", "r", "r", "l"])
 
     mt = doc.get("multi_turn") or {}
@@ -396,8 +476,10 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
         lines += _md_table(["configuration"] + [f"turn {n}" for n in turns], rows)
         for c in mt.get("comparisons") or []:
             lines.append("")
-            lines.append(f"Turns 2+, {labels.get(c['config'], c['config'])}: baseline TTFT / candidate TTFT "
-                         f"{_ratio(c['verdict'])} (above 1 = first token sooner).")
+            lines.append(
+                f"Turns 2+, {labels.get(c['config'], c['config'])}: baseline TTFT / candidate TTFT "
+                f"{_ratio(c['verdict'])} (above 1 = first token sooner)."
+            )
     conc = doc.get("concurrency") or []
     if conc:
         lines += ["", "## Trade-off: slots x concurrent clients", ""]
@@ -415,9 +497,15 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
         rows = []
         for m in mem:
             delta = m.get("rss_delta_bytes")
-            rows.append([labels.get(m["config"], m["config"]), _mib(m["peak_rss_bytes"]),
-                         "-" if delta is None else f"{delta / 2**20:+.0f} MiB", _mib(m.get("peak_gpu_bytes")),
-                         _sp(m.get("startup_s"), 2, " s")])
+            rows.append(
+                [
+                    labels.get(m["config"], m["config"]),
+                    _mib(m["peak_rss_bytes"]),
+                    "-" if delta is None else f"{delta / 2**20:+.0f} MiB",
+                    _mib(m.get("peak_gpu_bytes")),
+                    _sp(m.get("startup_s"), 2, " s"),
+                ]
+            )
         lines += _md_table(["configuration", "peak RSS", "vs baseline", "GPU memory", "ready after"], rows)
     lines += ["", "## Definitions", ""]
     lines += [f"- **{k}**: {v}" for k, v in doc["definitions"].items()]

@@ -47,8 +47,18 @@ from bonsai_launch.bench.measure import (
 from bonsai_launch.errors import ActionFailed, BonsaiError
 
 SPECIAL_CONFIGS = ("plain", "speculative", "auto")  # auto: the stored tuning decision (bonsai tune)
-SPEC_CONFIG_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-                     "draft-dspark", "draft-dflash", "draft-simple", "draft-eagle3", "draft-mtp")
+SPEC_CONFIG_TYPES = (
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+    "draft-dspark",
+    "draft-dflash",
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+)
 READY_TIMEOUT = 600.0
 
 
@@ -76,8 +86,7 @@ class BenchOptions:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
-QUICK = dict(per_category=2, temps=(0.0,), max_tokens=96, concurrency=(1, 2), conversations=1,
-             tradeoff_tokens=32)
+QUICK = dict(per_category=2, temps=(0.0,), max_tokens=96, concurrency=(1, 2), conversations=1, tradeoff_tokens=32)
 
 
 @dataclass
@@ -99,8 +108,12 @@ class ConfigSpec:
         return self.name
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"name": self.name, "label": self.label, "baseline": self.baseline,
-                                "spec_type": self.spec_type}
+        data: dict[str, Any] = {
+            "name": self.name,
+            "label": self.label,
+            "baseline": self.baseline,
+            "spec_type": self.spec_type,
+        }
         if self.url:
             data["url"] = self.url
         if self.plan is not None:
@@ -217,8 +230,10 @@ def parse_config_names(text: str | Sequence[str]) -> tuple[str, ...]:
         raise BonsaiError("--configs is empty", "for example --configs plain,speculative,ngram-map-k")
     for name in names:
         if name not in SPECIAL_CONFIGS and name not in SPEC_CONFIG_TYPES:
-            raise BonsaiError(f"--configs: {name!r} is not a known configuration",
-                              "use plain, speculative or a speculative type: " + ", ".join(SPEC_CONFIG_TYPES))
+            raise BonsaiError(
+                f"--configs: {name!r} is not a known configuration",
+                "use plain, speculative or a speculative type: " + ", ".join(SPEC_CONFIG_TYPES),
+            )
     if len(set(names)) != len(names):
         raise BonsaiError("--configs names a configuration twice", "list each once")
     if len(names) < 2 and names[0] != "plain":
@@ -241,8 +256,15 @@ def config_flags(name: str, base_flags: dict[str, Any]) -> dict[str, Any]:
     return flags
 
 
-def plan_configs(names: Sequence[str], base_flags: dict[str, Any], model: str | None, drafter: str | None,
-                 passthrough: tuple[str, ...], binary: Path, parallel: Sequence[int] | None = None) -> list[ConfigSpec]:
+def plan_configs(
+    names: Sequence[str],
+    base_flags: dict[str, Any],
+    model: str | None,
+    drafter: str | None,
+    passthrough: tuple[str, ...],
+    binary: Path,
+    parallel: Sequence[int] | None = None,
+) -> list[ConfigSpec]:
     """A LaunchPlan per configuration (and, with `parallel`, per slot count), with one context
     size for all of them: the largest any of them asks for, so the KV cache (and its memory) is
     the same on every side."""
@@ -257,8 +279,9 @@ def plan_configs(names: Sequence[str], base_flags: dict[str, Any], model: str | 
                 flags["ctx"] = ctx
             plan = gather_plan(flags, model, drafter, passthrough, binary)
             spec_type = plan.speculative.spec_type if plan.speculative else None
-            slot_plans = {n: gather_plan({**flags, "parallel": n}, model, drafter, passthrough, binary)
-                          for n in parallel or ()}
+            slot_plans = {
+                n: gather_plan({**flags, "parallel": n}, model, drafter, passthrough, binary) for n in parallel or ()
+            }
             specs.append(ConfigSpec(name, name == "plain", spec_type, flags, plan=plan, slot_plans=slot_plans))
         return specs
 
@@ -272,12 +295,16 @@ def plan_configs(names: Sequence[str], base_flags: dict[str, Any], model: str | 
         if s.name == "auto":
             tuning = s.plan.tuning or {}
             if tuning.get("status") != "found":
-                raise BonsaiError("configuration auto has no tuning decision to run: "
-                                  + tuning.get("message", "").removeprefix("BONSAI_SPECULATIVE=auto: "),
-                                  f"run `{tuning.get('hint', 'bonsai tune')}` first")
+                raise BonsaiError(
+                    "configuration auto has no tuning decision to run: "
+                    + tuning.get("message", "").removeprefix("BONSAI_SPECULATIVE=auto: "),
+                    f"run `{tuning.get('hint', 'bonsai tune')}` first",
+                )
             continue
         if s.name != "plain" and s.spec_type is None:
-            raise BonsaiError(f"configuration {s.name} would run without speculation", "check the profile and --drafter")
+            raise BonsaiError(
+                f"configuration {s.name} would run without speculation", "check the profile and --drafter"
+            )
     return specs
 
 
@@ -293,7 +320,9 @@ def _with_port(plan, port: int):
 
 
 @contextmanager
-def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener, api: str = "chat") -> Iterator[Endpoint]:
+def launched(
+    spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener, api: str = "chat"
+) -> Iterator[Endpoint]:
     """Start the configuration's server (for `run.slots` slots when --parallel planned them) on
     a free port, wait until ready, sample its memory, and always stop it."""
     from bonsai_launch.server_process import ServerProcess, free_port
@@ -319,9 +348,12 @@ def launched(spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener
             if proc.returncode == -signal.SIGILL:
                 # Seen with an unpatched b11434 built by GCC 12 on an AMX CPU: the AMX kernels of
                 # the repacked weights crash on the first matrix multiply (bonsai build patches it).
-                raise ActionFailed(exc.message, "llama-server hit an illegal CPU instruction; rebuild with "
-                                   "`bonsai build --force`, or skip weight repacking with "
-                                   f"`bonsai bench ... -- --no-repack`; full log: {log}") from None
+                raise ActionFailed(
+                    exc.message,
+                    "llama-server hit an illegal CPU instruction; rebuild with "
+                    "`bonsai build --force`, or skip weight repacking with "
+                    f"`bonsai bench ... -- --no-repack`; full log: {log}",
+                ) from None
             raise
         run.startup_s = time.perf_counter() - t0
         run.pid, run.log = proc.pid, str(log)
@@ -346,17 +378,19 @@ def _prove_live(spec: ConfigSpec, run: ServerRun, plan, proc, log: Path, listene
 
     listener.step(f"{spec.label}: checking speculative decoding")
     try:
-        proof = speculation_probe.prove(plan.base_url, plan.speculative.spec_type, plan.speculative.n_max, log,
-                                        plan.env.get("LLAMA_API_KEY"))
+        proof = speculation_probe.prove(
+            plan.base_url, plan.speculative.spec_type, plan.speculative.n_max, log, plan.env.get("LLAMA_API_KEY")
+        )
     except BaseException:
         proc.stop()
         raise
     run.spec_proof = proof.to_json()
     if not proof.live:
         proc.stop()
-        raise ActionFailed(f"{spec.label}: {proof.summary()}",
-                           "fix the drafter or its settings, or leave this configuration out of --configs; "
-                           f"full log: {log}")
+        raise ActionFailed(
+            f"{spec.label}: {proof.summary()}",
+            f"fix the drafter or its settings, or leave this configuration out of --configs; full log: {log}",
+        )
 
 
 @contextmanager
@@ -396,12 +430,19 @@ def _salted(messages: list[dict[str, str]], salt: str) -> list[dict[str, str]]:
     return out
 
 
-def _send(http: httpx.Client, endpoint: Endpoint, result: RequestResult, messages: list[dict[str, str]],
-          max_tokens: int, seed: int) -> RequestResult:
+def _send(
+    http: httpx.Client,
+    endpoint: Endpoint,
+    result: RequestResult,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    seed: int,
+) -> RequestResult:
     text = None
     if endpoint.api == "completion":
-        text = suite.Prompt(result.prompt_id, result.category,
-                            tuple((m["role"], m["content"]) for m in messages)).completion_text()
+        text = suite.Prompt(
+            result.prompt_id, result.category, tuple((m["role"], m["content"]) for m in messages)
+        ).completion_text()
     return stream_request(http, endpoint, result, messages=messages, text=text, max_tokens=max_tokens, seed=seed)
 
 
@@ -409,16 +450,33 @@ def warm_up(http: httpx.Client, endpoint: Endpoint, spec: ConfigSpec, options: B
     """One request whose numbers are thrown away: the first request pays for lazy
     allocations and cold caches that no later request sees."""
     w = suite.warmup_prompt()
-    result = _send(http, endpoint, RequestResult(spec.name, w.id, w.category, 0.0, -1, phase="warm-up"),
-                   w.chat_messages(), 16, options.seed)
+    result = _send(
+        http,
+        endpoint,
+        RequestResult(spec.name, w.id, w.category, 0.0, -1, phase="warm-up"),
+        w.chat_messages(),
+        16,
+        options.seed,
+    )
     if result.error:
-        raise ActionFailed(f"the warm-up request to {spec.label} at {endpoint.base_url} failed: {result.error}",
-                           "check that the server answers /v1/chat/completions (or pass --api completion)")
+        raise ActionFailed(
+            f"the warm-up request to {spec.label} at {endpoint.base_url} failed: {result.error}",
+            "check that the server answers /v1/chat/completions (or pass --api completion)",
+        )
 
 
-def run_suite(http: httpx.Client, endpoint: Endpoint, spec: ConfigSpec, options: BenchOptions,
-              prompts: list[suite.Prompt], temperature: float, repeat: int, data: BenchData,
-              listener: Listener, salt: str = "") -> None:
+def run_suite(
+    http: httpx.Client,
+    endpoint: Endpoint,
+    spec: ConfigSpec,
+    options: BenchOptions,
+    prompts: list[suite.Prompt],
+    temperature: float,
+    repeat: int,
+    data: BenchData,
+    listener: Listener,
+    salt: str = "",
+) -> None:
     """The measured prompts, one at a time, reading the speculative counters around each."""
     before = spec_counters(read_metrics(http, endpoint))
     for prompt in prompts:
@@ -435,9 +493,17 @@ def run_suite(http: httpx.Client, endpoint: Endpoint, spec: ConfigSpec, options:
         listener.advance()
 
 
-def run_multi_turn(http: httpx.Client, endpoint: Endpoint, spec: ConfigSpec, options: BenchOptions,
-                   conversations: list[suite.Conversation], repeat: int, data: BenchData, listener: Listener,
-                   salt: str = "") -> None:
+def run_multi_turn(
+    http: httpx.Client,
+    endpoint: Endpoint,
+    spec: ConfigSpec,
+    options: BenchOptions,
+    conversations: list[suite.Conversation],
+    repeat: int,
+    data: BenchData,
+    listener: Listener,
+    salt: str = "",
+) -> None:
     """A conversation turn by turn, each turn carrying the earlier answers: turn 2+ shows
     whether the server reuses the cached prefix (time to first token stays low) or
     re-evaluates it.
@@ -447,7 +513,7 @@ def run_multi_turn(http: httpx.Client, endpoint: Endpoint, spec: ConfigSpec, opt
     conversation finds its slot taken by another one, and only the prompt cache in RAM
     (--cache-ram, --cache-idle-slots) or context checkpoints can spare it the re-read."""
     histories: dict[str, list[dict[str, str]]] = {conv.id: [] for conv in conversations}
-    steps = [(conv, turn, text) for conv in conversations for turn, text in enumerate(conv.turns[:options.turns], 1)]
+    steps = [(conv, turn, text) for conv in conversations for turn, text in enumerate(conv.turns[: options.turns], 1)]
     if options.interleave:
         steps.sort(key=lambda step: step[1])  # stable: conversations keep their order within a turn
     for conv, turn, user_text in steps:
@@ -461,8 +527,17 @@ def run_multi_turn(http: httpx.Client, endpoint: Endpoint, spec: ConfigSpec, opt
         listener.advance()
 
 
-def run_concurrency(endpoint: Endpoint, spec: ConfigSpec, options: BenchOptions, load_prompts: list[suite.Prompt],
-                    repeat: int, data: BenchData, listener: Listener, salt: str = "", slots: int | None = None) -> None:
+def run_concurrency(
+    endpoint: Endpoint,
+    spec: ConfigSpec,
+    options: BenchOptions,
+    load_prompts: list[suite.Prompt],
+    repeat: int,
+    data: BenchData,
+    listener: Listener,
+    salt: str = "",
+    slots: int | None = None,
+) -> None:
     """For each level c: 2c requests through c clients at once; total generated tokens over
     wall time is the throughput a shared server gives. A server with fewer slots than clients
     queues the rest."""
@@ -474,20 +549,33 @@ def run_concurrency(endpoint: Endpoint, spec: ConfigSpec, options: BenchOptions,
             cursor += 1
         on = f", {slots} slots" if slots else ""
         listener.step(f"{spec.label}: {level} concurrent client(s){on} (repeat {repeat + 1})")
-        results = [RequestResult(spec.name, p.id, p.category, 0.0, repeat, phase="concurrency", level=level, slots=slots)
-                   for p in batch]
+        results = [
+            RequestResult(spec.name, p.id, p.category, 0.0, repeat, phase="concurrency", level=level, slots=slots)
+            for p in batch
+        ]
         limits = httpx.Limits(max_connections=level + 2, max_keepalive_connections=level + 2)
         with httpx.Client(trust_env=False, limits=limits) as http:
             start = time.perf_counter()
             with ThreadPoolExecutor(max_workers=level) as pool:
-                futures = [pool.submit(_send, http, endpoint, r, _salted(p.chat_messages(), salt),
-                                       options.tradeoff_tokens, options.seed) for r, p in zip(results, batch)]
+                futures = [
+                    pool.submit(
+                        _send,
+                        http,
+                        endpoint,
+                        r,
+                        _salted(p.chat_messages(), salt),
+                        options.tradeoff_tokens,
+                        options.seed,
+                    )
+                    for r, p in zip(results, batch)
+                ]
                 for f in futures:
                     f.result()
             wall = time.perf_counter() - start
         tokens = sum((r.completion_tokens or len(r.pieces)) for r in results if not r.error)
-        data.loads.append(LoadRun(spec.name, repeat, level, len(results), tokens, wall, sum(1 for r in results if r.error),
-                                  slots))
+        data.loads.append(
+            LoadRun(spec.name, repeat, level, len(results), tokens, wall, sum(1 for r in results if r.error), slots)
+        )
         data.requests.extend(results)
         listener.advance(len(results))
 
@@ -502,13 +590,15 @@ def _order(configs: list[ConfigSpec], repeat: int) -> list[ConfigSpec]:
 def _request_count(options: BenchOptions, n_prompts: int, n_configs: int, n_conversations: int, mode: str) -> int:
     per_repeat = n_prompts * len(options.temps)
     if options.tradeoffs:
-        per_repeat += n_conversations * options.turns + sum(2 * c for c in options.concurrency) * len(options.parallel or (1,))
+        per_repeat += n_conversations * options.turns + sum(2 * c for c in options.concurrency) * len(
+            options.parallel or (1,)
+        )
     return per_repeat * n_configs * options.repeats
 
 
 def _conversations(options: BenchOptions) -> list[suite.Conversation]:
     convs = suite.load_conversations()
-    return convs[:options.conversations] if options.conversations else convs
+    return convs[: options.conversations] if options.conversations else convs
 
 
 def _load_prompts(all_prompts: list[suite.Prompt], measured: list[suite.Prompt]) -> list[suite.Prompt]:
@@ -525,8 +615,14 @@ def _load_prompts(all_prompts: list[suite.Prompt], measured: list[suite.Prompt])
     return out
 
 
-def run_launch(options: BenchOptions, configs: list[ConfigSpec], prompts: list[suite.Prompt],
-               all_prompts: list[suite.Prompt], log_dir: Path, listener: Listener | None = None) -> BenchData:
+def run_launch(
+    options: BenchOptions,
+    configs: list[ConfigSpec],
+    prompts: list[suite.Prompt],
+    all_prompts: list[suite.Prompt],
+    log_dir: Path,
+    listener: Listener | None = None,
+) -> BenchData:
     listener = listener or Listener()
     data = BenchData("launch", options, configs, prompts)
     data.environment = environment(configs[0].plan.binary if configs and configs[0].plan else None)
@@ -539,7 +635,10 @@ def run_launch(options: BenchOptions, configs: list[ConfigSpec], prompts: list[s
             for temperature in temps:
                 run = ServerRun(spec.name, repeat, f"temp={temperature:g}")
                 data.servers.append(run)
-                with launched(spec, run, log_dir, listener, options.api) as endpoint, httpx.Client(trust_env=False) as http:
+                with (
+                    launched(spec, run, log_dir, listener, options.api) as endpoint,
+                    httpx.Client(trust_env=False) as http,
+                ):
                     warm_up(http, endpoint, spec, options)
                     run_suite(http, endpoint, spec, options, prompts, temperature, repeat, data, listener)
             if options.tradeoffs:
@@ -550,8 +649,10 @@ def run_launch(options: BenchOptions, configs: list[ConfigSpec], prompts: list[s
                 for i, slots in enumerate(slot_counts):
                     run = ServerRun(spec.name, repeat, "trade-offs", slots=slots)
                     data.servers.append(run)
-                    with launched(spec, run, log_dir, listener, options.api) as endpoint, \
-                            httpx.Client(trust_env=False) as http:
+                    with (
+                        launched(spec, run, log_dir, listener, options.api) as endpoint,
+                        httpx.Client(trust_env=False) as http,
+                    ):
                         warm_up(http, endpoint, spec, options)
                         if slots == (options.parallel or (None,))[0]:
                             run_multi_turn(http, endpoint, spec, options, conversations, repeat, data, listener)
@@ -561,8 +662,15 @@ def run_launch(options: BenchOptions, configs: list[ConfigSpec], prompts: list[s
     return data
 
 
-def run_urls(options: BenchOptions, url: str, baseline_url: str | None, prompts: list[suite.Prompt],
-             all_prompts: list[suite.Prompt], api_key: str | None = None, listener: Listener | None = None) -> BenchData:
+def run_urls(
+    options: BenchOptions,
+    url: str,
+    baseline_url: str | None,
+    prompts: list[suite.Prompt],
+    all_prompts: list[suite.Prompt],
+    api_key: str | None = None,
+    listener: Listener | None = None,
+) -> BenchData:
     listener = listener or Listener()
     configs = []
     if baseline_url:
@@ -570,9 +678,11 @@ def run_urls(options: BenchOptions, url: str, baseline_url: str | None, prompts:
     configs.append(ConfigSpec("server", not baseline_url, None, url=url))
     data = BenchData("url", options, configs, prompts)
     data.environment = environment(None)
-    data.notes.append("URL mode: the servers were not restarted between repeats; each repeat tags its prompts so "
-                      "the prompt cache cannot reuse an earlier repeat, but draft caches that learn across "
-                      "requests (llama.cpp ngram-mod/ngram-cache) may still carry over")
+    data.notes.append(
+        "URL mode: the servers were not restarted between repeats; each repeat tags its prompts so "
+        "the prompt cache cannot reuse an earlier repeat, but draft caches that learn across "
+        "requests (llama.cpp ngram-mod/ngram-cache) may still carry over"
+    )
     conversations = _conversations(options)
     load = _load_prompts(all_prompts, prompts)
     listener.total(_request_count(options, len(prompts), len(configs), len(conversations), "url"))
@@ -604,8 +714,10 @@ def not_drafting_note(requests: list[RequestResult], config: str) -> str | None:
     the rule of `bonsai start`/`verify` instead: live only when tokens were drafted."""
     counted = [r for r in requests if r.config == config and r.drafted is not None and not r.error]
     if counted and sum(r.drafted or 0 for r in counted) == 0:
-        return (f"{config} drafted no tokens in any of its {len(counted)} requests: speculative decoding is NOT live "
-                "there, so its numbers are those of plain decoding")
+        return (
+            f"{config} drafted no tokens in any of its {len(counted)} requests: speculative decoding is NOT live "
+            "there, so its numbers are those of plain decoding"
+        )
     return None
 
 
@@ -635,8 +747,12 @@ def environment(binary: str | None) -> dict[str, Any]:
 
         try:
             caps = probe(Path(binary))
-            env["llama_server"] = {"binary": binary, "version": caps.version, "build": caps.build_number,
-                                   "backend": caps.backend}
+            env["llama_server"] = {
+                "binary": binary,
+                "version": caps.version,
+                "build": caps.build_number,
+                "backend": caps.backend,
+            }
         except BonsaiError:
             env["llama_server"] = {"binary": binary}
     extra = {k: v for k, v in os.environ.items() if k.startswith("LLAMA_ARG_")}

@@ -79,27 +79,47 @@ class Verdict:
     reason: str
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "ratio": self.ratio.to_json() if self.ratio else None,
-                "band": round(self.band, 4), "reason": self.reason}
+        return {
+            "kind": self.kind,
+            "ratio": self.ratio.to_json() if self.ratio else None,
+            "band": round(self.band, 4),
+            "reason": self.reason,
+        }
 
 
 def noise_band(*sides: Spread | None) -> float:
     return max([MIN_BAND] + [s.relative_range for s in sides if s is not None])
 
 
-def verdict(ratios: Sequence[float], baseline: Spread | None = None, candidate: Spread | None = None,
-            min_repeats: int = MIN_REPEATS) -> Verdict:
+def verdict(
+    ratios: Sequence[float],
+    baseline: Spread | None = None,
+    candidate: Spread | None = None,
+    min_repeats: int = MIN_REPEATS,
+) -> Verdict:
     """Apply the noise rule (module docstring) to the paired ratios of one comparison."""
     summary = spread(ratios)
     band = noise_band(baseline, candidate)
     if summary is None:
         return Verdict("inconclusive", None, band, "no paired measurements")
     if summary.n < min_repeats:
-        return Verdict("inconclusive", summary, band, f"only {summary.n} paired repeat(s); at least {min_repeats} needed")
+        return Verdict(
+            "inconclusive", summary, band, f"only {summary.n} paired repeat(s); at least {min_repeats} needed"
+        )
     if summary.min > 1 and summary.median >= 1 + band:
-        return Verdict("faster", summary, band, f"every ratio above 1 and median {summary.median:.2f}x beyond the {band:.0%} noise band")
+        return Verdict(
+            "faster",
+            summary,
+            band,
+            f"every ratio above 1 and median {summary.median:.2f}x beyond the {band:.0%} noise band",
+        )
     if summary.max < 1 and summary.median <= 1 - band:
-        return Verdict("slower", summary, band, f"every ratio below 1 and median {summary.median:.2f}x beyond the {band:.0%} noise band")
+        return Verdict(
+            "slower",
+            summary,
+            band,
+            f"every ratio below 1 and median {summary.median:.2f}x beyond the {band:.0%} noise band",
+        )
     if summary.min <= 1 <= summary.max:
         why = "ratios fall on both sides of 1"
     else:

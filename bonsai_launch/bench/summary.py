@@ -22,35 +22,35 @@ SCHEMA_ID = "bonsai-bench/1"
 
 DEFINITIONS = {
     "decode_tps": "server-reported decode speed: sum of timings.predicted_n / sum of timings.predicted_ms over the "
-                  "category's requests (llama.cpp excludes the first token); falls back to client_decode_tps when "
-                  "the server sends no timings",
+    "category's requests (llama.cpp excludes the first token); falls back to client_decode_tps when "
+    "the server sends no timings",
     "client_decode_tps": "client-measured decode speed: (completion tokens - 1) / (arrival of last streamed piece - "
-                         "arrival of first), summed over the category's requests",
+    "arrival of first), summed over the category's requests",
     "prefill_tps": "server-reported prompt processing speed: sum of timings.prompt_n / sum of timings.prompt_ms",
     "e2e_tps": "end to end: completion tokens / client wall time from sending the request to the end of the stream",
     "ttft_s": "time to first token: client time from sending the request to the first streamed text piece (median over "
-              "the category's requests)",
+    "the category's requests)",
     "acceptance_rate": "accepted / drafted: draft tokens the target accepted over draft tokens proposed (llama.cpp "
-                       "timings.draft_n_accepted / timings.draft_n; vLLM /metrics counters)",
+    "timings.draft_n_accepted / timings.draft_n; vLLM /metrics counters)",
     "mean_acceptance_length": "1 + accepted / verify steps: tokens produced per target verification step, counting "
-                              "the target's own token (/metrics spec_decode_num_drafts_total); the number vLLM and "
-                              "SGLang report",
+    "the target's own token (/metrics spec_decode_num_drafts_total); the number vLLM and "
+    "SGLang report",
     "ratio": "candidate / baseline of the same repeat (paired); above 1 means faster",
     "noise_rule": NOISE_RULE,
     "output_equality": "temperature 0 only: each candidate answer compared with the baseline's answer to the same prompt "
-                       "in the same repeat; first_diff_char is the first differing character, first_diff_piece the "
-                       "streamed piece (about one token) that holds it",
+    "in the same repeat; first_diff_char is the first differing character, first_diff_piece the "
+    "streamed piece (about one token) that holds it",
     "multi_turn_ttft": "time to first token on turns 2+ of a conversation that carries the earlier answers; ratio = "
-                       "baseline TTFT / candidate TTFT per repeat, so above 1 means the first token comes sooner",
+    "baseline TTFT / candidate TTFT per repeat, so above 1 means the first token comes sooner",
     "concurrency_throughput": "all clients' completion tokens / wall time from the first request sent to the last "
-                              "stream closed, with `level` clients at once (2 x level requests), on a server with "
-                              "`slots` slots; median over repeats",
+    "stream closed, with `level` clients at once (2 x level requests), on a server with "
+    "`slots` slots; median over repeats",
     "per_stream_tps": "what one client sees once its answer streams: client decode rate of each concurrent request "
-                      "(median, min-max over the requests)",
+    "(median, min-max over the requests)",
     "ttft_p50_s / ttft_p95_s": "time to first token of the concurrent requests, nearest-rank percentiles over every "
-                               "request of the row (queueing behind busy slots included)",
+    "request of the row (queueing behind busy slots included)",
     "users": "for K simultaneous users: the configuration and slot count with the highest total tok/s; totals within "
-             "5% of the best tie, and the tie goes to the sooner first token (p95)",
+    "5% of the best tie, and the tie goes to the sooner first token (p95)",
 }
 
 
@@ -70,16 +70,23 @@ def aggregate(requests: list[RequestResult]) -> dict[str, Any]:
     tokens = _sum(r.completion_tokens if r.completion_tokens is not None else len(r.pieces) for r in ok) or 0
     out["tokens"] = int(tokens)
     timed = [r for r in ok if r.predicted_n is not None and r.predicted_ms]
-    server = (sum(r.predicted_n for r in timed) / (sum(r.predicted_ms for r in timed) / 1000.0)
-              if timed and len(timed) == len(ok) else None)
+    server = (
+        sum(r.predicted_n for r in timed) / (sum(r.predicted_ms for r in timed) / 1000.0)
+        if timed and len(timed) == len(ok)
+        else None
+    )
     decoded = [(r.completion_tokens or len(r.pieces)) - 1 for r in ok if r.client_decode_tps]
-    decode_time = [((r.completion_tokens or len(r.pieces)) - 1) / r.client_decode_tps for r in ok if r.client_decode_tps]
+    decode_time = [
+        ((r.completion_tokens or len(r.pieces)) - 1) / r.client_decode_tps for r in ok if r.client_decode_tps
+    ]
     client = sum(decoded) / sum(decode_time) if decode_time and sum(decode_time) > 0 else None
     prefill = [r for r in ok if r.prompt_n and r.prompt_ms]
     out["server_decode_tps"] = server
     out["client_decode_tps"] = client
     out["decode_tps"] = server if server is not None else client
-    out["prefill_tps"] = (sum(r.prompt_n for r in prefill) / (sum(r.prompt_ms for r in prefill) / 1000.0)) if prefill else None
+    out["prefill_tps"] = (
+        (sum(r.prompt_n for r in prefill) / (sum(r.prompt_ms for r in prefill) / 1000.0)) if prefill else None
+    )
     walls = _sum(r.wall_s for r in ok)
     out["e2e_tps"] = tokens / walls if walls else None
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -121,7 +128,9 @@ def summarize(data: BenchData) -> dict[str, Any]:
     # Per (config, category, temperature): one aggregate per repeat, then medians and ranges.
     # The "all" category pools every prompt of a repeat.
     per_repeat: dict[tuple[str, str, float], dict[int, dict[str, Any]]] = defaultdict(dict)
-    for (config, category, temp, repeat), reqs in _group(suite_requests, "config", "category", "temperature", "repeat").items():
+    for (config, category, temp, repeat), reqs in _group(
+        suite_requests, "config", "category", "temperature", "repeat"
+    ).items():
         per_repeat[(config, category, temp)][repeat] = aggregate(reqs)
     for (config, temp, repeat), reqs in _group(suite_requests, "config", "temperature", "repeat").items():
         per_repeat[(config, "all", temp)][repeat] = aggregate(reqs)
@@ -134,22 +143,37 @@ def summarize(data: BenchData) -> dict[str, Any]:
                 if not reps:
                     continue
                 rows = [dict(repeat=r, **reps[r]) for r in sorted(reps)]
-                pooled = aggregate([r for r in suite_requests if r.config == config and r.temperature == temp
-                                    and (category == "all" or r.category == category)])
-                results.append({
-                    "config": config, "category": category, "temperature": temp,
-                    "decode_tps": _spread_json(x["decode_tps"] for x in rows),
-                    "server_decode_tps": _spread_json(x["server_decode_tps"] for x in rows),
-                    "client_decode_tps": _spread_json(x["client_decode_tps"] for x in rows),
-                    "prefill_tps": _spread_json(x["prefill_tps"] for x in rows),
-                    "e2e_tps": _spread_json(x["e2e_tps"] for x in rows),
-                    "ttft_s": _spread_json(x["ttft_s"] for x in rows),
-                    "acceptance_rate": pooled["acceptance_rate"],
-                    "mean_acceptance_length": pooled["mean_acceptance_length"],
-                    "drafted": pooled["drafted"], "accepted": pooled["accepted"], "verify_steps": pooled["verify_steps"],
-                    "tokens": pooled["tokens"], "requests": pooled["requests"], "errors": pooled["errors"],
-                    "repeats": rows,
-                })
+                pooled = aggregate(
+                    [
+                        r
+                        for r in suite_requests
+                        if r.config == config
+                        and r.temperature == temp
+                        and (category == "all" or r.category == category)
+                    ]
+                )
+                results.append(
+                    {
+                        "config": config,
+                        "category": category,
+                        "temperature": temp,
+                        "decode_tps": _spread_json(x["decode_tps"] for x in rows),
+                        "server_decode_tps": _spread_json(x["server_decode_tps"] for x in rows),
+                        "client_decode_tps": _spread_json(x["client_decode_tps"] for x in rows),
+                        "prefill_tps": _spread_json(x["prefill_tps"] for x in rows),
+                        "e2e_tps": _spread_json(x["e2e_tps"] for x in rows),
+                        "ttft_s": _spread_json(x["ttft_s"] for x in rows),
+                        "acceptance_rate": pooled["acceptance_rate"],
+                        "mean_acceptance_length": pooled["mean_acceptance_length"],
+                        "drafted": pooled["drafted"],
+                        "accepted": pooled["accepted"],
+                        "verify_steps": pooled["verify_steps"],
+                        "tokens": pooled["tokens"],
+                        "requests": pooled["requests"],
+                        "errors": pooled["errors"],
+                        "repeats": rows,
+                    }
+                )
 
     comparisons = []
     if baseline:
@@ -163,13 +187,26 @@ def summarize(data: BenchData) -> dict[str, Any]:
                     if not cand or not base:
                         continue
                     metric = "decode_tps"
-                    ratios = paired_ratios({r: v[metric] for r, v in cand.items()}, {r: v[metric] for r, v in base.items()})
-                    v = verdict(ratios, spread(v[metric] for v in base.values()), spread(v[metric] for v in cand.values()))
-                    comparisons.append({
-                        "config": config, "baseline": baseline, "category": category, "temperature": temp,
-                        "metric": metric, "ratios": ratios, "verdict": v.to_json(),
-                        "output_equality": _equality(suite_requests, config, baseline, category) if temp == 0 else None,
-                    })
+                    ratios = paired_ratios(
+                        {r: v[metric] for r, v in cand.items()}, {r: v[metric] for r, v in base.items()}
+                    )
+                    v = verdict(
+                        ratios, spread(v[metric] for v in base.values()), spread(v[metric] for v in cand.values())
+                    )
+                    comparisons.append(
+                        {
+                            "config": config,
+                            "baseline": baseline,
+                            "category": category,
+                            "temperature": temp,
+                            "metric": metric,
+                            "ratios": ratios,
+                            "verdict": v.to_json(),
+                            "output_equality": _equality(suite_requests, config, baseline, category)
+                            if temp == 0
+                            else None,
+                        }
+                    )
 
     verdicts = _verdict_lines(comparisons, categories, temps, data)
     concurrency = _concurrency(data, baseline)
@@ -201,10 +238,16 @@ def _equality(requests: list[RequestResult], config: str, baseline: str, categor
     """Temperature 0: the candidate's answers against the baseline's, prompt by prompt and
     repeat by repeat. Also whether the baseline agrees with itself across repeats, which says
     how much divergence is normal on this machine."""
-    base = {(r.prompt_id, r.repeat): r for r in requests if r.config == baseline and r.temperature == 0 and not r.error
-            and (category == "all" or r.category == category)}
-    cand = {(r.prompt_id, r.repeat): r for r in requests if r.config == config and r.temperature == 0 and not r.error
-            and (category == "all" or r.category == category)}
+    base = {
+        (r.prompt_id, r.repeat): r
+        for r in requests
+        if r.config == baseline and r.temperature == 0 and not r.error and (category == "all" or r.category == category)
+    }
+    cand = {
+        (r.prompt_id, r.repeat): r
+        for r in requests
+        if r.config == config and r.temperature == 0 and not r.error and (category == "all" or r.category == category)
+    }
     keys = sorted(set(base) & set(cand))
     if not keys:
         return None
@@ -257,8 +300,16 @@ def _verdict_lines(comparisons: list[dict], categories: list[str], temps: list[f
             if rng.get("n", 0) > 1:
                 r_text += f" ({rng['min']:.2f}-{rng['max']:.2f})"
             line = f"{where}: {labels.get(best['config'], best['config'])} {r_text}, {advice}"
-            lines.append({"category": category, "temperature": temp, "config": best["config"], "kind": kind,
-                          "ratio": ratio, "line": line})
+            lines.append(
+                {
+                    "category": category,
+                    "temperature": temp,
+                    "config": best["config"],
+                    "kind": kind,
+                    "ratio": ratio,
+                    "line": line,
+                }
+            )
     return lines
 
 
@@ -266,10 +317,15 @@ def _multi_turn(data: BenchData, baseline: str | None) -> dict[str, Any]:
     reqs = [r for r in data.requests if r.phase == "multi-turn" and not r.error]
     turns = []
     for (config, turn), group in sorted(_group(reqs, "config", "turn").items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        turns.append({"config": config, "turn": turn,
-                      "ttft_s": _spread_json(r.ttft_s for r in group),
-                      "prompt_n": _spread_json(r.prompt_n for r in group),
-                      "cache_n": _spread_json(r.cache_n for r in group)})
+        turns.append(
+            {
+                "config": config,
+                "turn": turn,
+                "ttft_s": _spread_json(r.ttft_s for r in group),
+                "prompt_n": _spread_json(r.prompt_n for r in group),
+                "cache_n": _spread_json(r.cache_n for r in group),
+            }
+        )
     # Per repeat: median TTFT over turns 2+ of every conversation; then paired against the baseline.
     later: dict[str, dict[int, float | None]] = defaultdict(dict)
     for (config, repeat), group in _group([r for r in reqs if (r.turn or 0) >= 2], "config", "repeat").items():
@@ -283,9 +339,16 @@ def _multi_turn(data: BenchData, baseline: str | None) -> dict[str, Any]:
             # baseline / candidate: above 1 means the candidate's first token comes sooner.
             ratios = paired_ratios(later[baseline], values)
             v = verdict(ratios, spread(later[baseline].values()), spread(values.values()))
-            comparisons.append({"config": config, "baseline": baseline, "ttft_later_turns_s": _spread_json(values.values()),
-                                "baseline_ttft_later_turns_s": _spread_json(later[baseline].values()),
-                                "ratios": ratios, "verdict": v.to_json()})
+            comparisons.append(
+                {
+                    "config": config,
+                    "baseline": baseline,
+                    "ttft_later_turns_s": _spread_json(values.values()),
+                    "baseline_ttft_later_turns_s": _spread_json(later[baseline].values()),
+                    "ratios": ratios,
+                    "verdict": v.to_json(),
+                }
+            )
     return {"turns": turns, "comparisons": comparisons}
 
 
@@ -301,12 +364,18 @@ def _concurrency(data: BenchData, baseline: str | None) -> list[dict[str, Any]]:
     for (config, slots, level), values in by.items():
         group = reqs.get((config, slots, level), [])
         ttfts = [r.ttft_s for r in group if r.ttft_s is not None]
-        row: dict[str, Any] = {"config": config, "slots": slots, "level": level,
-                               "throughput_tps": _spread_json(values.values()),
-                               "per_stream_tps": _spread_json(r.client_decode_tps for r in group),
-                               "ttft_s": _spread_json(ttfts),
-                               "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
-                               "ratios": None, "verdict": None}
+        row: dict[str, Any] = {
+            "config": config,
+            "slots": slots,
+            "level": level,
+            "throughput_tps": _spread_json(values.values()),
+            "per_stream_tps": _spread_json(r.client_decode_tps for r in group),
+            "ttft_s": _spread_json(ttfts),
+            "ttft_p50_s": percentile(ttfts, 50),
+            "ttft_p95_s": percentile(ttfts, 95),
+            "ratios": None,
+            "verdict": None,
+        }
         base_key = _baseline_key(by, baseline, slots, level) if baseline and config != baseline else None
         row["baseline_slots"] = base_key[1] if base_key else None
         if base_key:
@@ -365,17 +434,24 @@ def users_verdicts(rows: list[dict[str, Any]], configs: list[dict[str, Any]], re
             continue
         top = max(r["throughput_tps"]["median"] for r in candidates)
         tied = [r for r in candidates if r["throughput_tps"]["median"] >= top * (1 - USERS_TIE)]
-        best = min(tied, key=lambda r: (r["ttft_p95_s"] if r["ttft_p95_s"] is not None else math.inf,
-                                        -r["throughput_tps"]["median"]))
+        best = min(
+            tied,
+            key=lambda r: (
+                r["ttft_p95_s"] if r["ttft_p95_s"] is not None else math.inf,
+                -r["throughput_tps"]["median"],
+            ),
+        )
         others = sorted((r for r in candidates if r is not best), key=lambda r: -r["throughput_tps"]["median"])
         config = by_name.get(best["config"], {"name": best["config"], "label": best["config"]})
         slots = best["slots"]
         what = config.get("label", best["config"]) + (f" with {slots} slot{'s' if slots != 1 else ''}" if slots else "")
         per = best["per_stream_tps"]["median"] if best["per_stream_tps"] else None
-        line = (f"for {level} simultaneous user{'s' if level != 1 else ''}, use {what}: "
-                f"{best['throughput_tps']['median']:.1f} tok/s total"
-                + (f", {per:.1f} tok/s per user" if per is not None else "")
-                + (f", first token p95 {best['ttft_p95_s']:.2f} s" if best["ttft_p95_s"] is not None else ""))
+        line = (
+            f"for {level} simultaneous user{'s' if level != 1 else ''}, use {what}: "
+            f"{best['throughput_tps']['median']:.1f} tok/s total"
+            + (f", {per:.1f} tok/s per user" if per is not None else "")
+            + (f", first token p95 {best['ttft_p95_s']:.2f} s" if best["ttft_p95_s"] is not None else "")
+        )
         if others:
             nxt = others[0]
             nxt_label = by_name.get(nxt["config"], {}).get("label", nxt["config"])
@@ -383,10 +459,19 @@ def users_verdicts(rows: list[dict[str, Any]], configs: list[dict[str, Any]], re
             line += f" (next: {nxt_label}{nxt_slots}, {nxt['throughput_tps']['median']:.1f} tok/s)"
         if repeats < 3:
             line += "; fewer than 3 repeats: indicative only"
-        out.append({"clients": level, "config": best["config"], "slots": slots,
-                    "settings": setting_for(config, slots),
-                    "throughput_tps": best["throughput_tps"]["median"], "per_stream_tps": per,
-                    "ttft_p95_s": best["ttft_p95_s"], "tied": len(tied) > 1, "line": line})
+        out.append(
+            {
+                "clients": level,
+                "config": best["config"],
+                "slots": slots,
+                "settings": setting_for(config, slots),
+                "throughput_tps": best["throughput_tps"]["median"],
+                "per_stream_tps": per,
+                "ttft_p95_s": best["ttft_p95_s"],
+                "tied": len(tied) > 1,
+                "line": line,
+            }
+        )
     return out
 
 
@@ -396,10 +481,14 @@ def _memory(data: BenchData, baseline: str | None) -> list[dict[str, Any]]:
     for spec in data.configs:
         runs = [s for s in data.servers if s.config == spec.name]
         rss = spread(s.peak_rss_bytes for s in runs)
-        row = {"config": spec.name, "peak_rss_bytes": rss.to_json() if rss else None,
-               "peak_gpu_bytes": _spread_json(s.peak_gpu_bytes for s in runs),
-               "startup_s": _spread_json(s.startup_s for s in runs), "servers": len(runs),
-               "rss_delta_bytes": None}
+        row = {
+            "config": spec.name,
+            "peak_rss_bytes": rss.to_json() if rss else None,
+            "peak_gpu_bytes": _spread_json(s.peak_gpu_bytes for s in runs),
+            "startup_s": _spread_json(s.startup_s for s in runs),
+            "servers": len(runs),
+            "rss_delta_bytes": None,
+        }
         if spec.name == baseline:
             base_rss = rss
         out.append(row)

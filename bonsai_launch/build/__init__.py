@@ -7,15 +7,23 @@ builder (the whole flow, the up-to-date check, `ensure_server` for `bonsai start
 """
 
 from bonsai_launch.build.builder import (
-                                         BuildPlan,
-                                         BuildRequest,
-                                         BuildResult,
-                                         build,
-                                         detected_backend,
-                                         ensure_server,
-                                         find_installed,
-                                         plan_build,
+    BuildPlan,
+    BuildRequest,
+    BuildResult,
+    build,
+    detected_backend,
+    ensure_server,
+    find_installed,
+    plan_build,
 )
 
-__all__ = ["BuildPlan", "BuildRequest", "BuildResult", "build", "detected_backend", "ensure_server",
-           "find_installed", "plan_build"]
+__all__ = [
+    "BuildPlan",
+    "BuildRequest",
+    "BuildResult",
+    "build",
+    "detected_backend",
+    "ensure_server",
+    "find_installed",
+    "plan_build",
+]

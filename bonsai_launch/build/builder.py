@@ -106,8 +106,7 @@ def _hardware(requested: str, tools: toolchain.Toolchain):
         return hardware.detect()
     import platform
 
-    return hardware.Hardware(platform.system(), platform.machine().lower(), os.cpu_count() or 1,
-                             os.cpu_count() or 1, 0)
+    return hardware.Hardware(platform.system(), platform.machine().lower(), os.cpu_count() or 1, os.cpu_count() or 1, 0)
 
 
 def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
@@ -121,31 +120,59 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     if not tools.cc.found or not tools.cxx.found:
         import platform
 
-        looked = {"Windows": "$CC/$CXX, cl, clang-cl, gcc, clang, Visual Studio via vswhere",
-                  "Darwin": "$CC/$CXX, the Xcode command line tools"}.get(platform.system(), "$CC/$CXX, cc, c++, gcc, g++, clang")
+        looked = {
+            "Windows": "$CC/$CXX, cl, clang-cl, gcc, clang, Visual Studio via vswhere",
+            "Darwin": "$CC/$CXX, the Xcode command line tools",
+        }.get(platform.system(), "$CC/$CXX, cc, c++, gcc, g++, clang")
         raise BonsaiError(f"no C/C++ compiler was found (looked for {looked})", toolchain.compiler_hint())
     cmake, ninja = toolchain.cmake_exe(), toolchain.ninja_exe()
     if cmake is None or ninja is None:
-        raise BonsaiError("the cmake and ninja PyPI packages are not installed in bonsai's environment",
-                          "pip install cmake ninja (they are dependencies of bonsai-launch)")
-    choice = toolchain.choose_backend(request.backend, _hardware(request.backend, tools), tools,
-                                      cuda_archs=request.cuda_archs, gpu_targets=request.gpu_targets)
+        raise BonsaiError(
+            "the cmake and ninja PyPI packages are not installed in bonsai's environment",
+            "pip install cmake ninja (they are dependencies of bonsai-launch)",
+        )
+    choice = toolchain.choose_backend(
+        request.backend,
+        _hardware(request.backend, tools),
+        tools,
+        cuda_archs=request.cuda_archs,
+        gpu_targets=request.gpu_targets,
+    )
     if request.jobs is not None and request.jobs < 1:
         raise BonsaiError(f"--jobs {request.jobs} must be at least 1", "omit it to use one job per core")
 
     # Our patches are made against the pinned tree; another ref or a folder is built as it is.
     series = load_series() if spec.kind == "pin" else ()
     source = prepare(spec, pin, series, console=console, force=request.force)
-    flags = cmake_build.base_flags(source.build_number, source.commit, native=not request.portable,
-                                   ccache=tools.ccache.found) + list(choice.cmake_flags)
+    flags = cmake_build.base_flags(
+        source.build_number, source.commit, native=not request.portable, ccache=tools.ccache.found
+    ) + list(choice.cmake_flags)
     compiler = {"cc": tools.cc.path, "cxx": tools.cxx.path, "id": toolchain.compiler_id(str(tools.cxx.path))}
     patches_id = series_hash(series)
-    material = {"source": source.identity, "patches": patches_id, "backend": choice.backend,
-                "flags": cmake_build.key_flags(flags), "compiler": compiler, "targets": list(request.targets)}
+    material = {
+        "source": source.identity,
+        "patches": patches_id,
+        "backend": choice.backend,
+        "flags": cmake_build.key_flags(flags),
+        "compiler": compiler,
+        "targets": list(request.targets),
+    }
     key = _key(material, choice.backend, spec.name)
-    return BuildPlan(key, choice.backend, choice.reason, source, patches_id, tuple(flags), tuple(request.targets),
-                     request.jobs or default_jobs(choice.backend), compiler, cmake, ninja, builds_dir() / key,
-                     tools.vcvars.path)
+    return BuildPlan(
+        key,
+        choice.backend,
+        choice.reason,
+        source,
+        patches_id,
+        tuple(flags),
+        tuple(request.targets),
+        request.jobs or default_jobs(choice.backend),
+        compiler,
+        cmake,
+        ninja,
+        builds_dir() / key,
+        tools.vcvars.path,
+    )
 
 
 def current_install(plan: BuildPlan) -> dict[str, Any] | None:
@@ -177,8 +204,10 @@ def _announce(plan: BuildPlan, console) -> None:
     if console is None:
         return
     note = COLD_CPU_NOTE if plan.backend == "cpu" else COLD_GPU_NOTE
-    console.print(f"building llama-server ({plan.backend}: {plan.backend_reason}) from {plan.source.spec} "
-                  f"with {plan.jobs} job{'s' if plan.jobs != 1 else ''}; {note}")
+    console.print(
+        f"building llama-server ({plan.backend}: {plan.backend_reason}) from {plan.source.spec} "
+        f"with {plan.jobs} job{'s' if plan.jobs != 1 else ''}; {note}"
+    )
     console.print(f"[dim]build folder {plan.key_dir}, log {plan.log_path}[/]")
 
 
@@ -208,11 +237,20 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
             if force or not configured:
                 flags_file.unlink(missing_ok=True)
                 timings["configure_seconds"] = cmake_build.configure(
-                    plan.cmake, src, work, list(plan.cmake_flags), env, log, plan.log_path, console)
+                    plan.cmake, src, work, list(plan.cmake_flags), env, log, plan.log_path, console
+                )
                 flags_file.write_text(wanted)
             timings["compile_seconds"] = cmake_build.build(
-                plan.ninja, work, plan.targets, plan.jobs, env, log, plan.log_path, console,
-                label=f"llama.cpp {plan.backend}")
+                plan.ninja,
+                work,
+                plan.targets,
+                plan.jobs,
+                env,
+                log,
+                plan.log_path,
+                console,
+                label=f"llama.cpp {plan.backend}",
+            )
         binaries = install_binaries(work / "bin", plan.key_dir, tuple(t + EXE for t in plan.targets))
         server = binaries["llama-server" + EXE]
         caps = probe(server)
@@ -269,8 +307,11 @@ def _builds_of(backend: str, flavour: str) -> list[dict[str, Any]]:
     """Installed builds for a backend whose llama.cpp is of `flavour` (mainline or fork), newest first."""
     from bonsai_launch.build_choice import kind_of_manifest
 
-    return [m for _d, m in installed_builds(builds_dir())
-            if m.get("backend") == backend and kind_of_manifest(m).flavour == flavour]
+    return [
+        m
+        for _d, m in installed_builds(builds_dir())
+        if m.get("backend") == backend and kind_of_manifest(m).flavour == flavour
+    ]
 
 
 def find_installed(backend: str = "auto", flavour: str = "mainline") -> Path | None:
@@ -321,8 +362,10 @@ def ensure_server(backend: str = "auto", *, console=None, flavour: str = "mainli
         forks = fork_sources()
         if not forks:
             raise BonsaiError("vendor/llama.cpp/pin.toml names no PrismML fork source", "reinstall bonsai-launch")
-        console.print(f"no PrismML fork llama-server is built for {wanted} yet: building {forks[0].ref} now "
-                      f"(--source {forks[0].name})")
+        console.print(
+            f"no PrismML fork llama-server is built for {wanted} yet: building {forks[0].ref} now "
+            f"(--source {forks[0].name})"
+        )
         return build(BuildRequest(backend=wanted, source=forks[0].name), console=console).server
     mine = _builds_of(wanted, "mainline")
     pinned = [data for data in mine if data.get("source", {}).get("kind") == "pin"]

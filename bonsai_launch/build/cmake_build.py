@@ -117,8 +117,9 @@ def _pty_lines(master: int):
         os.close(master)
 
 
-def _spawn(argv: list[str], cwd: Path | None, env: dict[str, str], line_buffered: bool,
-           control: process_control.ProcessControl):
+def _spawn(
+    argv: list[str], cwd: Path | None, env: dict[str, str], line_buffered: bool, control: process_control.ProcessControl
+):
     """Start argv in its own process group; returns (process, iterator of output lines).
 
     ninja writes its `[n/N]` lines through stdio, which a pipe fully buffers: the progress
@@ -132,22 +133,46 @@ def _spawn(argv: list[str], cwd: Path | None, env: dict[str, str], line_buffered
 
         master, slave = pty.openpty()
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env={**env, "TERM": "dumb"}, stdout=slave, stderr=slave,
-                                    stdin=subprocess.DEVNULL, **group)
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env={**env, "TERM": "dumb"},
+                stdout=slave,
+                stderr=slave,
+                stdin=subprocess.DEVNULL,
+                **group,
+            )
         except BaseException:
             os.close(master)
             raise
         finally:
             os.close(slave)
         return proc, _pty_lines(master)
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1, **group)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        **group,
+    )
     assert proc.stdout is not None
     return proc, proc.stdout
 
 
-def run_logged(argv: list[str], *, cwd: Path | None, env: dict[str, str], log: TextIO,
-               on_line: Callable[[str], None] | None = None, line_buffered: bool = False) -> int:
+def run_logged(
+    argv: list[str],
+    *,
+    cwd: Path | None,
+    env: dict[str, str],
+    log: TextIO,
+    on_line: Callable[[str], None] | None = None,
+    line_buffered: bool = False,
+) -> int:
     """Run argv in its own process group, copy every output line to `log`, return the exit code."""
     log.write("$ " + " ".join(argv) + "\n")
     log.flush()
@@ -188,12 +213,21 @@ def _fail(what: str, rc: int, log_path: Path, console) -> ActionFailed:
         console.print(f"[bold]last {len(lines)} lines of {log_path}:[/]")
         for line in lines:
             console.print(line, markup=False, highlight=False)
-    return ActionFailed(f"{what} failed (exit {rc}); full log: {log_path}",
-                        "read the log; `bonsai doctor` checks the toolchain")
+    return ActionFailed(
+        f"{what} failed (exit {rc}); full log: {log_path}", "read the log; `bonsai doctor` checks the toolchain"
+    )
 
 
-def configure(cmake: Path, src: Path, build_dir: Path, flags: list[str], env: dict[str, str],
-              log: TextIO, log_path: Path, console=None) -> float:
+def configure(
+    cmake: Path,
+    src: Path,
+    build_dir: Path,
+    flags: list[str],
+    env: dict[str, str],
+    log: TextIO,
+    log_path: Path,
+    console=None,
+) -> float:
     """cmake -S src -B build -G Ninja FLAGS; returns seconds taken."""
     start = time.monotonic()
     argv = [str(cmake), "-S", str(src), "-B", str(build_dir), "-G", "Ninja", *flags]
@@ -204,16 +238,30 @@ def configure(cmake: Path, src: Path, build_dir: Path, flags: list[str], env: di
     return time.monotonic() - start
 
 
-def build(ninja: Path, build_dir: Path, targets: tuple[str, ...], jobs: int, env: dict[str, str],
-          log: TextIO, log_path: Path, console=None, label: str = "build") -> float:
+def build(
+    ninja: Path,
+    build_dir: Path,
+    targets: tuple[str, ...],
+    jobs: int,
+    env: dict[str, str],
+    log: TextIO,
+    log_path: Path,
+    console=None,
+    label: str = "build",
+) -> float:
     """ninja -C build -jN TARGETS with a progress bar from its [n/N] lines; returns seconds."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     start = time.monotonic()
     argv = [str(ninja), "-C", str(build_dir), f"-j{jobs}", *targets]
     state = StepProgress()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("[dim]{task.fields[step]}", justify="left"))
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("[dim]{task.fields[step]}", justify="left"),
+    )
     progress = Progress(*columns, console=console, transient=True, disable=console is None)
     with progress:
         task = progress.add_task(label, total=None, step="")

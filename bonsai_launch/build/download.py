@@ -28,8 +28,15 @@ def sha256_of(path: Path) -> str:
 def _progress(console):
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    TimeRemainingColumn(), console=console, transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
 
 
 def _chunks(url: str, cert: str | None):
@@ -64,8 +71,9 @@ def _chunks(url: str, cert: str | None):
     return (int(length) if length else None), remote()
 
 
-def download(url: str, dest: Path, sha256: str, *, console=None, label: str | None = None,
-             cert: str | None = None) -> Path:
+def download(
+    url: str, dest: Path, sha256: str, *, console=None, label: str | None = None, cert: str | None = None
+) -> Path:
     """Fetch `url` to `dest`, refusing (and deleting) anything whose sha256 differs."""
     if console is None:
         from bonsai_launch.cli._output import console as make_console
@@ -84,8 +92,10 @@ def download(url: str, dest: Path, sha256: str, *, console=None, label: str | No
                 progress.advance(task, len(chunk))
         got = digest.hexdigest()
         if got != sha256.lower():
-            raise ActionFailed(f"{dest.name} from {url} has sha256 {got}, expected {sha256}: refused",
-                               "the index serves a different file than the pin names; check the index or the pin")
+            raise ActionFailed(
+                f"{dest.name} from {url} has sha256 {got}, expected {sha256}: refused",
+                "the index serves a different file than the pin names; check the index or the pin",
+            )
         os.replace(part, dest)
     except OSError as exc:
         raise ActionFailed(f"download of {url} failed ({exc})", "check the network or disk space, then retry") from None
@@ -98,4 +108,3 @@ def download(url: str, dest: Path, sha256: str, *, console=None, label: str | No
     finally:
         part.unlink(missing_ok=True)
     return dest
-

@@ -42,8 +42,10 @@ def install_binaries(work_bin: Path, key_dir: Path, targets: tuple[str, ...]) ->
     """Copy the targets from the build folder into key_dir/bin in one rename."""
     missing = [t for t in targets if not (work_bin / t).is_file()]
     if missing:
-        raise ActionFailed(f"the build finished but {', '.join(missing)} is missing from {work_bin}",
-                           "the source may not define these targets; see the build log")
+        raise ActionFailed(
+            f"the build finished but {', '.join(missing)} is missing from {work_bin}",
+            "the source may not define these targets; see the build log",
+        )
     manifest_path(key_dir).unlink(missing_ok=True)  # from here on, the old install is not valid
     new = key_dir / f".bin.new-{os.getpid()}"
     old = key_dir / f".bin.old-{os.getpid()}"
@@ -59,8 +61,10 @@ def install_binaries(work_bin: Path, key_dir: Path, targets: tuple[str, ...]) ->
             os.replace(new, final)
         except PermissionError as exc:
             # Windows: a folder whose llama-server.exe is running cannot be renamed.
-            raise ActionFailed(f"cannot replace {final} ({exc.strerror or exc}): a llama-server from it is probably running",
-                               "stop it (`bonsai ps`, `bonsai stop`) and build again") from None
+            raise ActionFailed(
+                f"cannot replace {final} ({exc.strerror or exc}): a llama-server from it is probably running",
+                "stop it (`bonsai ps`, `bonsai stop`) and build again",
+            ) from None
     finally:
         shutil.rmtree(new, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)

@@ -24,8 +24,7 @@ from urllib.request import url2pathname
 from bonsai_launch.errors import ActionFailed
 
 DEFAULT_INDEX = "https://pypi.org/simple"
-_ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
-           "text/html;q=0.01")
+_ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01"
 
 
 @dataclass(frozen=True)
@@ -51,8 +50,9 @@ def normalize(name: str) -> str:
 def _pip_config() -> dict[str, str]:
     """`pip config list` as {key: value}; keys look like `global.index-url` or `:env:.cert`."""
     try:
-        done = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                              text=True, timeout=30)
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return {}
     values: dict[str, str] = {}
@@ -196,4 +196,5 @@ def find_file(package: str, filename: str, settings: IndexSettings | None = None
     raise ActionFailed(
         f"{filename} was not found on any configured package index (tried: {', '.join(tried) or 'none'}){detail}",
         "check the network and `pip config list` / PIP_INDEX_URL, or build from a folder with "
-        "`bonsai build --source PATH`")
+        "`bonsai build --source PATH`",
+    )

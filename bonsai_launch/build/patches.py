@@ -38,7 +38,7 @@ def load_series(folder: Path | None = None) -> tuple[Patch, ...]:
 
 
 def series_hash(series: tuple[Patch, ...]) -> str:
-    """"" for an empty series, so an unpatched tree keeps its plain name and key."""
+    """ "" for an empty series, so an unpatched tree keeps its plain name and key."""
     if not series:
         return ""
     text = "".join(f"{p.name}\0{p.sha256}\n" for p in series)
@@ -56,8 +56,10 @@ def _tool(tree: Path) -> tuple[list[str], list[str], dict[str, str]]:
     patch = shutil.which("patch")
     if patch:
         return [patch, "-p1", "-N", "-s", "--dry-run", "-i"], [patch, "-p1", "-N", "-s", "-i"], dict(os.environ)
-    raise ActionFailed("neither git nor patch is installed, so the patch series cannot be applied",
-                       "install git (sudo apt install git) or patch")
+    raise ActionFailed(
+        "neither git nor patch is installed, so the patch series cannot be applied",
+        "install git (sudo apt install git) or patch",
+    )
 
 
 def apply_series(tree: Path, series: tuple[Patch, ...]) -> None:
@@ -72,4 +74,5 @@ def apply_series(tree: Path, series: tuple[Patch, ...]) -> None:
                 detail = (done.stderr or done.stdout).strip().splitlines()
                 raise ActionFailed(
                     f"patch {patch.name} {what} to {tree}: {detail[0] if detail else 'exit ' + str(done.returncode)}",
-                    f"refresh {patch.path} against the pinned source, or remove it")
+                    f"refresh {patch.path} against the pinned source, or remove it",
+                )

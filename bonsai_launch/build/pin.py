@@ -67,9 +67,14 @@ def load_pin(path: Path | None = None) -> PinFile:
     d = data.get("default") or {}
     try:
         default = SdistPin(
-            package=d["package"], version=str(d["version"]), filename=d["filename"],
-            sha256=d["sha256"].lower(), tree=d["tree"].strip("/"),
-            build_number=d.get("build_number"), commit=d.get("commit", ""), size=d.get("size"),
+            package=d["package"],
+            version=str(d["version"]),
+            filename=d["filename"],
+            sha256=d["sha256"].lower(),
+            tree=d["tree"].strip("/"),
+            build_number=d.get("build_number"),
+            commit=d.get("commit", ""),
+            size=d.get("size"),
         )
     except KeyError as exc:
         raise BonsaiError(f"{path}: [default] lacks {exc.args[0]!r}", "see vendor/llama.cpp/README.md") from None
@@ -86,8 +91,10 @@ def _git_pin(name: str, entry: dict, path: Path) -> GitPin:
         raise BonsaiError(f"{where} has both tag and ref", "pin a release tag (tag) and its commit (commit)")
     commit = str(entry.get("commit", "")).lower()
     if "tag" in entry and not commit:
-        raise BonsaiError(f"{where} names tag {entry['tag']!r} without the commit it must resolve to",
-                          "add commit = \"<40 hex digits>\"")
+        raise BonsaiError(
+            f"{where} names tag {entry['tag']!r} without the commit it must resolve to",
+            'add commit = "<40 hex digits>"',
+        )
     if commit and (len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit)):
         raise BonsaiError(f"{where}: commit {commit!r} is not 40 hex digits", "write the full commit id")
     flavour = entry.get("flavour", "mainline")
@@ -100,5 +107,6 @@ def _git_pin(name: str, entry: dict, path: Path) -> GitPin:
         url = entry["url"]
     except KeyError:
         raise BonsaiError(f"{where} lacks 'url'", "see vendor/llama.cpp/README.md") from None
-    return GitPin(name, url, entry.get("tag") or entry.get("ref", "HEAD"), entry.get("note", ""),
-                  commit, flavour, release)
+    return GitPin(
+        name, url, entry.get("tag") or entry.get("ref", "HEAD"), entry.get("note", ""), commit, flavour, release
+    )

@@ -57,9 +57,18 @@ class SourceTree:
     release: int | None = None
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "spec": self.spec, "path": str(self.path), "identity": self.identity,
-                "version": self.version, "build_number": self.build_number, "commit": self.commit,
-                "patches": list(self.patches), "flavour": self.flavour, "release": self.release}
+        return {
+            "kind": self.kind,
+            "spec": self.spec,
+            "path": str(self.path),
+            "identity": self.identity,
+            "version": self.version,
+            "build_number": self.build_number,
+            "commit": self.commit,
+            "patches": list(self.patches),
+            "flavour": self.flavour,
+            "release": self.release,
+        }
 
 
 def parse_source(text: str | None, pin: PinFile) -> SourceSpec:
@@ -69,8 +78,9 @@ def parse_source(text: str | None, pin: PinFile) -> SourceSpec:
     text = text.strip()
     if text in pin.alternatives:
         alt = pin.alternatives[text]
-        return SourceSpec("git", text, alt.url, alt.ref, commit=alt.commit, name=alt.name,
-                          flavour=alt.flavour, release=alt.release)
+        return SourceSpec(
+            "git", text, alt.url, alt.ref, commit=alt.commit, name=alt.name, flavour=alt.flavour, release=alt.release
+        )
     if text.startswith("git+") or text.endswith(".git") or "://" in text:
         url = text[4:] if text.startswith("git+") else text
         scheme, sep, rest = url.partition("://")
@@ -89,8 +99,10 @@ def parse_source(text: str | None, pin: PinFile) -> SourceSpec:
         return SourceSpec("git", text, url, ref or "HEAD")
     path = Path(text).expanduser()
     if not path.is_dir():
-        raise BonsaiError(f"--source {text!r} is neither a folder, a git URL nor a known source name",
-                          f"pass a llama.cpp folder, git+URL@REF, or one of: pin, {', '.join(pin.alternatives) or '-'}")
+        raise BonsaiError(
+            f"--source {text!r} is neither a folder, a git URL nor a known source name",
+            f"pass a llama.cpp folder, git+URL@REF, or one of: pin, {', '.join(pin.alternatives) or '-'}",
+        )
     return SourceSpec("local", text, path=path.resolve())
 
 
@@ -154,9 +166,11 @@ def _fetch_sdist(pin: SdistPin, console) -> Path:
     if found.sha256 and found.sha256.lower() != pin.sha256:
         raise ActionFailed(
             f"{found.found_on} lists {pin.filename} with sha256 {found.sha256}, but the pin says {pin.sha256}: refused",
-            "the index serves a different file than the pin names; check the index or the pin")
-    return download(found.url, archive, pin.sha256, console=console, cert=settings.cert,
-                    label=f"download {pin.filename}")
+            "the index serves a different file than the pin names; check the index or the pin",
+        )
+    return download(
+        found.url, archive, pin.sha256, console=console, cert=settings.cert, label=f"download {pin.filename}"
+    )
 
 
 def _extract(archive: Path, into: Path) -> None:
@@ -175,9 +189,17 @@ def prepare_pin(pin: SdistPin, series: tuple[Patch, ...], *, console=None) -> So
     wanted = {"kind": "pin", "sha256": pin.sha256, "tree": inner, "patches": patches_id}
 
     def tree_of(folder: Path) -> SourceTree:
-        return SourceTree("pin", f"{pin.package}=={pin.version}", folder / inner, pin.sha256,
-                          pin.sha256 + patches_id, pin.version, pin.build_number, pin.commit,
-                          tuple(p.name for p in series))
+        return SourceTree(
+            "pin",
+            f"{pin.package}=={pin.version}",
+            folder / inner,
+            pin.sha256,
+            pin.sha256 + patches_id,
+            pin.version,
+            pin.build_number,
+            pin.commit,
+            tuple(p.name for p in series),
+        )
 
     # The stamp is written last, after extraction and patching: its presence means complete.
     if _read_stamp(final) == wanted:
@@ -192,8 +214,9 @@ def prepare_pin(pin: SdistPin, series: tuple[Patch, ...], *, console=None) -> So
             _extract(archive, tmp)
             root = tmp / top
             if not (root / inner / "CMakeLists.txt").is_file():
-                raise ActionFailed(f"{pin.filename} has no {pin.tree}/CMakeLists.txt",
-                                   "fix `tree` in vendor/llama.cpp/pin.toml")
+                raise ActionFailed(
+                    f"{pin.filename} has no {pin.tree}/CMakeLists.txt", "fix `tree` in vendor/llama.cpp/pin.toml"
+                )
             apply_series(root / inner, series)
             _write_stamp(root, wanted)
             _swap_in(root, final)
@@ -224,14 +247,25 @@ def _last_line(text: str) -> str:
 
 def _git(*args: str, cwd: Path | None = None, timeout: float | None = None) -> str:
     try:
-        done = subprocess.run([_git_exe(), *args], cwd=cwd, capture_output=True, text=True,
-                              env={**os.environ, **GIT_ENV}, timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [_git_exe(), *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **GIT_ENV},
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
-        raise ActionFailed(f"git {args[0]} got no answer in {timeout:.0f} s",
-                           "check the network, or build from the pin (`bonsai build`)") from None
+        raise ActionFailed(
+            f"git {args[0]} got no answer in {timeout:.0f} s",
+            "check the network, or build from the pin (`bonsai build`)",
+        ) from None
     if done.returncode != 0:
-        raise ActionFailed(f"git {' '.join(args)} failed: {_last_line(done.stderr) or done.returncode}",
-                           "check the URL and ref (the network reaches package registries only on some machines)")
+        raise ActionFailed(
+            f"git {' '.join(args)} failed: {_last_line(done.stderr) or done.returncode}",
+            "check the URL and ref (the network reaches package registries only on some machines)",
+        )
     return done.stdout.strip()
 
 
@@ -239,8 +273,10 @@ class RemoteUnreachable(ActionFailed):
     """The remote of a git source did not answer (no network, unknown host, refused)."""
 
     def __init__(self, url: str, what: str, reason: str) -> None:
-        super().__init__(f"cannot reach {url} for {what} ({reason}); nothing was downloaded",
-                         "run it where that host is reachable, or build from the pin: `bonsai build`")
+        super().__init__(
+            f"cannot reach {url} for {what} ({reason}); nothing was downloaded",
+            "run it where that host is reachable, or build from the pin: `bonsai build`",
+        )
         self.reason = reason
 
 
@@ -261,15 +297,19 @@ def check_remote(url: str, ref: str, what: str) -> str:
         if name in commits:
             return commits[name]
     if ref != "HEAD" and not all(c in "0123456789abcdef" for c in ref.lower()):
-        raise ActionFailed(f"{url} has no tag or branch {ref!r} ({what}); nothing was downloaded",
-                           "check the ref, or the tag in vendor/llama.cpp/pin.toml")
+        raise ActionFailed(
+            f"{url} has no tag or branch {ref!r} ({what}); nothing was downloaded",
+            "check the ref, or the tag in vendor/llama.cpp/pin.toml",
+        )
     return ""
 
 
 def _refuse_commit(spec: SourceSpec, got: str) -> ActionFailed:
-    return ActionFailed(f"{spec.url} tag {spec.ref} resolves to commit {got[:12]}, but the pin says {spec.commit[:12]}: "
-                        "refused (the tag was moved or re-pointed); nothing was kept",
-                        "check vendor/llama.cpp/pin.toml against the fork's release page")
+    return ActionFailed(
+        f"{spec.url} tag {spec.ref} resolves to commit {got[:12]}, but the pin says {spec.commit[:12]}: "
+        "refused (the tag was moved or re-pointed); nothing was kept",
+        "check vendor/llama.cpp/pin.toml against the fork's release page",
+    )
 
 
 def prepare_git(spec: SourceSpec, series: tuple[Patch, ...], *, force: bool = False) -> SourceTree:
@@ -281,9 +321,19 @@ def prepare_git(spec: SourceSpec, series: tuple[Patch, ...], *, force: bool = Fa
     final = sources_dir() / f"git-{slug}-{ident}"
 
     def tree_of(stamp: dict) -> SourceTree:
-        return SourceTree("git", spec.text, final, stamp["commit"], stamp["commit"] + patches_id,
-                          f"{spec.ref}@{stamp['commit'][:10]}", stamp.get("build_number"), stamp["commit"],
-                          tuple(p.name for p in series), spec.flavour, spec.release)
+        return SourceTree(
+            "git",
+            spec.text,
+            final,
+            stamp["commit"],
+            stamp["commit"] + patches_id,
+            f"{spec.ref}@{stamp['commit'][:10]}",
+            stamp.get("build_number"),
+            stamp["commit"],
+            tuple(p.name for p in series),
+            spec.flavour,
+            spec.release,
+        )
 
     stamp = _read_stamp(final)
     if stamp and stamp.get("kind") == "git" and not force and (not spec.commit or stamp.get("commit") == spec.commit):
@@ -312,10 +362,18 @@ def prepare_git(spec: SourceSpec, series: tuple[Patch, ...], *, force: bool = Fa
                 raise _refuse_commit(spec, commit)
             count = _git("rev-list", "--count", "HEAD", cwd=tmp)
             if not (tmp / "CMakeLists.txt").is_file():
-                raise ActionFailed(f"{spec.url}@{spec.ref} has no top-level CMakeLists.txt", "is it a llama.cpp repository?")
+                raise ActionFailed(
+                    f"{spec.url}@{spec.ref} has no top-level CMakeLists.txt", "is it a llama.cpp repository?"
+                )
             apply_series(tmp, series)
-            data = {"kind": "git", "url": spec.url, "ref": spec.ref, "commit": commit,
-                    "build_number": int(count) if count.isdigit() else None, "patches": patches_id}
+            data = {
+                "kind": "git",
+                "url": spec.url,
+                "ref": spec.ref,
+                "commit": commit,
+                "build_number": int(count) if count.isdigit() else None,
+                "patches": patches_id,
+            }
             _write_stamp(tmp, data)
             _swap_in(tmp, final)
         finally:
@@ -356,8 +414,9 @@ def prepare_local(spec: SourceSpec) -> SourceTree:
     return SourceTree("local", spec.text, path, f"local:{path}", fingerprint_tree(path), "local")
 
 
-def prepare(spec: SourceSpec, pin: PinFile, series: tuple[Patch, ...], *, console=None,
-            force: bool = False) -> SourceTree:
+def prepare(
+    spec: SourceSpec, pin: PinFile, series: tuple[Patch, ...], *, console=None, force: bool = False
+) -> SourceTree:
     if spec.kind == "pin":
         return prepare_pin(pin.default, series, console=console)
     if spec.kind == "git":

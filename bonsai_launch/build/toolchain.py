@@ -36,16 +36,16 @@ BACKENDS = ("auto", "cpu", "cuda", "metal", "vulkan", "hip")
 INSTALL_HINTS = {  # Linux wording; hint() picks the one for another system
     "compiler": {
         "Linux": "install a C/C++ compiler: `sudo apt install build-essential` (Debian/Ubuntu) or "
-                 "`sudo dnf install gcc-c++` (Fedora)",
+        "`sudo dnf install gcc-c++` (Fedora)",
         "Darwin": "install the Xcode command line tools: `xcode-select --install`",
     },
     "cuda": "install the CUDA toolkit so that `nvcc` is on PATH: `sudo apt install nvidia-cuda-toolkit` "
-            "(Debian/Ubuntu) or NVIDIA's installer from https://developer.nvidia.com/cuda-downloads; "
-            "if it is installed, add its bin folder (usually /usr/local/cuda/bin) to PATH",
+    "(Debian/Ubuntu) or NVIDIA's installer from https://developer.nvidia.com/cuda-downloads; "
+    "if it is installed, add its bin folder (usually /usr/local/cuda/bin) to PATH",
     "vulkan": "install the Vulkan SDK: `sudo apt install libvulkan-dev glslc` (Debian/Ubuntu) or "
-              "https://vulkan.lunarg.com/sdk/home (then set VULKAN_SDK)",
+    "https://vulkan.lunarg.com/sdk/home (then set VULKAN_SDK)",
     "hip": "install ROCm, which provides hipconfig and hipcc: "
-           "https://rocm.docs.amd.com/projects/install-on-linux/ (then add /opt/rocm/bin to PATH)",
+    "https://rocm.docs.amd.com/projects/install-on-linux/ (then add /opt/rocm/bin to PATH)",
     "metal": "Metal builds need macOS on Apple Silicon; use --backend cpu or vulkan here",
     "ccache": "optional, makes rebuilds take seconds: `sudo apt install ccache` or `brew install ccache`",
 }
@@ -53,24 +53,24 @@ INSTALL_HINTS = {  # Linux wording; hint() picks the one for another system
 # Where another system needs other words (platform.system() names).
 SYSTEM_HINTS = {
     "Windows": {
-        "compiler": "install Visual Studio 2022 Build Tools with the \"Desktop development with C++\" workload "
-                    "(`winget install Microsoft.VisualStudio.2022.BuildTools --override \"--add "
-                    "Microsoft.VisualStudio.Workload.VCTools --includeRecommended\"`); bonsai finds it with vswhere, "
-                    "no developer prompt needed",
+        "compiler": 'install Visual Studio 2022 Build Tools with the "Desktop development with C++" workload '
+        '(`winget install Microsoft.VisualStudio.2022.BuildTools --override "--add '
+        'Microsoft.VisualStudio.Workload.VCTools --includeRecommended"`); bonsai finds it with vswhere, '
+        "no developer prompt needed",
         "cuda": "install the CUDA toolkit from https://developer.nvidia.com/cuda-downloads after Visual Studio "
-                "(so it adds its MSVC integration); it sets CUDA_PATH. Open a new terminal afterwards",
+        "(so it adds its MSVC integration); it sets CUDA_PATH. Open a new terminal afterwards",
         "vulkan": "install the Vulkan SDK from https://vulkan.lunarg.com/sdk/home (it sets VULKAN_SDK); "
-                  "open a new terminal afterwards",
+        "open a new terminal afterwards",
         "hip": "bonsai builds HIP (ROCm) on Linux only; on Windows use --backend vulkan for AMD GPUs",
         "metal": "Metal builds need macOS on Apple Silicon; use --backend cuda, vulkan or cpu here",
         "ccache": "optional, makes rebuilds take seconds: `winget install Ccache.Ccache` or `choco install ccache`",
         "msvc_cuda": "CUDA on Windows compiles with MSVC (cl.exe): install Visual Studio Build Tools with the "
-                     "\"Desktop development with C++\" workload",
+        '"Desktop development with C++" workload',
     },
     "Darwin": {
         "cuda": "CUDA does not exist on macOS; Apple Silicon builds --backend metal",
         "vulkan": "install the Vulkan SDK (MoltenVK) from https://vulkan.lunarg.com/sdk/home and set VULKAN_SDK, "
-                  "or use --backend metal on Apple Silicon",
+        "or use --backend metal on Apple Silicon",
         "hip": "bonsai builds HIP (ROCm) on Linux only",
         "metal": "Metal builds need Apple Silicon; this Intel Mac builds --backend cpu",
         "ccache": "optional, makes rebuilds take seconds: `brew install ccache`",
@@ -229,6 +229,7 @@ def find_glslc() -> str | None:
 
 # -- Windows: MSVC -------------------------------------------------------------------------------
 
+
 def _vswhere() -> Path | None:
     base = os.environ.get("ProgramFiles(x86)") or os.environ.get("ProgramFiles") or r"C:\Program Files (x86)"
     path = Path(base, "Microsoft Visual Studio", "Installer", "vswhere.exe")
@@ -242,9 +243,21 @@ def find_vcvars(run=subprocess.run) -> str | None:
     if vswhere is None:
         return None
     try:
-        done = run([str(vswhere), "-latest", "-products", "*", "-requires",
-                    "Microsoft.VisualStudio.Component.VC.Tools.x86.x64", "-property", "installationPath"],
-                   capture_output=True, text=True, timeout=30)
+        done = run(
+            [
+                str(vswhere),
+                "-latest",
+                "-products",
+                "*",
+                "-requires",
+                "Microsoft.VisualStudio.Component.VC.Tools.x86.x64",
+                "-property",
+                "installationPath",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     install = (done.stdout or "").strip().splitlines()
@@ -257,8 +270,10 @@ def find_vcvars(run=subprocess.run) -> str | None:
 def msvc_cl_from_vcvars(vcvars: str) -> str | None:
     """The newest Hostx64/x64 cl.exe beside vcvars64.bat (for the build key), without running it."""
     tools = Path(vcvars).parents[2] / "Tools" / "MSVC"
-    found = sorted(tools.glob("*/bin/Hostx64/x64/cl.exe"), key=lambda p: [int(x) if x.isdigit() else 0
-                                                                           for x in p.parts[-5].split(".")])
+    found = sorted(
+        tools.glob("*/bin/Hostx64/x64/cl.exe"),
+        key=lambda p: [int(x) if x.isdigit() else 0 for x in p.parts[-5].split(".")],
+    )
     return str(found[-1]) if found else None
 
 
@@ -292,6 +307,7 @@ def is_msvc(compiler: str | None) -> bool:
 
 
 # -- macOS: Xcode command line tools ---------------------------------------------------------------
+
 
 def find_xcode_clt(run=subprocess.run) -> str | None:
     """The developer folder `xcode-select -p` prints, or None when the tools are not installed."""
@@ -329,7 +345,9 @@ def detect(versions: bool = True, system: str | None = None) -> Toolchain:
     cm, nj = cmake_exe(), ninja_exe()
     ccache = shutil.which("ccache")
     nvcc = find_nvcc()
-    hip = shutil.which("hipconfig") or (str(Path("/opt/rocm/bin/hipconfig")) if Path("/opt/rocm/bin/hipconfig").is_file() else None)
+    hip = shutil.which("hipconfig") or (
+        str(Path("/opt/rocm/bin/hipconfig")) if Path("/opt/rocm/bin/hipconfig").is_file() else None
+    )
     glslc = find_glslc()
     git = shutil.which("git")
 
@@ -421,8 +439,9 @@ def _why_cpu(hardware, tools: Toolchain) -> str:
     return "no GPU toolchain found"
 
 
-def choose_backend(requested: str, hardware, tools: Toolchain, *, cuda_archs: str | None = None,
-                   gpu_targets: str | None = None) -> BackendChoice:
+def choose_backend(
+    requested: str, hardware, tools: Toolchain, *, cuda_archs: str | None = None, gpu_targets: str | None = None
+) -> BackendChoice:
     """The backend to build and its cmake flags; refuses a backend whose toolchain is missing."""
     requested = (requested or "auto").lower()
     if requested not in BACKENDS:
@@ -457,23 +476,28 @@ def choose_backend(requested: str, hardware, tools: Toolchain, *, cuda_archs: st
         if not tools.nvcc.found:
             raise BonsaiError("--backend cuda needs the CUDA toolkit, but nvcc was not found", hint("cuda", system))
         if system == "Windows" and tools.cxx.found and not is_msvc(tools.cxx.path):
-            raise BonsaiError(f"--backend cuda on Windows needs MSVC, but the compiler is {tools.cxx.path}",
-                              hint("msvc_cuda", system))
+            raise BonsaiError(
+                f"--backend cuda on Windows needs MSVC, but the compiler is {tools.cxx.path}", hint("msvc_cuda", system)
+            )
         if cuda_archs:
             archs = _parse_arch_list(cuda_archs, "--cuda-archs")
         elif gpu_ccs:
             archs = cuda_archs_from_gpus(gpu_ccs)
         else:
-            raise BonsaiError("--backend cuda: no NVIDIA GPU is visible to read the architecture from",
-                              "pass --cuda-archs, e.g. 90 (H100/H200), 89 (Ada), 86 or 80 (Ampere), 120a (Blackwell)")
+            raise BonsaiError(
+                "--backend cuda: no NVIDIA GPU is visible to read the architecture from",
+                "pass --cuda-archs, e.g. 90 (H100/H200), 89 (Ada), 86 or 80 (Ampere), 120a (Blackwell)",
+            )
         flags = ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=" + ";".join(archs)]
         if not shutil.which("nvcc"):
             flags.append("-DCMAKE_CUDA_COMPILER=" + str(tools.nvcc.path))
         return BackendChoice("cuda", tuple(flags), why + f" (architectures {','.join(archs)})")
     if requested == "vulkan":
         if not vulkan_sdk_present(tools):
-            raise BonsaiError("--backend vulkan needs the Vulkan SDK (glslc and the Vulkan headers), which was not found",
-                              hint("vulkan", system))
+            raise BonsaiError(
+                "--backend vulkan needs the Vulkan SDK (glslc and the Vulkan headers), which was not found",
+                hint("vulkan", system),
+            )
         return BackendChoice("vulkan", ("-DGGML_VULKAN=ON", *no_metal), why)
     # hip
     if system != "Linux":
@@ -482,6 +506,8 @@ def choose_backend(requested: str, hardware, tools: Toolchain, *, cuda_archs: st
         raise BonsaiError("--backend hip needs ROCm, but hipconfig was not found", INSTALL_HINTS["hip"])
     targets = _parse_arch_list(gpu_targets, "--gpu-targets") if gpu_targets else _hip_targets()
     if not targets:
-        raise BonsaiError("--backend hip: no AMD GPU is visible to read the target from",
-                          "pass --gpu-targets, e.g. gfx1100 (RX 7900) or gfx942 (MI300)")
+        raise BonsaiError(
+            "--backend hip: no AMD GPU is visible to read the target from",
+            "pass --gpu-targets, e.g. gfx1100 (RX 7900) or gfx942 (MI300)",
+        )
     return BackendChoice("hip", ("-DGGML_HIP=ON", "-DGPU_TARGETS=" + ";".join(targets)), why)

@@ -54,17 +54,19 @@ def split_foreign(words: list[str], own: dict[str, bool]) -> tuple[list[str], li
         name = word.split("=", 1)[0] if word.startswith("--") else word
         if name in own:
             takes = own[name] and "=" not in word
-            keep.extend(words[i:i + 1 + takes])
+            keep.extend(words[i : i + 1 + takes])
             i += 1 + takes
             continue
         table = pinned_table()
         option = table.lookup(name)
         if option is None:
             guess = closest(name, [*own, *table.names()])
-            raise BonsaiError(f"unknown option {name}" + (f" (did you mean {guess}?)" if guess else ""),
-                              "see --help for bonsai's options; llama-server's own go after --")
+            raise BonsaiError(
+                f"unknown option {name}" + (f" (did you mean {guess}?)" if guess else ""),
+                "see --help for bonsai's options; llama-server's own go after --",
+            )
         count = 0 if "=" in word else option.values
-        foreign.extend(words[i:i + 1 + count])
+        foreign.extend(words[i : i + 1 + count])
         i += 1 + count
     return keep, foreign
 
@@ -75,7 +77,7 @@ class PassthroughCommand(TyperCommand):
         after: list[str] = []
         if "--" in args:
             cut = args.index("--")
-            args, after = args[:cut], args[cut + 1:]
+            args, after = args[:cut], args[cut + 1 :]
         keep, foreign = split_foreign(args, own_options(self, ctx))
         ctx.meta[_META_KEY] = (*foreign, *after)
         return super().parse_args(ctx, keep)

@@ -26,30 +26,79 @@ import typer
 from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt, SpecAutoOpt
 from bonsai_launch.cli._passthrough import passthrough_args
 
-ConfigsOpt = Annotated[str | None, typer.Option("--configs", help="Comma list: plain, speculative (the profile's own mode), auto (the tuned decision) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).")]
+ConfigsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--configs",
+        help="Comma list: plain, speculative (the profile's own mode), auto (the tuned decision) and/or speculative types (ngram-mod, ngram-map-k, draft-dspark...).",
+    ),
+]
 PromptsOpt = Annotated[str | None, typer.Option("--prompts", help="JSONL prompt file instead of the bundled suite.")]
-CategoriesOpt = Annotated[str | None, typer.Option("--categories", help="Comma list of categories to run (default: all).")]
-PerCategoryOpt = Annotated[int | None, typer.Option("--per-category", help="At most this many prompts of each category (default: all; --quick: 2).")]
+CategoriesOpt = Annotated[
+    str | None, typer.Option("--categories", help="Comma list of categories to run (default: all).")
+]
+PerCategoryOpt = Annotated[
+    int | None,
+    typer.Option("--per-category", help="At most this many prompts of each category (default: all; --quick: 2)."),
+]
 TempsOpt = Annotated[str | None, typer.Option("--temps", help="Comma list of temperatures (default 0,0.7).")]
-RepeatsOpt = Annotated[int | None, typer.Option("--repeats", help="Runs per configuration (default 3; fewer gives no verdict).")]
+RepeatsOpt = Annotated[
+    int | None, typer.Option("--repeats", help="Runs per configuration (default 3; fewer gives no verdict).")
+]
 MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Tokens generated per request (default 128).")]
-ConcurrencyOpt = Annotated[str | None, typer.Option("--concurrency", help="Comma list of simultaneous clients (default 1,4).")]
-ParallelListOpt = Annotated[str | None, typer.Option("--parallel", help="Comma list of server slot counts (e.g. 1,4): the concurrency rounds run on one server per count, and the report says which configuration and slot count to use for K users. A single value also comes from BONSAI_PARALLEL.")]
-QuickOpt = Annotated[bool, typer.Option("--quick", help="A small subset: 2 prompts per category, temperature 0, 96 tokens.")]
+ConcurrencyOpt = Annotated[
+    str | None, typer.Option("--concurrency", help="Comma list of simultaneous clients (default 1,4).")
+]
+ParallelListOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--parallel",
+        help="Comma list of server slot counts (e.g. 1,4): the concurrency rounds run on one server per count, and the report says which configuration and slot count to use for K users. A single value also comes from BONSAI_PARALLEL.",
+    ),
+]
+QuickOpt = Annotated[
+    bool, typer.Option("--quick", help="A small subset: 2 prompts per category, temperature 0, 96 tokens.")
+]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Folder for bench.json, bench.md, bench.svg.")]
-UrlOpt = Annotated[str | None, typer.Option("--url", help="Measure this running OpenAI-compatible server instead of launching one.")]
-BaselineUrlOpt = Annotated[str | None, typer.Option("--baseline-url", help="With --url: the same model served without speculation.")]
+UrlOpt = Annotated[
+    str | None, typer.Option("--url", help="Measure this running OpenAI-compatible server instead of launching one.")
+]
+BaselineUrlOpt = Annotated[
+    str | None, typer.Option("--baseline-url", help="With --url: the same model served without speculation.")
+]
 ApiOpt = Annotated[str, typer.Option("--api", help="chat (/v1/chat/completions) or completion (/v1/completions).")]
 ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", help="API key for --url servers; env BONSAI_API_KEY.")]
-ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Benchmark this local GGUF instead of the profile's weights.")]
-DrafterOpt = Annotated[str | None, typer.Option("--drafter", help="DSpark/DFlash drafter GGUF for the speculative configuration.")]
-CtxOpt = Annotated[int | None, typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", "-m", help="Benchmark this local GGUF instead of the profile's weights.")
+]
+DrafterOpt = Annotated[
+    str | None, typer.Option("--drafter", help="DSpark/DFlash drafter GGUF for the speculative configuration.")
+]
+CtxOpt = Annotated[
+    int | None, typer.Option("--ctx", "-c", help="Context size for every configuration; env BONSAI_CTX.")
+]
 NglOpt = Annotated[int | None, typer.Option("--ngl", help="GPU layers; env BONSAI_NGL.")]
-TradeoffTokensOpt = Annotated[int | None, typer.Option("--tradeoff-tokens", help="Tokens per multi-turn and concurrency request (default 48; --quick: 32).")]
-InterleaveOpt = Annotated[bool, typer.Option("--interleave-conversations", help="Multi-turn: every conversation's turn 1, then every turn 2...: with fewer slots than conversations this measures the prompt cache (BONSAI_CACHE_RAM, BONSAI_CTX_CHECKPOINTS).")]
-NoTradeoffsOpt = Annotated[bool, typer.Option("--no-tradeoffs", help="Skip the multi-turn and concurrency measurements.")]
+TradeoffTokensOpt = Annotated[
+    int | None,
+    typer.Option("--tradeoff-tokens", help="Tokens per multi-turn and concurrency request (default 48; --quick: 32)."),
+]
+InterleaveOpt = Annotated[
+    bool,
+    typer.Option(
+        "--interleave-conversations",
+        help="Multi-turn: every conversation's turn 1, then every turn 2...: with fewer slots than conversations this measures the prompt cache (BONSAI_CACHE_RAM, BONSAI_CTX_CHECKPOINTS).",
+    ),
+]
+NoTradeoffsOpt = Annotated[
+    bool, typer.Option("--no-tradeoffs", help="Skip the multi-turn and concurrency measurements.")
+]
 NoChartOpt = Annotated[bool, typer.Option("--no-chart", help="Do not draw bench.svg.")]
-SaveOpt = Annotated[bool, typer.Option("--save", help="Store the result as the tuning decision for BONSAI_SPECULATIVE=auto (as `bonsai tune` does).")]
+SaveOpt = Annotated[
+    bool,
+    typer.Option(
+        "--save", help="Store the result as the tuning decision for BONSAI_SPECULATIVE=auto (as `bonsai tune` does)."
+    ),
+]
 
 
 def _floats(text: str, option: str) -> tuple[float, ...]:
@@ -67,7 +116,9 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise BonsaiError(f"{option} {text!r} is not a comma list of whole numbers", f"for example {option} 1,4") from None
+        raise BonsaiError(
+            f"{option} {text!r} is not a comma list of whole numbers", f"for example {option} 1,4"
+        ) from None
 
 
 def command(
@@ -147,8 +198,9 @@ def command(
         given["parallel"] = _ints(parallel, "--parallel")
         if not given["parallel"]:
             raise BonsaiError("--parallel is empty", "for example --parallel 1,4")
-    options = dataclasses.replace(BenchOptions(), api=api, prompts_path=prompts, tradeoffs=not no_tradeoffs,
-                                  interleave=interleave, **given)
+    options = dataclasses.replace(
+        BenchOptions(), api=api, prompts_path=prompts, tradeoffs=not no_tradeoffs, interleave=interleave, **given
+    )
     if quick:
         options = quick_options(options, set(given))
 
@@ -161,12 +213,16 @@ def command(
     if save and url:
         raise BonsaiError("--save needs servers that bench launches itself", "leave out --url")
     if save and options.repeats < 3:
-        raise BonsaiError(f"--save needs at least 3 repeats (--repeats {options.repeats}): fewer decide nothing",
-                          "use --repeats 3 or more")
+        raise BonsaiError(
+            f"--save needs at least 3 repeats (--repeats {options.repeats}): fewer decide nothing",
+            "use --repeats 3 or more",
+        )
     if url:
         if passthrough_args(ctx) or model or drafter or configs:
-            raise BonsaiError("--url measures running servers: --model, --drafter, --configs and llama-server "
-                              "arguments do not apply", "drop them, or leave out --url to launch servers")
+            raise BonsaiError(
+                "--url measures running servers: --model, --drafter, --configs and llama-server arguments do not apply",
+                "drop them, or leave out --url to launch servers",
+            )
         target = Target(url=url, baseline_url=baseline_url, api_key=first_key(api_key or settings.get("api_key")))
     else:
         binary = prepare_launch(flags, model, drafter, options.configs)
@@ -190,8 +246,9 @@ def command(
 
     print_terminal(doc, console(), paths)
     if saved is not None:
-        console().print(f"stored as the tuning decision for BONSAI_SPECULATIVE=auto: {saved.choice.describe()}",
-                        markup=False)
+        console().print(
+            f"stored as the tuning decision for BONSAI_SPECULATIVE=auto: {saved.choice.describe()}", markup=False
+        )
 
 
 def save_decision(doc: dict, options, target, paths: dict):
@@ -200,13 +257,20 @@ def save_decision(doc: dict, options, target, paths: dict):
     from bonsai_launch.tune.session import decision_from_bench, with_report
     from bonsai_launch.tune.store import save
 
-    chosen = suite.select(suite.load_prompts(options.prompts_path),
-                          list(options.categories) if options.categories else None, options.per_category)
+    chosen = suite.select(
+        suite.load_prompts(options.prompts_path),
+        list(options.categories) if options.categories else None,
+        options.per_category,
+    )
     name = options.prompts_path or "bench suite"
     if options.categories or options.per_category:
-        name += f" ({', '.join(options.categories or ['all categories'])}; {options.per_category or 'all'} per category)"
-    decision = with_report(decision_from_bench(doc, target.flags, target.model, target.drafter, target.binary,
-                                               chosen, name), paths.get("json"))
+        name += (
+            f" ({', '.join(options.categories or ['all categories'])}; {options.per_category or 'all'} per category)"
+        )
+    decision = with_report(
+        decision_from_bench(doc, target.flags, target.model, target.drafter, target.binary, chosen, name),
+        paths.get("json"),
+    )
     save(decision)
     return decision
 
@@ -227,9 +291,13 @@ def prepare_launch(flags: dict, model: str | None, drafter: str | None, configs:
         from bonsai_launch.pull import ensure_profile_files
 
         needs_drafter = not drafter and any(c == "speculative" or c.startswith("draft-") for c in configs)
-        ensure_profile_files(selection.profile, layout=choice.kind.flavour,
-                             want_drafter=needs_drafter and selection.profile.has_role("drafter"),
-                             want_vision=False, console=console(stderr=True))
+        ensure_profile_files(
+            selection.profile,
+            layout=choice.kind.flavour,
+            want_drafter=needs_drafter and selection.profile.has_role("drafter"),
+            want_vision=False,
+            console=console(stderr=True),
+        )
     binary = choice.path
     if binary is None:
         from bonsai_launch.build import ensure_server
@@ -252,8 +320,14 @@ class _ProgressListener:
 
             from bonsai_launch.cli._output import console
 
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), console=console(stderr=True), transient=True)
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console(stderr=True),
+                transient=True,
+            )
             self._progress.start()
             self._task = self._progress.add_task("bench", total=None)
         return self

@@ -18,16 +18,23 @@ import typer
 from bonsai_launch.cli._options import JsonOpt
 
 BackendOpt = Annotated[str, typer.Option("--backend", help="auto, cpu, cuda, metal, vulkan or hip.")]
-SourceOpt = Annotated[str | None, typer.Option(
-    "--source", help="pin (default), a name from vendor/llama.cpp/pin.toml, git+URL@REF, or a folder.")]
-CudaArchsOpt = Annotated[str | None, typer.Option(
-    "--cuda-archs", help="CUDA architectures, e.g. 90 or 86,89 (default: the visible GPUs').")]
-GpuTargetsOpt = Annotated[str | None, typer.Option(
-    "--gpu-targets", help="HIP targets, e.g. gfx1100 (default: the visible GPUs').")]
-JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel compile jobs (default: cores, capped by RAM).")]
+SourceOpt = Annotated[
+    str | None,
+    typer.Option("--source", help="pin (default), a name from vendor/llama.cpp/pin.toml, git+URL@REF, or a folder."),
+]
+CudaArchsOpt = Annotated[
+    str | None, typer.Option("--cuda-archs", help="CUDA architectures, e.g. 90 or 86,89 (default: the visible GPUs').")
+]
+GpuTargetsOpt = Annotated[
+    str | None, typer.Option("--gpu-targets", help="HIP targets, e.g. gfx1100 (default: the visible GPUs').")
+]
+JobsOpt = Annotated[
+    int | None, typer.Option("--jobs", "-j", help="Parallel compile jobs (default: cores, capped by RAM).")
+]
 PortableOpt = Annotated[bool, typer.Option("--portable", help="Do not tune for this CPU (GGML_NATIVE=OFF).")]
-ForceOpt = Annotated[bool, typer.Option(
-    "--force", help="Configure, compile and install even when up to date; re-fetch a git source.")]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Configure, compile and install even when up to date; re-fetch a git source.")
+]
 
 
 def command(
@@ -45,8 +52,15 @@ def command(
     from bonsai_launch.cli._output import console, emit_json
 
     err = console(stderr=True)
-    request = BuildRequest(backend=backend, source=source, cuda_archs=cuda_archs, gpu_targets=gpu_targets,
-                           jobs=jobs, portable=portable, force=force)
+    request = BuildRequest(
+        backend=backend,
+        source=source,
+        cuda_archs=cuda_archs,
+        gpu_targets=gpu_targets,
+        jobs=jobs,
+        portable=portable,
+        force=force,
+    )
     result = build(request, console=err)
     if json_output:
         emit_json({**result.manifest, "up_to_date": result.up_to_date})
@@ -56,6 +70,8 @@ def command(
     if result.up_to_date:
         err.print(f"up to date: {m['backend']} build {m['key']} ({m.get('version') or 'version unknown'})")
     else:
-        err.print(f"built in {m['build_seconds']:.0f} s: {m.get('version') or 'version unknown'}; "
-                  f"speculative types: {', '.join(caps.get('spec_types', [])) or 'none found'}")
+        err.print(
+            f"built in {m['build_seconds']:.0f} s: {m.get('version') or 'version unknown'}; "
+            f"speculative types: {', '.join(caps.get('spec_types', [])) or 'none found'}"
+        )
     print(result.server)

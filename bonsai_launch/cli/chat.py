@@ -62,7 +62,9 @@ def command(
     from bonsai_launch.cli._output import console
 
     speculative = "auto" if speculative_auto else speculative
-    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel)
+    flags = start_flags(
+        profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel
+    )
     err = console(stderr=True)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     # Ctrl+C interrupts an answer (KeyboardInterrupt); the system's other stop signals
@@ -72,10 +74,19 @@ def command(
     stop_signals = tuple(s for s in process_control.current().stop_signals() if s != signal.SIGINT)
     with supervisor.SignalForwarder(stop_signals) as forwarder:
         try:
-            with server_for(flags, model, drafter, passthrough_args(ctx), url=url, api_key=api_key,
-                            spec_fallback=spec_fallback, forwarder=forwarder) as target:
-                err.print(f"chatting with {target.name} ({target.base_url}); /reset clears history, /exit leaves",
-                          style="dim")
+            with server_for(
+                flags,
+                model,
+                drafter,
+                passthrough_args(ctx),
+                url=url,
+                api_key=api_key,
+                spec_fallback=spec_fallback,
+                forwarder=forwarder,
+            ) as target:
+                err.print(
+                    f"chatting with {target.name} ({target.base_url}); /reset clears history, /exit leaves", style="dim"
+                )
                 while True:
                     try:
                         line = input("> ")
@@ -97,10 +108,15 @@ def command(
                     history.append({"role": "user", "content": text})
                     result = client.StreamResult()
                     try:
-                        for piece in client.stream_chat(target.base_url, history, max_tokens=max_tokens,
-                                                        temperature=temperature, api_key=target.api_key,
-                                                        result=result,
-                                                        on_reasoning=lambda p: err.print(p, style="dim", end="")):
+                        for piece in client.stream_chat(
+                            target.base_url,
+                            history,
+                            max_tokens=max_tokens,
+                            temperature=temperature,
+                            api_key=target.api_key,
+                            result=result,
+                            on_reasoning=lambda p: err.print(p, style="dim", end=""),
+                        ):
                             sys.stdout.write(piece)
                             sys.stdout.flush()
                     except KeyboardInterrupt:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
 
 
-def command(profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt = None, json_output: JsonOpt = False) -> None:
+def command(
+    profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt = None, json_output: JsonOpt = False
+) -> None:
     """Show each BONSAI_* setting's value and its source (flag, env, profile, default)."""
     from bonsai_launch.cli._output import console, emit_json
     from bonsai_launch.launch_inputs import select
@@ -45,4 +47,6 @@ def command(profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt 
         from bonsai_launch.cli.tune import print_decision
 
         print_decision(out, tuning, title=f"tuning decision {tuning['id']} ({tuning['prompts']}, {tuning['created']})")
-    out.print(tuning["message"].replace("BONSAI_SPECULATIVE=auto: ", "tuning (BONSAI_SPECULATIVE=auto): ", 1), markup=False)
+    out.print(
+        tuning["message"].replace("BONSAI_SPECULATIVE=auto: ", "tuning (BONSAI_SPECULATIVE=auto): ", 1), markup=False
+    )

@@ -23,12 +23,21 @@ from bonsai_launch.cli._options import JsonOpt
 
 def command(
     source: Annotated[str, typer.Argument(help="The legacy drafter, e.g. Ternary-Bonsai-27B-dspark-bf16.gguf.")],
-    target: Annotated[str, typer.Option("--target", help="The target model GGUF the drafter will serve (gives the tokenizer).")],
+    target: Annotated[
+        str, typer.Option("--target", help="The target model GGUF the drafter will serve (gives the tokenizer).")
+    ],
     output: Annotated[str, typer.Option("--output", "-o", help="Where to write the dflash drafter (.gguf).")],
-    keep_shared_tensors: Annotated[bool, typer.Option(
-        "--keep-shared-tensors", help="Keep the drafter's own token embedding and output head (by default they are "
-        "dropped and borrowed from the target: about 2.5 of the 27B drafter's 3.65 B parameters).")] = False,
-    quantize: Annotated[str, typer.Option("--quantize", help="Q4_0 (default, as PrismML does), Q8_0, or none (keep BF16).")] = "Q4_0",
+    keep_shared_tensors: Annotated[
+        bool,
+        typer.Option(
+            "--keep-shared-tensors",
+            help="Keep the drafter's own token embedding and output head (by default they are "
+            "dropped and borrowed from the target: about 2.5 of the 27B drafter's 3.65 B parameters).",
+        ),
+    ] = False,
+    quantize: Annotated[
+        str, typer.Option("--quantize", help="Q4_0 (default, as PrismML does), Q8_0, or none (keep BF16).")
+    ] = "Q4_0",
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
     json_output: JsonOpt = False,
 ) -> None:
@@ -43,9 +52,15 @@ def command(
     err = console(stderr=True)
     try:
         with RichReporter(err) as reporter:
-            result = convert_drafter(Path(source).expanduser(), Path(target).expanduser(), Path(output).expanduser(),
-                                     keep_shared_tensors=keep_shared_tensors, quantization=quantize, force=force,
-                                     reporter=reporter)
+            result = convert_drafter(
+                Path(source).expanduser(),
+                Path(target).expanduser(),
+                Path(output).expanduser(),
+                keep_shared_tensors=keep_shared_tensors,
+                quantization=quantize,
+                force=force,
+                reporter=reporter,
+            )
     except KeyboardInterrupt:
         err.print("interrupted: nothing was written", markup=False)
         raise typer.Exit(130) from None
@@ -57,8 +72,11 @@ def command(
         return
     out = console()
     dropped = f"; dropped {', '.join(result.dropped)} (borrowed from the target)" if result.dropped else ""
-    out.print(f"wrote {result.output} ({human(result.size)}, {result.tensors} tensors, "
-              f"{result.provenance.quantization}{', log-SNR conditioning' if result.log_snr else ''}){dropped}",
-              markup=False)
-    out.print(f"use it: BONSAI_SPECULATIVE=1 bonsai start --model {result.target} --drafter {result.output}",
-              markup=False)
+    out.print(
+        f"wrote {result.output} ({human(result.size)}, {result.tensors} tensors, "
+        f"{result.provenance.quantization}{', log-SNR conditioning' if result.log_snr else ''}){dropped}",
+        markup=False,
+    )
+    out.print(
+        f"use it: BONSAI_SPECULATIVE=1 bonsai start --model {result.target} --drafter {result.output}", markup=False
+    )

@@ -27,10 +27,14 @@ def command(json_output: JsonOpt = False) -> None:
 
     out = console()
     hw = report.hardware
-    gpus = ", ".join(f"{g['name']} ({_gb(g['total_bytes'])}, cc {g['compute_capability']})" for g in hw["gpus"]) or "none"
-    out.print(f"[bold]hardware[/]  {hw['os']} {hw['arch']}, {hw['physical_cores']} cores "
-              f"({hw['logical_cores']} threads), {hw['ram_gb']} GiB RAM; GPUs: {gpus}"
-              + (" ; Metal" if hw.get("metal") else ""))
+    gpus = (
+        ", ".join(f"{g['name']} ({_gb(g['total_bytes'])}, cc {g['compute_capability']})" for g in hw["gpus"]) or "none"
+    )
+    out.print(
+        f"[bold]hardware[/]  {hw['os']} {hw['arch']}, {hw['physical_cores']} cores "
+        f"({hw['logical_cores']} threads), {hw['ram_gb']} GiB RAM; GPUs: {gpus}"
+        + (" ; Metal" if hw.get("metal") else "")
+    )
 
     tools = Table(title="toolchain", title_justify="left")
     for col in ("tool", "path", "version"):
@@ -51,22 +55,34 @@ def command(json_output: JsonOpt = False) -> None:
             number = entry.get("build_number")
             current = entry["is_pin"] and entry["current_patches"]
             source = (entry["source"] or "?") + (f" ({entry['kind']})" if entry.get("flavour") == "fork" else "")
-            builds.add_row(entry["key"], f"b{number}" if number is not None else "?", source,
-                           "[green]yes[/]" if "draft-dspark" in entry["spec_types"] else "[red]no[/]",
-                           "[green]yes[/]" if current else "[yellow]no[/]",
-                           ", ".join(entry.get("profiles", [])) or "[dim]none[/]", entry["llama_server"])
+            builds.add_row(
+                entry["key"],
+                f"b{number}" if number is not None else "?",
+                source,
+                "[green]yes[/]" if "draft-dspark" in entry["spec_types"] else "[red]no[/]",
+                "[green]yes[/]" if current else "[yellow]no[/]",
+                ", ".join(entry.get("profiles", [])) or "[dim]none[/]",
+                entry["llama_server"],
+            )
         out.print(builds)
         if not any(entry.get("flavour") == "fork" for entry in report.builds):
-            out.print("[dim]no PrismML fork build: bonsai2-27b and PQ2_0 files need one (`bonsai build --source prismml`)[/]")
+            out.print(
+                "[dim]no PrismML fork build: bonsai2-27b and PQ2_0 files need one (`bonsai build --source prismml`)[/]"
+            )
     else:
         out.print("[bold]builds[/]  none")
     if report.llama_server:
         ls = report.llama_server
-        out.print(f"[bold]{ls.get('setting', 'BONSAI_LLAMA_SERVER')}[/]  {ls['path']}: " + (ls.get("error") or ls.get("version") or "?"))
+        out.print(
+            f"[bold]{ls.get('setting', 'BONSAI_LLAMA_SERVER')}[/]  {ls['path']}: "
+            + (ls.get("error") or ls.get("version") or "?")
+        )
     if report.models:
         for m in report.models:
-            out.print(f"[bold]model[/]  {m['profile']}: {', '.join(m['files'])} ({_gb(m['bytes'])})"
-                      + ("" if m["complete"] else " [yellow](incomplete)[/]"))
+            out.print(
+                f"[bold]model[/]  {m['profile']}: {', '.join(m['files'])} ({_gb(m['bytes'])})"
+                + ("" if m["complete"] else " [yellow](incomplete)[/]")
+            )
     else:
         out.print("[bold]models[/]  none downloaded (`bonsai pull --profile demo`)")
     p = report.port

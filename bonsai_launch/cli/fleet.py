@@ -32,24 +32,59 @@ from bonsai_launch.cli._options import (
 )
 from bonsai_launch.cli._passthrough import PassthroughCommand, passthrough_args
 
-app = typer.Typer(name="fleet", no_args_is_help=True, add_completion=False,
-                  help="Replicas of a profile behind the LiteLLM proxy (least-busy routing, retries, failover).",
-                  context_settings={"help_option_names": ["-h", "--help"]})
+app = typer.Typer(
+    name="fleet",
+    no_args_is_help=True,
+    add_completion=False,
+    help="Replicas of a profile behind the LiteLLM proxy (least-busy routing, retries, failover).",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
-ReplicasOpt = Annotated[int | None, typer.Option("--replicas", "-n", help="Local llama-server replicas to start (default 2; 0: remote members only).")]
-GpusOpt = Annotated[str | None, typer.Option("--gpus", help="GPU device numbers, one replica per entry in turn, e.g. 0,1.")]
-ThreadsOpt = Annotated[int | None, typer.Option("--threads-per-replica", help="CPU threads per replica (default: the cores split evenly, each replica pinned to its own).")]
-ProxyPortOpt = Annotated[int, typer.Option("--port", help="The proxy's port; replicas take the next ports (PORT+1, PORT+2, ...).")]
-RemoteWaitOpt = Annotated[float, typer.Option("--remote-wait", help="Seconds a remote member may take to answer /health 200 before it is left out.")]
+ReplicasOpt = Annotated[
+    int | None,
+    typer.Option("--replicas", "-n", help="Local llama-server replicas to start (default 2; 0: remote members only)."),
+]
+GpusOpt = Annotated[
+    str | None, typer.Option("--gpus", help="GPU device numbers, one replica per entry in turn, e.g. 0,1.")
+]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads-per-replica",
+        help="CPU threads per replica (default: the cores split evenly, each replica pinned to its own).",
+    ),
+]
+ProxyPortOpt = Annotated[
+    int, typer.Option("--port", help="The proxy's port; replicas take the next ports (PORT+1, PORT+2, ...).")
+]
+RemoteWaitOpt = Annotated[
+    float,
+    typer.Option("--remote-wait", help="Seconds a remote member may take to answer /health 200 before it is left out."),
+]
 HostsOpt = Annotated[Path | None, typer.Option("--hosts", help="Fleet file listing remote members (url, api_key_env).")]
 
 
 @app.command("up", cls=PassthroughCommand)
-def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None, size: SizeOpt = None,
-       replicas: ReplicasOpt = None, gpus: GpusOpt = None, threads_per_replica: ThreadsOpt = None,
-       port: ProxyPortOpt = 4000, hosts: HostsOpt = None, speculative: SpecOpt = None, spec_type: SpecTypeOpt = None,
-       spec_nmax: SpecNmaxOpt = None, parallel: ParallelOpt = None, ctx_size: CtxOpt = None, ngl: NglOpt = None, kv4: Kv4Opt = None,
-       remote_wait: RemoteWaitOpt = 60.0, json_output: JsonOpt = False) -> None:
+def up(
+    ctx: typer.Context,
+    profile: ProfileOpt = None,
+    family: FamilyOpt = None,
+    size: SizeOpt = None,
+    replicas: ReplicasOpt = None,
+    gpus: GpusOpt = None,
+    threads_per_replica: ThreadsOpt = None,
+    port: ProxyPortOpt = 4000,
+    hosts: HostsOpt = None,
+    speculative: SpecOpt = None,
+    spec_type: SpecTypeOpt = None,
+    spec_nmax: SpecNmaxOpt = None,
+    parallel: ParallelOpt = None,
+    ctx_size: CtxOpt = None,
+    ngl: NglOpt = None,
+    kv4: Kv4Opt = None,
+    remote_wait: RemoteWaitOpt = 60.0,
+    json_output: JsonOpt = False,
+) -> None:
     """Start replicas and the proxy; return once the proxy and every member answer.
 
     Run again on a running fleet to restart what died. Arguments after -- go to every replica's
@@ -61,11 +96,28 @@ def up(ctx: typer.Context, profile: ProfileOpt = None, family: FamilyOpt = None,
     from bonsai_launch.fleet.service import UpOptions
     from bonsai_launch.fleet.service import up as fleet_up
 
-    flags = {"profile": profile, "family": family, "size": size, "speculative": speculative, "spec_type": spec_type,
-             "spec_nmax": spec_nmax, "parallel": parallel, "ctx": ctx_size, "ngl": ngl, "kv4": kv4}
-    opts = UpOptions(flags={k: v for k, v in flags.items() if v is not None}, replicas=replicas,
-                     gpus=fleet_hosts.parse_gpus(gpus), threads=threads_per_replica, port=port, hosts_file=hosts,
-                     passthrough=passthrough_args(ctx), remote_wait_s=remote_wait)
+    flags = {
+        "profile": profile,
+        "family": family,
+        "size": size,
+        "speculative": speculative,
+        "spec_type": spec_type,
+        "spec_nmax": spec_nmax,
+        "parallel": parallel,
+        "ctx": ctx_size,
+        "ngl": ngl,
+        "kv4": kv4,
+    }
+    opts = UpOptions(
+        flags={k: v for k, v in flags.items() if v is not None},
+        replicas=replicas,
+        gpus=fleet_hosts.parse_gpus(gpus),
+        threads=threads_per_replica,
+        port=port,
+        hosts_file=hosts,
+        passthrough=passthrough_args(ctx),
+        remote_wait_s=remote_wait,
+    )
 
     def status(text: str) -> None:
         if not json_output:
@@ -103,21 +155,31 @@ def _print_up(result) -> None:
             spec_text = f"live ({spec['type']})" if spec.get("live") else "not live"
         else:
             spec_text = "off" if m["local"] and not result.reused else "-"
-        table.add_row(m["name"], m["url"], str(m["pid"] or "-"), m.get("share") or ("remote" if not m["local"] else "-"),
-                      spec_text)
+        table.add_row(
+            m["name"],
+            m["url"],
+            str(m["pid"] or "-"),
+            m.get("share") or ("remote" if not m["local"] else "-"),
+            spec_text,
+        )
     out.print(table)
     for e in result.excluded:
         out.print(f"[yellow]left out[/] {e['name']} ({e['url']}): {e['why']}", markup=True)
     if result.key_source == "generated":
-        out.print(f"  API key  {result.api_key}   [yellow](generated, shown only this once: "
-                  f"export BONSAI_API_KEY={result.api_key})[/]")
+        out.print(
+            f"  API key  {result.api_key}   [yellow](generated, shown only this once: "
+            f"export BONSAI_API_KEY={result.api_key})[/]"
+        )
     elif result.key_source == "BONSAI_API_KEY":
         out.print("  API key  $BONSAI_API_KEY")
     else:
         out.print("  API key  unchanged (shown when the proxy started)")
     body = '{"model":"%s","messages":[{"role":"user","content":"Hello!"}]}' % result.model
-    out.print(f"  try: curl {result.url}/v1/chat/completions -H 'Content-Type: application/json' "
-              f"-H \"Authorization: Bearer $BONSAI_API_KEY\" -d '{body}'", markup=False)
+    out.print(
+        f"  try: curl {result.url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-H \"Authorization: Bearer $BONSAI_API_KEY\" -d '{body}'",
+        markup=False,
+    )
     out.print(f"  proxy config {result.config}; llama-swap config {result.llama_swap}")
     out.print("  `bonsai fleet ps` shows the members, `bonsai fleet down` stops everything")
 
@@ -139,9 +201,11 @@ def ps(json_output: JsonOpt = False) -> None:
     from rich.table import Table
 
     p = data["proxy"]
-    out.print(f"proxy {data['url']}/v1 model {data['model']!r}: "
-              + ("[green]up[/]" if p and p["alive"] else "[red]dead[/] (`bonsai fleet up` starts it again)")
-              + (f", pid {p['pid']}" if p else ""))
+    out.print(
+        f"proxy {data['url']}/v1 model {data['model']!r}: "
+        + ("[green]up[/]" if p and p["alive"] else "[red]dead[/] (`bonsai fleet up` starts it again)")
+        + (f", pid {p['pid']}" if p else "")
+    )
     table = Table(box=None, pad_edge=False)
     for col in ("MEMBER", "URL", "PID", "HEALTH", "IN FLIGHT", "ACCEPTANCE"):
         table.add_column(col, no_wrap=True)
@@ -149,8 +213,14 @@ def ps(json_output: JsonOpt = False) -> None:
         health = m["health"]
         colour = "green" if health == "ok" else "red"
         acc = f"{m['acceptance'] * 100:.1f}% ({m['accepted']}/{m['drafted']})" if m["acceptance"] is not None else "-"
-        table.add_row(m["name"], m["url"], str(m["pid"] or "-"), f"[{colour}]{health}[/]",
-                      "-" if m["in_flight"] is None else str(m["in_flight"]), acc)
+        table.add_row(
+            m["name"],
+            m["url"],
+            str(m["pid"] or "-"),
+            f"[{colour}]{health}[/]",
+            "-" if m["in_flight"] is None else str(m["in_flight"]),
+            acc,
+        )
     out.print(table)
     for e in data["excluded"]:
         out.print(f"[yellow]left out at start[/] {e['name']} ({e['url']}): {e['why']}")

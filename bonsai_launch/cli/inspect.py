@@ -17,7 +17,9 @@ from bonsai_launch.cli._options import JsonOpt
 
 def command(
     file: Annotated[str, typer.Argument(help="A .gguf file.")],
-    target: Annotated[str | None, typer.Option("--target", help="Check FILE as a drafter for this target GGUF.")] = None,
+    target: Annotated[
+        str | None, typer.Option("--target", help="Check FILE as a drafter for this target GGUF.")
+    ] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Show architecture, sizes, vocabulary fingerprint and drafter details of a GGUF file."""
@@ -55,7 +57,10 @@ def command(
         if info.drafter:
             d = info.drafter
             rows += [
-                ("drafter kind", d.kind + (" (needs the PrismML fork or a conversion)" if d.kind == "legacy-dspark" else "")),
+                (
+                    "drafter kind",
+                    d.kind + (" (needs the PrismML fork or a conversion)" if d.kind == "legacy-dspark" else ""),
+                ),
                 ("block size", d.block_size if d.block_size is not None else "MISSING"),
                 ("target layers", ", ".join(map(str, d.target_layers)) or "-"),
                 ("mask token id", d.mask_token_id),
@@ -64,9 +69,14 @@ def command(
                 ("log-SNR conditioning", _log_snr_row(d)),
             ]
         if conversion:
-            rows.append(("converted from", f"{conversion.source_name} (sha256 {conversion.source_sha256[:12]}…), "
-                         f"converter {conversion.converter_version}, {conversion.quantization}, "
-                         f"shared tensors {conversion.shared_tensors}"))
+            rows.append(
+                (
+                    "converted from",
+                    f"{conversion.source_name} (sha256 {conversion.source_sha256[:12]}…), "
+                    f"converter {conversion.converter_version}, {conversion.quantization}, "
+                    f"shared tensors {conversion.shared_tensors}",
+                )
+            )
         for key, value in rows:
             table.add_row(key, str(value))
         out = console()
@@ -76,7 +86,9 @@ def command(
             for p in problems:
                 out.print(f"  - {p}")
     if problems:
-        raise BonsaiError(f"{info.path.name} does not fit {target}: {problems[0]}", "use the drafter made for this target")
+        raise BonsaiError(
+            f"{info.path.name} does not fit {target}: {problems[0]}", "use the drafter made for this target"
+        )
 
 
 def _log_snr_row(d) -> str:

@@ -26,21 +26,39 @@ def catalog() -> list[dict]:
         files = []
         for f in profile.files:
             s = model_store.state(profile.name, f.name, records)
-            files.append({"role": f.role, "name": f.name, "layout": f.layout, "builds": builds_text(f),
-                          "min_fork_release": f.min_fork_release, "note": f.note, "present": s.present,
-                          "verified": s.verified, "size": s.size if s.present else f.size,
-                          "sha256": s.record.sha256 if s.record else f.sha256,
-                          "partial_bytes": s.partial_bytes, "path": str(s.path)})
+            files.append(
+                {
+                    "role": f.role,
+                    "name": f.name,
+                    "layout": f.layout,
+                    "builds": builds_text(f),
+                    "min_fork_release": f.min_fork_release,
+                    "note": f.note,
+                    "present": s.present,
+                    "verified": s.verified,
+                    "size": s.size if s.present else f.size,
+                    "sha256": s.record.sha256 if s.record else f.sha256,
+                    "partial_bytes": s.partial_bytes,
+                    "path": str(s.path),
+                }
+            )
         folder = model_store.folder(profile.name)
         drafter_state = _drafter_state(profile, files)
-        entries.append({"profile": profile.name, "family": profile.family, "size": profile.size,
-                        "description": profile.description,
-                        "source": profile.repo or f"pypi:{profile.pypi_package}",
-                        "drafter": next((f.name for f in profile.files if f.role == "drafter"), None),
-                        "drafter_state": drafter_state,
-                        "draft_free_type": profile.draft_free_type, "folder": str(folder),
-                        "disk_bytes": model_store.folder_size(folder) if folder.is_dir() else 0,
-                        "files": files})
+        entries.append(
+            {
+                "profile": profile.name,
+                "family": profile.family,
+                "size": profile.size,
+                "description": profile.description,
+                "source": profile.repo or f"pypi:{profile.pypi_package}",
+                "drafter": next((f.name for f in profile.files if f.role == "drafter"), None),
+                "drafter_state": drafter_state,
+                "draft_free_type": profile.draft_free_type,
+                "folder": str(folder),
+                "disk_bytes": model_store.folder_size(folder) if folder.is_dir() else 0,
+                "files": files,
+            }
+        )
     return entries
 
 
@@ -54,13 +72,23 @@ def _drafter_state(profile, files: list[dict]) -> dict | None:
         drafters = [f for f in files if f["role"] == "drafter"]
         if not drafters:
             return None
-        return {"state": "downloaded" if any(f["present"] for f in drafters) else "absent", "converted": None,
-                "reasons": []}
+        return {
+            "state": "downloaded" if any(f["present"] for f in drafters) else "absent",
+            "converted": None,
+            "reasons": [],
+        }
     model = profile.file("model", entry.layout)
     target = model_store_path(profile, model.name) if model else None
-    st = drafter_cache.profile_drafter_state(profile, entry, target) if target else \
-        drafter_cache.DrafterState("absent", None, None)
-    return {"state": st.state, "converted": str(drafter_cache.profile_output(profile, entry)), "reasons": list(st.reasons)}
+    st = (
+        drafter_cache.profile_drafter_state(profile, entry, target)
+        if target
+        else drafter_cache.DrafterState("absent", None, None)
+    )
+    return {
+        "state": st.state,
+        "converted": str(drafter_cache.profile_output(profile, entry)),
+        "reasons": list(st.reasons),
+    }
 
 
 def model_store_path(profile, name: str):
@@ -80,9 +108,11 @@ def command(json_output: JsonOpt = False) -> None:
         return
     from rich.table import Table
 
-    table = Table(title="bonsai profiles",
-                  caption="✓ present, sha256 verified   ? present, not verified   · not downloaded\n"
-                          "(in brackets: the llama.cpp builds that load the file; fork = `bonsai build --source prismml`)")
+    table = Table(
+        title="bonsai profiles",
+        caption="✓ present, sha256 verified   ? present, not verified   · not downloaded\n"
+        "(in brackets: the llama.cpp builds that load the file; fork = `bonsai build --source prismml`)",
+    )
     for col in ("profile", "family", "size", "files", "speculation", "on disk"):
         table.add_column(col)
     for entry in entries:
@@ -100,7 +130,9 @@ def command(json_output: JsonOpt = False) -> None:
         spec = (entry["drafter"] and "drafter") or entry["draft_free_type"] or "-"
         if entry["drafter_state"]:
             ds = entry["drafter_state"]
-            spec = f"drafter: {ds['state']}" + (f"\n[dim]{ds['reasons'][0]}[/]" if ds["state"] == "converted" and ds["reasons"] else "")
+            spec = f"drafter: {ds['state']}" + (
+                f"\n[dim]{ds['reasons'][0]}[/]" if ds["state"] == "converted" and ds["reasons"] else ""
+            )
         disk = human(entry["disk_bytes"]) if entry["disk_bytes"] else "-"
         table.add_row(entry["profile"], entry["family"], entry["size"], "\n".join(lines), spec, disk)
     console().print(table)

@@ -42,7 +42,9 @@ def command(json_output: JsonOpt = False) -> None:
 
     table = Table(box=None, pad_edge=False)
     tuned = any(i.tuning for i in live)
-    for col in ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE") + (("AUTO DECISION",) if tuned else ()):
+    for col in ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE") + (
+        ("AUTO DECISION",) if tuned else ()
+    ):
         table.add_column(col, no_wrap=True)
     for i in live:
         if i.speculative:
@@ -51,8 +53,16 @@ def command(json_output: JsonOpt = False) -> None:
             spec = "no (not live, fallback)" if i.spec_type else "no"
         # The real bind address (0.0.0.0 is every interface), not the URL bonsai talks to.
         address = escape(f"[{i.host}]:{i.port}" if ":" in i.host else f"{i.host}:{i.port}")
-        row = [i.name, i.profile or "-", address, "yes" if i.api_key_required else "no", str(i.pid),
-               format_uptime(i.uptime), spec, "detached" if i.detached else "foreground"]
+        row = [
+            i.name,
+            i.profile or "-",
+            address,
+            "yes" if i.api_key_required else "no",
+            str(i.pid),
+            format_uptime(i.uptime),
+            spec,
+            "detached" if i.detached else "foreground",
+        ]
         if tuned:
             row.append(decision_cell(i.tuning))
         table.add_row(*row)

@@ -24,11 +24,21 @@ import typer
 from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt
 
 NoDrafterOpt = Annotated[bool, typer.Option("--no-drafter", help="Skip the speculative-decoding drafter.")]
-NoVisionOpt = Annotated[bool, typer.Option("--no-vision", help="Skip the vision projector (mmproj); env BONSAI_VISION=0.")]
-RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Branch, tag or commit of the repo (default: main).")]
+NoVisionOpt = Annotated[
+    bool, typer.Option("--no-vision", help="Skip the vision projector (mmproj); env BONSAI_VISION=0.")
+]
+RevisionOpt = Annotated[
+    str | None, typer.Option("--revision", help="Branch, tag or commit of the repo (default: main).")
+]
 LayoutOpt = Annotated[str | None, typer.Option("--layout", help="mainline or fork weights; env BONSAI_LAYOUT.")]
-SpeculativeOpt = Annotated[bool, typer.Option("--speculative", help="Also fetch a drafter that is only fetched for speculation "
-                                              "(the 27B bf16 sidecars, converted once); env BONSAI_SPECULATIVE=1.")]
+SpeculativeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--speculative",
+        help="Also fetch a drafter that is only fetched for speculation "
+        "(the 27B bf16 sidecars, converted once); env BONSAI_SPECULATIVE=1.",
+    ),
+]
 
 
 def command(
@@ -55,12 +65,19 @@ def command(
     want_drafter = False if no_drafter else True if speculative or settings["speculative"] else None
     try:
         with RichReporter(err_console) as reporter:
-            result = pull_profile(selection.profile, layout=selection.flavour, want_drafter=want_drafter,
-                                  want_vision=not no_vision and settings["vision"], revision=revision,
-                                  reporter=reporter)
+            result = pull_profile(
+                selection.profile,
+                layout=selection.flavour,
+                want_drafter=want_drafter,
+                want_vision=not no_vision and settings["vision"],
+                revision=revision,
+                reporter=reporter,
+            )
     except KeyboardInterrupt:
-        err_console.print(f"interrupted: partial downloads are kept; `bonsai pull --profile {selection.profile.name}` "
-                          "resumes them", markup=False)
+        err_console.print(
+            f"interrupted: partial downloads are kept; `bonsai pull --profile {selection.profile.name}` resumes them",
+            markup=False,
+        )
         raise typer.Exit(130) from None
     if json_output:
         emit_json(result.to_json())

@@ -36,8 +36,10 @@ def command(
     known = load_all()
     stored = model_store.stored_profiles()
     if profile not in known and profile not in stored:
-        raise BonsaiError(f"{profile!r} is not a known profile and has no folder in {model_store.folder('x').parent}",
-                          "stored: " + (", ".join(stored) or "nothing yet"))
+        raise BonsaiError(
+            f"{profile!r} is not a known profile and has no folder in {model_store.folder('x').parent}",
+            "stored: " + (", ".join(stored) or "nothing yet"),
+        )
     folder = model_store.folder(profile)
     size = model_store.folder_size(folder) if folder.exists() else 0
     if not folder.exists():
@@ -48,8 +50,9 @@ def command(
         return
     if not yes:
         if not sys.stdin.isatty():
-            raise BonsaiError(f"refusing to delete {folder} ({model_store.human(size)}) without confirmation",
-                              "add --yes")
+            raise BonsaiError(
+                f"refusing to delete {folder} ({model_store.human(size)}) without confirmation", "add --yes"
+            )
         if not typer.confirm(f"Delete {folder} ({model_store.human(size)})?", default=False):
             raise typer.Exit(1)
     with model_store.profile_lock(profile, wait=False):

@@ -42,7 +42,9 @@ from bonsai_launch.cli.start import start_flags
 PromptArg = Annotated[str, typer.Argument(help="The prompt to answer.")]
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Use this server instead of the profile's.")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="Longest answer, in tokens.")]
-TempOpt = Annotated[float | None, typer.Option("--temperature", "-t", help="Sampling temperature (default: the profile's).")]
+TempOpt = Annotated[
+    float | None, typer.Option("--temperature", "-t", help="Sampling temperature (default: the profile's).")
+]
 SystemOpt = Annotated[str | None, typer.Option("--system", help="A system prompt.")]
 ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", help="API key for the server; env BONSAI_API_KEY.")]
 
@@ -57,9 +59,17 @@ class Target:
 
 
 @contextlib.contextmanager
-def server_for(flags: dict, model: str | None, drafter: str | None, passthrough: tuple[str, ...], *,
-               url: str | None, api_key: str | None, spec_fallback: bool,
-               forwarder=None) -> Iterator[Target]:
+def server_for(
+    flags: dict,
+    model: str | None,
+    drafter: str | None,
+    passthrough: tuple[str, ...],
+    *,
+    url: str | None,
+    api_key: str | None,
+    spec_fallback: bool,
+    forwarder=None,
+) -> Iterator[Target]:
     """A server to talk to: --url, else the running server of the profile, else a temporary
     one (started like `bonsai start`, with its checks and speculation proof; always stopped).
 
@@ -91,8 +101,10 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
             yield Target(running.base_url, key, False, running.name, speculative=running.speculative)
             return
         if running is not None:
-            sys.stderr.write(f"the running server {running.name} ({running.base_url}) does not speculate: "
-                             "starting a temporary speculative server for this answer\n")
+            sys.stderr.write(
+                f"the running server {running.name} ({running.base_url}) does not speculate: "
+                "starting a temporary speculative server for this answer\n"
+            )
     if flags.get("port") is None and not launch_settings(flags, passthrough).is_explicit("port"):
         flags = {**flags, "port": free_port()}  # a temporary server must not fight over 8080
     plan, generated = prepare_plan(flags, model, drafter, passthrough)
@@ -111,8 +123,13 @@ def server_for(flags: dict, model: str | None, drafter: str | None, passthrough:
             sys.stderr.write(f"warning: {launched.proof.summary()}; answering without speculation (--spec-fallback)\n")
         if launched.slots_proof is not None:
             sys.stderr.write(launched.slots_proof.summary() + "\n")
-        yield Target(plan.base_url, plan.api_key or key, True, launched.instance.name,
-                     speculative=bool(launched.proof and launched.proof.live))
+        yield Target(
+            plan.base_url,
+            plan.api_key or key,
+            True,
+            launched.instance.name,
+            speculative=bool(launched.proof and launched.proof.live),
+        )
     finally:
         supervisor.shutdown(launched)
 
@@ -125,10 +142,12 @@ def _require_speculating(url: str, api_key: str | None) -> None:
 
     result = speculation_probe.probe(url, api_key)
     if not speculation_probe.is_live(result):
-        raise ActionFailed(f"speculation was asked for, but the server at {url} does not speculate: "
-                           f"{speculation_probe.not_live_reason(result)}",
-                           "start it with speculation (`bonsai start --speculative ...`), drop --url to let bonsai "
-                           "start a temporary speculative server, or unset BONSAI_SPECULATIVE/--speculative")
+        raise ActionFailed(
+            f"speculation was asked for, but the server at {url} does not speculate: "
+            f"{speculation_probe.not_live_reason(result)}",
+            "start it with speculation (`bonsai start --speculative ...`), drop --url to let bonsai "
+            "start a temporary speculative server, or unset BONSAI_SPECULATIVE/--speculative",
+        )
 
 
 def stats_line(result, speculative: bool = False) -> str:
@@ -179,18 +198,34 @@ def command(
     from bonsai_launch.cli._output import console, emit_json
 
     speculative = "auto" if speculative_auto else speculative
-    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel)
+    flags = start_flags(
+        profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel
+    )
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     err = console(stderr=True)
     with supervisor.SignalForwarder() as forwarder:
         try:
-            with server_for(flags, model, drafter, passthrough_args(ctx), url=url, api_key=api_key,
-                            spec_fallback=spec_fallback, forwarder=forwarder) as target:
+            with server_for(
+                flags,
+                model,
+                drafter,
+                passthrough_args(ctx),
+                url=url,
+                api_key=api_key,
+                spec_fallback=spec_fallback,
+                forwarder=forwarder,
+            ) as target:
                 result = client.StreamResult()
                 reasoning = (lambda piece: err.print(piece, style="dim", end="")) if not json_output else None
-                for piece in client.stream_chat(target.base_url, messages, max_tokens=max_tokens,
-                                                temperature=temperature, api_key=target.api_key, result=result,
-                                                on_reasoning=reasoning):
+                for piece in client.stream_chat(
+                    target.base_url,
+                    messages,
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    api_key=target.api_key,
+                    result=result,
+                    on_reasoning=reasoning,
+                ):
                     if not json_output:
                         sys.stdout.write(piece)
                         sys.stdout.flush()
@@ -199,8 +234,17 @@ def command(
             raise typer.Exit(130)
     if json_output:
         drafted, accepted, rate = client.acceptance(result.timings)
-        emit_json({"text": result.text, "reasoning": result.reasoning or None, "timings": result.timings,
-                   "drafted": drafted, "accepted": accepted, "acceptance": rate, "server": target.base_url})
+        emit_json(
+            {
+                "text": result.text,
+                "reasoning": result.reasoning or None,
+                "timings": result.timings,
+                "drafted": drafted,
+                "accepted": accepted,
+                "acceptance": rate,
+                "server": target.base_url,
+            }
+        )
         return
     sys.stdout.write("\n")
     sys.stdout.flush()

@@ -42,15 +42,32 @@ from bonsai_launch.cli._options import (
 )
 from bonsai_launch.cli._passthrough import passthrough_args
 
-NoTuneOpt = Annotated[bool, typer.Option("--no-tune", help="With BONSAI_SPECULATIVE=auto and no tuning decision: start plain instead of measuring first.")]
+NoTuneOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-tune", help="With BONSAI_SPECULATIVE=auto and no tuning decision: start plain instead of measuring first."
+    ),
+]
 
 
-def start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4,
-                parallel=None) -> dict:
+def start_flags(
+    profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4, parallel=None
+) -> dict:
     """CLI flags keyed by setting name (None = not given), for the settings resolver."""
-    return {"profile": profile, "family": family, "size": size, "speculative": speculative,
-            "spec_type": spec_type, "spec_nmax": spec_nmax, "ctx": ctx, "ngl": ngl,
-            "host": host, "port": port, "kv4": kv4, "parallel": parallel}
+    return {
+        "profile": profile,
+        "family": family,
+        "size": size,
+        "speculative": speculative,
+        "spec_type": spec_type,
+        "spec_nmax": spec_nmax,
+        "ctx": ctx,
+        "ngl": ngl,
+        "host": host,
+        "port": port,
+        "kv4": kv4,
+        "parallel": parallel,
+    }
 
 
 def command(
@@ -88,15 +105,27 @@ def command(
     if shell_format not in ("posix", "powershell"):
         raise BonsaiError(f"--format={shell_format!r} is not known", "allowed: posix, powershell")
     speculative = "auto" if speculative_auto else speculative
-    flags = start_flags(profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4, parallel)
+    flags = start_flags(
+        profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4, parallel
+    )
     passthrough = passthrough_args(ctx)
     if mmproj:
         flags["mmproj"] = mmproj  # the flag layer of BONSAI_MMPROJ
     if dry_run:
         show_dry_run(flags, model, drafter, passthrough, shell_format, json_output)
         return
-    raise typer.Exit(start_server(flags, model, drafter, passthrough, detach=detach,
-                                  spec_fallback=spec_fallback, json_output=json_output, tune=not no_tune))
+    raise typer.Exit(
+        start_server(
+            flags,
+            model,
+            drafter,
+            passthrough,
+            detach=detach,
+            spec_fallback=spec_fallback,
+            json_output=json_output,
+            tune=not no_tune,
+        )
+    )
 
 
 def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_output: bool) -> None:
@@ -112,15 +141,21 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
     plan = gather_plan(flags, model, drafter, passthrough, binary)
     warnings = list(plan.warnings)
     if binary is None and choice.kind.flavour == FORK:
-        warnings.append(f"no PrismML fork build yet ({selection.profile.name} runs on one here): `bonsai start` "
-                        f"builds it when GitHub is reachable, or run `{FORK_BUILD_COMMAND}`; capabilities not checked")
+        warnings.append(
+            f"no PrismML fork build yet ({selection.profile.name} runs on one here): `bonsai start` "
+            f"builds it when GitHub is reachable, or run `{FORK_BUILD_COMMAND}`; capabilities not checked"
+        )
     elif binary is None:
         warnings.append("no llama-server is built yet: `bonsai start` builds one; capabilities not checked")
     if json_output:
         data = plan.to_json()
         data["warnings"] = warnings
-        data["build"] = {"flavour": choice.kind.flavour, "fork_release": choice.kind.release,
-                         "from": choice.origin, "built": binary is not None}
+        data["build"] = {
+            "flavour": choice.kind.flavour,
+            "fork_release": choice.kind.release,
+            "from": choice.origin,
+            "built": binary is not None,
+        }
         emit_json(data)
         return
     for w in warnings:
@@ -141,15 +176,20 @@ def effective_values(plan) -> str:
     def value(label: str, shown, *keys: str) -> str:
         return f"{label} {shown}" + (" (from --)" if passed.intersection(keys) else "")
 
-    return ", ".join([
-        value("host", plan.host, "host"), value("port", plan.port, "port"), value("context", plan.ctx, "ctx"),
-        value("slots", plan.slots.count if plan.slots and plan.slots.count else "auto", "parallel"),
-        value("model name", plan.model_name, "alias"),
-        value("API key", "required" if "LLAMA_API_KEY" in plan.env else "none", "api_key"),
-    ])
+    return ", ".join(
+        [
+            value("host", plan.host, "host"),
+            value("port", plan.port, "port"),
+            value("context", plan.ctx, "ctx"),
+            value("slots", plan.slots.count if plan.slots and plan.slots.count else "auto", "parallel"),
+            value("model name", plan.model_name, "alias"),
+            value("API key", "required" if "LLAMA_API_KEY" in plan.env else "none", "api_key"),
+        ]
+    )
 
 
 # -- the real start ---------------------------------------------------------------------------
+
 
 def _build_server(flavour: str = "mainline"):
     """Build llama-server on demand (the pinned llama.cpp, or the pinned fork, for the detected backend)."""
@@ -158,7 +198,9 @@ def _build_server(flavour: str = "mainline"):
     try:
         from bonsai_launch.build import ensure_server
     except ImportError:  # a checkout without the build package
-        raise BonsaiError("no llama-server is built yet", "run `bonsai build`, or set BONSAI_LLAMA_SERVER to a llama-server binary") from None
+        raise BonsaiError(
+            "no llama-server is built yet", "run `bonsai build`, or set BONSAI_LLAMA_SERVER to a llama-server binary"
+        ) from None
     from bonsai_launch.cli._output import console
 
     return ensure_server(backend="auto", console=console(stderr=True), flavour=flavour)
@@ -216,8 +258,13 @@ def prepare_plan(flags, model, drafter, passthrough):
     fetch = None if explicit_model(selection, model) else _profile_fetcher()
     if fetch is not None:
         s = selection.settings
-        fetch(selection.profile, layout=choice.kind.flavour, want_drafter=bool(s["speculative"]) and not drafter,
-              want_vision=bool(s["vision"]) and not s.get("mmproj"), console=None)
+        fetch(
+            selection.profile,
+            layout=choice.kind.flavour,
+            want_drafter=bool(s["speculative"]) and not drafter,
+            want_vision=bool(s["vision"]) and not s.get("mmproj"),
+            console=None,
+        )
     if drafter:  # a legacy `dspark` drafter runs as its cached dflash conversion, made now if needed
         from bonsai_launch.drafter_cache import usable_for_start
 
@@ -265,7 +312,12 @@ def _web_ui(base_url: str, api_key: str | None) -> bool:
     import httpx
 
     try:
-        r = httpx.get(base_url + "/", timeout=2.0, trust_env=False, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        r = httpx.get(
+            base_url + "/",
+            timeout=2.0,
+            trust_env=False,
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+        )
         return r.status_code == 200 and "html" in r.headers.get("content-type", "")
     except httpx.HTTPError:
         return False
@@ -298,42 +350,58 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
     def mark(*keys: str) -> str:
         return " (from --)" if passed.intersection(keys) else ""
 
-    out.print(f"[bold green]ready[/] in {launched.ready_s:.1f} s: llama-server pid {server.pid}, "
-              f"name {inst.name}, log {server.log_path}")
+    out.print(
+        f"[bold green]ready[/] in {launched.ready_s:.1f} s: llama-server pid {server.pid}, "
+        f"name {inst.name}, log {server.log_path}"
+    )
     everywhere = " (all interfaces)" if plan.host in ("0.0.0.0", "::") else ""
     rows = [
         ("model", Path(plan.model).name + (f" (profile {plan.profile})" if plan.profile else "")),
-        ("model name", f"{plan.model_name}   (the \"model\" clients send; /v1/models lists it){mark('alias')}"),
+        ("model name", f'{plan.model_name}   (the "model" clients send; /v1/models lists it){mark("alias")}'),
         ("listening on", f"{plan.host}:{plan.port}{everywhere}{mark('host', 'port')}"),
         ("context", f"{plan.ctx} tokens{_per_slot(plan)}{mark('ctx')}"),
-        ("slots", f"{plan.slots.count if plan.slots and plan.slots.count else 'auto (llama-server decides)'}"
-                  f"{mark('parallel')}"),
+        (
+            "slots",
+            f"{plan.slots.count if plan.slots and plan.slots.count else 'auto (llama-server decides)'}"
+            f"{mark('parallel')}",
+        ),
         ("GPU layers", f"{plan.ngl} ({plan.backend}){mark('ngl')}"),
     ]
     if plan.speculative is None:
         rows.append(("speculation", "off"))
     else:
         sp = plan.speculative
-        rows.append(("speculation", f"{sp.spec_type}, n-max {sp.n_max if sp.n_max is not None else _default_n_max(sp.spec_type)}"
-                     + (f", drafter {Path(sp.drafter).name}" if sp.drafter else "")))
+        rows.append(
+            (
+                "speculation",
+                f"{sp.spec_type}, n-max {sp.n_max if sp.n_max is not None else _default_n_max(sp.spec_type)}"
+                + (f", drafter {Path(sp.drafter).name}" if sp.drafter else ""),
+            )
+        )
     rows.append(("OpenAI base URL", plan.base_url + "/v1"))
     if _web_ui(plan.base_url, key):
         rows.append(("web UI", plan.base_url + "/"))
     for label, value in rows:
         out.print(f"  {label:<16} {value}", markup=False)
     if generated_key:
-        out.print(f"  {'API key':<16} {generated_key}   [yellow](generated, shown only this once: "
-                  f"export BONSAI_API_KEY={generated_key})[/]")
+        out.print(
+            f"  {'API key':<16} {generated_key}   [yellow](generated, shown only this once: "
+            f"export BONSAI_API_KEY={generated_key})[/]"
+        )
         shown_key = generated_key
     elif key:
         source = "the arguments after --" if "api_key" in passed else "BONSAI_API_KEY"
-        out.print(f"  {'API key':<16} required on every request (from {source}); "
-                  "send it as Authorization: Bearer KEY", markup=False)
+        out.print(
+            f"  {'API key':<16} required on every request (from {source}); send it as Authorization: Bearer KEY",
+            markup=False,
+        )
         shown_key = mask_key(key) if "api_key" in passed else "$BONSAI_API_KEY"
     auth = f' -H "Authorization: Bearer {shown_key}"' if key else ""
     body = '{"model":"%s","messages":[{"role":"user","content":"Hello!"}]}' % plan.model_name
-    out.print(f"  try: curl {plan.base_url}/v1/chat/completions -H 'Content-Type: application/json'"
-              f"{auth} -d '{body}'", markup=False)
+    out.print(
+        f"  try: curl {plan.base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
+        markup=False,
+    )
     if launched.proof is not None and launched.proof.live:  # not live: already warned on stderr
         out.print(f"[green]{launched.proof.summary()}[/]")
     if launched.slots_proof is not None:
@@ -343,8 +411,12 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
         if plan.tuning.get("table"):
             from bonsai_launch.cli.tune import print_decision
 
-            print_decision(out, plan.tuning, title=f"BONSAI_SPECULATIVE=auto: decision {plan.tuning['id']} "
-                           f"({plan.tuning['prompts']}, {plan.tuning['created']})")
+            print_decision(
+                out,
+                plan.tuning,
+                title=f"BONSAI_SPECULATIVE=auto: decision {plan.tuning['id']} "
+                f"({plan.tuning['prompts']}, {plan.tuning['created']})",
+            )
         out.print(plan.tuning["message"], markup=False)
     if detach:
         out.print(f"running in the background: `bonsai logs {inst.name} -f`, `bonsai stop {inst.name}`")
@@ -363,8 +435,10 @@ def tune_first(plan, flags, model, drafter, passthrough, json_output: bool) -> N
     import sys
     from pathlib import Path
 
-    sys.stderr.write(plan.tuning["message"].split("; plain")[0] + ": tuning first (about a minute on a small model; "
-                     "--no-tune starts plain)\n")
+    sys.stderr.write(
+        plan.tuning["message"].split("; plain")[0] + ": tuning first (about a minute on a small model; "
+        "--no-tune starts plain)\n"
+    )
     sys.stderr.flush()
     from bonsai_launch.cli.tune import tune_now
 
@@ -374,8 +448,9 @@ def tune_first(plan, flags, model, drafter, passthrough, json_output: bool) -> N
         sys.stderr.write(f"tuned in {outcome.elapsed_s:.0f} s: {outcome.decision.choice.describe()}\n")
 
 
-def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallback: bool, json_output: bool,
-                 tune: bool = True) -> int:
+def start_server(
+    flags, model, drafter, passthrough, *, detach: bool, spec_fallback: bool, json_output: bool, tune: bool = True
+) -> int:
     """`bonsai start` without --dry-run. Returns the exit code (0 when the user stopped it)."""
     from bonsai_launch import supervisor
     from bonsai_launch.cli._output import emit_json, warn
@@ -391,8 +466,9 @@ def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallb
                 warn(w)
             update, stop_status = _status_reporter(json_output)
             try:
-                launched = supervisor.launch(plan, detach=detach, spec_fallback=spec_fallback,
-                                             on_status=update, forwarder=forwarder)
+                launched = supervisor.launch(
+                    plan, detach=detach, spec_fallback=spec_fallback, on_status=update, forwarder=forwarder
+                )
             finally:
                 stop_status()
         except supervisor.StopRequested:
@@ -402,12 +478,18 @@ def start_server(flags, model, drafter, passthrough, *, detach: bool, spec_fallb
             if launched.proof is not None and not launched.proof.live:
                 warn(launched.proof.summary() + "; serving without it (--spec-fallback)")
             if json_output:
-                data = {"name": launched.instance.name, "pid": launched.server.pid, "url": plan.base_url,
-                        "openai_base_url": plan.base_url + "/v1", "log": str(launched.server.log_path),
-                        "ready_s": round(launched.ready_s, 3), "detached": detach,
-                        "speculative": launched.proof.to_json() if launched.proof else None,
-                        "speculative_slots": launched.slots_proof.to_json() if launched.slots_proof else None,
-                        "plan": plan.to_json()}
+                data = {
+                    "name": launched.instance.name,
+                    "pid": launched.server.pid,
+                    "url": plan.base_url,
+                    "openai_base_url": plan.base_url + "/v1",
+                    "log": str(launched.server.log_path),
+                    "ready_s": round(launched.ready_s, 3),
+                    "detached": detach,
+                    "speculative": launched.proof.to_json() if launched.proof else None,
+                    "speculative_slots": launched.slots_proof.to_json() if launched.slots_proof else None,
+                    "plan": plan.to_json(),
+                }
                 if generated:
                     data["api_key"] = generated
                 emit_json(data)

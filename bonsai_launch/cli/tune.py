@@ -18,9 +18,17 @@ import typer
 from bonsai_launch.cli._options import CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt, SizeOpt
 from bonsai_launch.cli._passthrough import passthrough_args
 
-BudgetOpt = Annotated[float | None, typer.Option("--budget", help="Seconds to spend at most (default: about 12 plain runs, a minute on the demo).")]
-PromptsOpt = Annotated[str | None, typer.Option("--prompts", help="JSONL prompt file instead of the bundled tuning prompts.")]
-ConfigsOpt = Annotated[str | None, typer.Option("--configs", help="Comma list of candidates only (e.g. plain,ngram-mod,ngram-mod/n16,draft-dspark).")]
+BudgetOpt = Annotated[
+    float | None,
+    typer.Option("--budget", help="Seconds to spend at most (default: about 12 plain runs, a minute on the demo)."),
+]
+PromptsOpt = Annotated[
+    str | None, typer.Option("--prompts", help="JSONL prompt file instead of the bundled tuning prompts.")
+]
+ConfigsOpt = Annotated[
+    str | None,
+    typer.Option("--configs", help="Comma list of candidates only (e.g. plain,ngram-mod,ngram-mod/n16,draft-dspark)."),
+]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens generated per prompt.")]
 TempOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature of the measurements.")]
 
@@ -48,12 +56,28 @@ def command(
 
     flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl}
     names = tuple(c.strip() for c in configs.split(",") if c.strip()) if configs else None
-    outcome = tune_now(flags, model, drafter, passthrough_args(ctx), prompts=prompts, budget=budget, configs=names,
-                       max_tokens=max_tokens, temperature=temperature)
+    outcome = tune_now(
+        flags,
+        model,
+        drafter,
+        passthrough_args(ctx),
+        prompts=prompts,
+        budget=budget,
+        configs=names,
+        max_tokens=max_tokens,
+        temperature=temperature,
+    )
     if json_output:
-        emit_json({"decision": outcome.decision.to_json(), "stored": str(outcome.stored), "reports": outcome.paths,
-                   "budget_s": round(outcome.budget_s, 1), "elapsed_s": round(outcome.elapsed_s, 1),
-                   "notes": outcome.notes})
+        emit_json(
+            {
+                "decision": outcome.decision.to_json(),
+                "stored": str(outcome.stored),
+                "reports": outcome.paths,
+                "budget_s": round(outcome.budget_s, 1),
+                "elapsed_s": round(outcome.elapsed_s, 1),
+                "notes": outcome.notes,
+            }
+        )
         return
     from bonsai_launch.cli._output import console
 
@@ -66,17 +90,28 @@ def command(
     out.print(f"use it: BONSAI_SPECULATIVE=auto bonsai start {who}", markup=False)
 
 
-def tune_now(flags: dict, model: str | None, drafter: str | None, passthrough: tuple[str, ...], *,
-             prompts: str | None = None, budget: float | None = None, configs: tuple[str, ...] | None = None,
-             max_tokens: int = 64, temperature: float = 0.0, binary: Path | None = None):
+def tune_now(
+    flags: dict,
+    model: str | None,
+    drafter: str | None,
+    passthrough: tuple[str, ...],
+    *,
+    prompts: str | None = None,
+    budget: float | None = None,
+    configs: tuple[str, ...] | None = None,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    binary: Path | None = None,
+):
     """Fetch what is missing (model, drafter, llama-server), then measure with a progress bar."""
     from bonsai_launch.cli.bench import _ProgressListener, prepare_launch
     from bonsai_launch.tune.session import TuneOptions, TuneRequest, run_tune
 
     if binary is None:
         binary = prepare_launch(flags, model, drafter, ("plain", "speculative"))
-    options = TuneOptions(budget_s=budget, max_tokens=max_tokens, temperature=temperature, prompts_path=prompts,
-                          configs=configs)
+    options = TuneOptions(
+        budget_s=budget, max_tokens=max_tokens, temperature=temperature, prompts_path=prompts, configs=configs
+    )
     with _ProgressListener(enabled=True) as listener:
         return run_tune(TuneRequest(flags, model, drafter, passthrough, binary), options, listener)
 
@@ -88,10 +123,17 @@ def print_decision(out, decision: dict, title: str | None = None) -> None:
     from bonsai_launch.tune.decide import format_rows
 
     choice = decision["choice"]
-    table = Table(title=title or f"tuning decision {decision['id'][:8]} ({decision['prompts']}, {decision['created']})",
-                  title_justify="left")
-    for col, justify in (("configuration", "left"), ("decode tok/s", "right"), ("vs plain", "right"),
-                         ("accepted", "right"), ("verdict", "left")):
+    table = Table(
+        title=title or f"tuning decision {decision['id'][:8]} ({decision['prompts']}, {decision['created']})",
+        title_justify="left",
+    )
+    for col, justify in (
+        ("configuration", "left"),
+        ("decode tok/s", "right"),
+        ("vs plain", "right"),
+        ("accepted", "right"),
+        ("verdict", "left"),
+    ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for row in format_rows(decision["table"]):
         table.add_row(*row)

@@ -31,8 +31,12 @@ def default_url() -> tuple[str, str]:
     return f"http://127.0.0.1:{port}", "default address"
 
 
-def command(url: UrlOpt = None, expect_speculative: ExpectSpecOpt = False, api_key: ApiKeyOpt = None,
-            json_output: JsonOpt = False) -> None:
+def command(
+    url: UrlOpt = None,
+    expect_speculative: ExpectSpecOpt = False,
+    api_key: ApiKeyOpt = None,
+    json_output: JsonOpt = False,
+) -> None:
     """Check a server: health, model, decode speed, whether speculation is live.
 
     Drafted/accepted counts and the acceptance rate come from a short temperature-0
@@ -57,7 +61,9 @@ def command(url: UrlOpt = None, expect_speculative: ExpectSpecOpt = False, api_k
         out.print(f"health       {report.health}")
         out.print(f"model        {report.model or '-'}")
         if report.decode_tps is not None:
-            out.print(f"decode       {report.decode_tps:.1f} tokens/s over {report.tokens} tokens (temperature 0, repetitive probe)")
+            out.print(
+                f"decode       {report.decode_tps:.1f} tokens/s over {report.tokens} tokens (temperature 0, repetitive probe)"
+            )
         if report.speculative is None:
             spec = "cannot tell (no draft counts from this server)"
         elif report.speculative:

@@ -49,13 +49,21 @@ def litellm_config(model: str, members: list[Member]) -> dict:
     `model`; the master key comes from the environment (os.environ/...)."""
     model_list = []
     for m in members:
-        params: dict = {"model": f"openai/{model}", "api_base": m.url.rstrip("/") + "/v1",
-                        "api_key": f"os.environ/{m.api_key_env}" if m.api_key_env else "none",
-                        "timeout": REQUEST_TIMEOUT_S}
+        params: dict = {
+            "model": f"openai/{model}",
+            "api_base": m.url.rstrip("/") + "/v1",
+            "api_key": f"os.environ/{m.api_key_env}" if m.api_key_env else "none",
+            "timeout": REQUEST_TIMEOUT_S,
+        }
         # No max_parallel_requests: LiteLLM answers 429 past it, while llama-server queues
         # requests beyond its slots itself; least-busy already prefers the idlest member.
-        model_list.append({"model_name": model, "litellm_params": params,
-                           "model_info": {"id": m.name, "mode": "chat", "health_check_max_tokens": 1}})
+        model_list.append(
+            {
+                "model_name": model,
+                "litellm_params": params,
+                "model_info": {"id": m.name, "mode": "chat", "health_check_max_tokens": 1},
+            }
+        )
     return {
         "model_list": model_list,
         "router_settings": {
@@ -66,25 +74,74 @@ def litellm_config(model: str, members: list[Member]) -> dict:
             "retry_after": 0,
             "enable_health_check_routing": True,
         },
-        "litellm_settings": {"num_retries": NUM_RETRIES, "request_timeout": REQUEST_TIMEOUT_S,
-                             "drop_params": True, "telemetry": False},
-        "general_settings": {"master_key": f"os.environ/{MASTER_KEY_ENV}",
-                             "background_health_checks": True,
-                             "health_check_interval": HEALTH_CHECK_INTERVAL_S},
+        "litellm_settings": {
+            "num_retries": NUM_RETRIES,
+            "request_timeout": REQUEST_TIMEOUT_S,
+            "drop_params": True,
+            "telemetry": False,
+        },
+        "general_settings": {
+            "master_key": f"os.environ/{MASTER_KEY_ENV}",
+            "background_health_checks": True,
+            "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+        },
     }
 
 
 # -- llama-swap ----------------------------------------------------------------------------------
 
-LLAMA_SWAP_TOP_KEYS = frozenset({
-    "healthCheckTimeout", "logLevel", "logTimeFormat", "logToStdout", "store", "metricsMaxInMemory",
-    "captureBuffer", "ui", "performance", "startPort", "sendLoadingState", "includeAliasesInList", "globalTTL",
-    "unloadTimeout", "macros", "apiKeys", "tailcat", "upstream", "profiles", "selectors", "models", "hooks",
-    "routing", "peers"})
-LLAMA_SWAP_MODEL_KEYS = frozenset({
-    "macros", "cmd", "name", "description", "env", "proxy", "checkEndpoint", "ttl", "unloadTimeout", "compat",
-    "useModelName", "filters", "aliases", "metadata", "concurrencyLimit", "sendLoadingState", "timeouts",
-    "capabilities", "unlisted", "cmdStop"})
+LLAMA_SWAP_TOP_KEYS = frozenset(
+    {
+        "healthCheckTimeout",
+        "logLevel",
+        "logTimeFormat",
+        "logToStdout",
+        "store",
+        "metricsMaxInMemory",
+        "captureBuffer",
+        "ui",
+        "performance",
+        "startPort",
+        "sendLoadingState",
+        "includeAliasesInList",
+        "globalTTL",
+        "unloadTimeout",
+        "macros",
+        "apiKeys",
+        "tailcat",
+        "upstream",
+        "profiles",
+        "selectors",
+        "models",
+        "hooks",
+        "routing",
+        "peers",
+    }
+)
+LLAMA_SWAP_MODEL_KEYS = frozenset(
+    {
+        "macros",
+        "cmd",
+        "name",
+        "description",
+        "env",
+        "proxy",
+        "checkEndpoint",
+        "ttl",
+        "unloadTimeout",
+        "compat",
+        "useModelName",
+        "filters",
+        "aliases",
+        "metadata",
+        "concurrencyLimit",
+        "sendLoadingState",
+        "timeouts",
+        "capabilities",
+        "unlisted",
+        "cmdStop",
+    }
+)
 LLAMA_SWAP_SELECTOR_KEYS = frozenset({"strategy", "targets", "name", "description", "metadata", "settings"})
 LLAMA_SWAP_SELECTOR_STRATEGIES = frozenset({"warm", "pin", "spillover"})
 LLAMA_SWAP_PEER_KEYS = frozenset({"proxy", "models", "apiKey", "timeouts", "filters", "tailcatKey"})
@@ -99,8 +156,13 @@ def llama_swap_config(model: str, members: list[Member], api_key_env: str | None
     targets: list[str] = []
     for m in members:
         if m.local:
-            entry: dict = {"cmd": shlex.join(m.argv), "proxy": m.url, "checkEndpoint": "/health",
-                           "ttl": 0, "unlisted": True}
+            entry: dict = {
+                "cmd": shlex.join(m.argv),
+                "proxy": m.url,
+                "checkEndpoint": "/health",
+                "ttl": 0,
+                "unlisted": True,
+            }
             if m.env:
                 entry["env"] = [f"{k}={v}" for k, v in sorted(m.env.items())]
             models[m.name] = entry
@@ -111,9 +173,17 @@ def llama_swap_config(model: str, members: list[Member], api_key_env: str | None
                 peer["apiKey"] = "${env.%s}" % m.api_key_env
             peers[m.name] = peer
             targets.append(f"{m.name}/{model}")
-    config: dict = {"healthCheckTimeout": 600, "models": models,
-                    "selectors": {model: {"strategy": "spillover", "targets": targets,
-                                          "settings": {"spillover": max([m.parallel for m in members] or [1])}}}}
+    config: dict = {
+        "healthCheckTimeout": 600,
+        "models": models,
+        "selectors": {
+            model: {
+                "strategy": "spillover",
+                "targets": targets,
+                "settings": {"spillover": max([m.parallel for m in members] or [1])},
+            }
+        },
+    }
     if peers:
         config["peers"] = peers
     if api_key_env:
@@ -145,8 +215,11 @@ def llama_swap_problems(config: dict) -> list[str]:
             problems.append(f"selectors.{name}: strategy {sel.get('strategy')!r} is not warm, pin or spillover")
         if name in models:
             problems.append(f"selectors.{name}: a selector ID cannot be a model ID")
-        problems += [f"selectors.{name}: target {t!r} is not a model or peer model" for t in sel.get("targets", [])
-                     if t not in known_ids]
+        problems += [
+            f"selectors.{name}: target {t!r} is not a model or peer model"
+            for t in sel.get("targets", [])
+            if t not in known_ids
+        ]
         settings = sel.get("settings") or {}
         problems += [f"selectors.{name}.settings: unknown key {k!r}" for k in settings if k != "spillover"]
     preload = ((config.get("hooks") or {}).get("on_startup") or {}).get("preload") or []

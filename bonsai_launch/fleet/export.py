@@ -20,12 +20,27 @@ ENGINES = ("vllm", "sglang")
 # The flag names the engines document (vLLM docs/features/speculative_decoding/README.md,
 # SGLang docs/advanced_features/speculative_decoding.md); tests hold the output to these.
 VLLM_FLAGS = ("--host", "--port", "--max-model-len", "--speculative-config")
-VLLM_SPEC_KEYS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "max_model_len",
-                  "parallel_drafting", "rejection_sample_method")
+VLLM_SPEC_KEYS = (
+    "method",
+    "model",
+    "num_speculative_tokens",
+    "draft_tensor_parallel_size",
+    "max_model_len",
+    "parallel_drafting",
+    "rejection_sample_method",
+)
 VLLM_METHODS = ("draft_model", "ngram", "ngram_gpu", "suffix", "mtp", "eagle", "eagle3", "dflash", "dspark")
-SGLANG_FLAGS = ("--model-path", "--host", "--port", "--context-length", "--speculative-algorithm",
-                "--speculative-draft-model-path", "--speculative-num-steps", "--speculative-eagle-topk",
-                "--speculative-num-draft-tokens")
+SGLANG_FLAGS = (
+    "--model-path",
+    "--host",
+    "--port",
+    "--context-length",
+    "--speculative-algorithm",
+    "--speculative-draft-model-path",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+)
 SGLANG_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK")
 
 
@@ -49,10 +64,18 @@ class Checkpoint:
     drafter: Drafter | None
 
 
-_DSPARK_8B = Drafter("deepseek-ai/dspark_qwen3_8b_block7", "dspark", 7, "DeepSeek's Qwen3-8B DSpark drafter; untested with Bonsai")
-_DSPARK_4B = Drafter("deepseek-ai/dspark_qwen3_4b_block7", "dspark", 7, "DeepSeek's Qwen3-4B DSpark drafter; untested with Bonsai")
-_DSPARK_T27 = Drafter("Rahim/Ternary-Bonsai-27B-dspark", "dspark", 4,
-                      "community safetensors repack of PrismML's GGUF drafter (DeepSpec layout)")
+_DSPARK_8B = Drafter(
+    "deepseek-ai/dspark_qwen3_8b_block7", "dspark", 7, "DeepSeek's Qwen3-8B DSpark drafter; untested with Bonsai"
+)
+_DSPARK_4B = Drafter(
+    "deepseek-ai/dspark_qwen3_4b_block7", "dspark", 7, "DeepSeek's Qwen3-4B DSpark drafter; untested with Bonsai"
+)
+_DSPARK_T27 = Drafter(
+    "Rahim/Ternary-Bonsai-27B-dspark",
+    "dspark",
+    4,
+    "community safetensors repack of PrismML's GGUF drafter (DeepSpec layout)",
+)
 
 # Sizes: unpacked 8B 16.4 GB and 27B 54 GB and the 27B AWQ 14-18 GB are reported on the cards;
 # the others are parameters x bytes per weight. GGUF sizes: the Hub file sizes of the 1-bit
@@ -68,8 +91,10 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     "ternary-27b": Checkpoint("prism-ml/Ternary-Bonsai-27B-AWQ-4bit", "AWQ INT4", 16.0, "reported", 7.6, _DSPARK_T27),
 }
 UNPACKED_27B = {"bonsai-27b": "prism-ml/Bonsai-27B-unpacked", "ternary-27b": "prism-ml/Ternary-Bonsai-27B-unpacked"}
-WARNING = ("experimental: generated, never run here; needs a datacenter-class GPU; "
-           "the drafter pairing is unverified; `bonsai fleet` (llama-server replicas) keeps the GGUF's memory advantage")
+WARNING = (
+    "experimental: generated, never run here; needs a datacenter-class GPU; "
+    "the drafter pairing is unverified; `bonsai fleet` (llama-server replicas) keeps the GGUF's memory advantage"
+)
 
 
 @dataclass(frozen=True)
@@ -89,17 +114,30 @@ class Export:
     def memory(self) -> str:
         c = self.checkpoint
         ratio = c.weights_gb / c.gguf_gb
-        return (f"weights about {c.weights_gb:g} GB ({c.kind}, {c.weights_source}) against {c.gguf_gb:g} GB "
-                f"for the GGUF: {ratio:.0f}x the memory, before KV cache")
+        return (
+            f"weights about {c.weights_gb:g} GB ({c.kind}, {c.weights_source}) against {c.gguf_gb:g} GB "
+            f"for the GGUF: {ratio:.0f}x the memory, before KV cache"
+        )
 
     def to_json(self) -> dict:
         c = self.checkpoint
-        return {"engine": self.engine, "profile": self.profile, "experimental": True, "command": self.command,
-                "argv": list(self.argv), "checkpoint": c.repo, "checkpoint_kind": c.kind,
-                "weights_gb": c.weights_gb, "weights_source": c.weights_source, "gguf_gb": c.gguf_gb,
-                "memory": self.memory, "speculative": self.speculative,
-                "drafter": c.drafter.repo if (self.speculative and c.drafter) else None,
-                "warning": WARNING, "notes": list(self.notes)}
+        return {
+            "engine": self.engine,
+            "profile": self.profile,
+            "experimental": True,
+            "command": self.command,
+            "argv": list(self.argv),
+            "checkpoint": c.repo,
+            "checkpoint_kind": c.kind,
+            "weights_gb": c.weights_gb,
+            "weights_source": c.weights_source,
+            "gguf_gb": c.gguf_gb,
+            "memory": self.memory,
+            "speculative": self.speculative,
+            "drafter": c.drafter.repo if (self.speculative and c.drafter) else None,
+            "warning": WARNING,
+            "notes": list(self.notes),
+        }
 
 
 def checkpoint_for(profile: str) -> Checkpoint:
@@ -107,13 +145,24 @@ def checkpoint_for(profile: str) -> Checkpoint:
         return CHECKPOINTS[profile]
     except KeyError:
         known = ", ".join(sorted(CHECKPOINTS))
-        why = ("Bonsai 2 has no stock-engine checkpoint (see the community vLLM plugins in docs/serving-a-team.md)"
-               if profile.startswith("bonsai2") else f"profile {profile!r} has no vLLM/SGLang checkpoint")
+        why = (
+            "Bonsai 2 has no stock-engine checkpoint (see the community vLLM plugins in docs/serving-a-team.md)"
+            if profile.startswith("bonsai2")
+            else f"profile {profile!r} has no vLLM/SGLang checkpoint"
+        )
         raise BonsaiError(f"--profile={profile!r}: {why}", f"export one of: {known}") from None
 
 
-def build_export(engine: str, profile: str, *, speculative: bool, unpacked: bool = False,
-                 host: str = "127.0.0.1", port: int = 8000, max_model_len: int | None = None) -> Export:
+def build_export(
+    engine: str,
+    profile: str,
+    *,
+    speculative: bool,
+    unpacked: bool = False,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_model_len: int | None = None,
+) -> Export:
     """The engine's command line for a profile. Pure: reads nothing, runs nothing."""
     if engine not in ENGINES:
         raise BonsaiError(f"--engine={engine!r} is not known", f"allowed: {', '.join(ENGINES)}")
@@ -123,8 +172,10 @@ def build_export(engine: str, profile: str, *, speculative: bool, unpacked: bool
     notes: list[str] = []
     drafter = ckpt.drafter if speculative else None
     if speculative and ckpt.drafter is None:
-        raise BonsaiError(f"--speculative: no safetensors drafter is known for profile {profile!r}",
-                          "export without --speculative (PrismML ships its drafters as GGUF only)")
+        raise BonsaiError(
+            f"--speculative: no safetensors drafter is known for profile {profile!r}",
+            "export without --speculative (PrismML ships its drafters as GGUF only)",
+        )
     if drafter is not None:
         notes.append(f"drafter {drafter.repo}: {drafter.note}")
     if engine == "vllm":

@@ -36,8 +36,10 @@ def parse_fleet_file(path: Path) -> list[RemoteMember]:
         raise BonsaiError(f"{where}: not valid YAML ({exc})", "fix the file; see docs/serving-a-team.md") from None
     members = (data or {}).get("members") if isinstance(data, dict) else None
     if not isinstance(members, list) or not members:
-        raise BonsaiError(f"{where}: needs a non-empty 'members' list",
-                          "e.g. members: [{url: 'http://gpu-box:8080', api_key_env: GPU_BOX_KEY}]")
+        raise BonsaiError(
+            f"{where}: needs a non-empty 'members' list",
+            "e.g. members: [{url: 'http://gpu-box:8080', api_key_env: GPU_BOX_KEY}]",
+        )
     out: list[RemoteMember] = []
     for i, entry in enumerate(members):
         label = f"{where}: members[{i}]"
@@ -45,16 +47,22 @@ def parse_fleet_file(path: Path) -> list[RemoteMember]:
             raise BonsaiError(f"{label} is not a mapping", "give url and api_key_env")
         unknown = sorted(set(entry) - _MEMBER_KEYS)
         if unknown:
-            raise BonsaiError(f"{label}: unknown key(s) {', '.join(unknown)}", f"allowed: {', '.join(sorted(_MEMBER_KEYS))}")
+            raise BonsaiError(
+                f"{label}: unknown key(s) {', '.join(unknown)}", f"allowed: {', '.join(sorted(_MEMBER_KEYS))}"
+            )
         url = str(entry.get("url") or "").rstrip("/")
         if not re.match(r"^https?://[^/\s]+", url):
-            raise BonsaiError(f"{label}: url={entry.get('url')!r} is not an http(s) URL", "e.g. url: http://gpu-box:8080")
+            raise BonsaiError(
+                f"{label}: url={entry.get('url')!r} is not an http(s) URL", "e.g. url: http://gpu-box:8080"
+            )
         if url.endswith("/v1"):
             url = url[:-3]
         key_env = entry.get("api_key_env")
         if key_env is not None and not _ENV_NAME.match(str(key_env)):
-            raise BonsaiError(f"{label}: api_key_env={key_env!r} is not an environment variable name",
-                              "name the variable that holds the member's key, e.g. GPU_BOX_KEY")
+            raise BonsaiError(
+                f"{label}: api_key_env={key_env!r} is not an environment variable name",
+                "name the variable that holds the member's key, e.g. GPU_BOX_KEY",
+            )
         parallel = entry.get("parallel", 1)
         if not isinstance(parallel, int) or parallel < 1:
             raise BonsaiError(f"{label}: parallel={parallel!r} must be a whole number >= 1", "its llama-server's -np")
@@ -87,21 +95,26 @@ class ReplicaShare:
     cores: tuple[int, ...] = ()  # CPU replicas on Linux: the cores its threads are held to
 
 
-def replica_shares(replicas: int, backend: str, *, gpus: list[str] | None, threads: int | None,
-                   cpus: list[int], pin: bool = True) -> list[ReplicaShare]:
+def replica_shares(
+    replicas: int, backend: str, *, gpus: list[str] | None, threads: int | None, cpus: list[int], pin: bool = True
+) -> list[ReplicaShare]:
     """GPUs by device list (replica i on gpus[i mod len]), or CPU threads split so replicas do
     not fight over cores: T threads each (default: the usable cores `cpus` split evenly), and,
     with `pin` (Linux), each replica's threads held to its own cores when they fit."""
     if replicas < 1:
         raise BonsaiError(f"--replicas={replicas} must be at least 1", "e.g. --replicas 2")
     if gpus is not None and threads is not None:
-        raise BonsaiError(f"--gpus={','.join(gpus)} and --threads-per-replica={threads} both given",
-                          "GPU replicas get a device each; CPU replicas split the cores: give one of them")
+        raise BonsaiError(
+            f"--gpus={','.join(gpus)} and --threads-per-replica={threads} both given",
+            "GPU replicas get a device each; CPU replicas split the cores: give one of them",
+        )
     if gpus is not None:
         var = DEVICE_ENV.get(backend)
         if var is None:
-            raise BonsaiError(f"--gpus={','.join(gpus)}: this llama-server's backend is {backend!r}, which has no device list",
-                              "drop --gpus (CPU replicas split the cores), or build for CUDA/HIP/Vulkan")
+            raise BonsaiError(
+                f"--gpus={','.join(gpus)}: this llama-server's backend is {backend!r}, which has no device list",
+                "drop --gpus (CPU replicas split the cores), or build for CUDA/HIP/Vulkan",
+            )
         return [ReplicaShare((), {var: gpus[i % len(gpus)]}, f"GPU {gpus[i % len(gpus)]}") for i in range(replicas)]
     if threads is not None and threads < 1:
         raise BonsaiError(f"--threads-per-replica={threads} must be at least 1", "e.g. --threads-per-replica 4")
@@ -116,7 +129,7 @@ def replica_shares(replicas: int, backend: str, *, gpus: list[str] | None, threa
         if pin and t * replicas <= len(cpus):
             # Held to its own cores by bonsai (pin_threads), not by llama-server's --cpu-mask:
             # with one thread b11434 computes on its main thread, which that mask never reaches.
-            own = tuple(cpus[i * t:(i + 1) * t])
+            own = tuple(cpus[i * t : (i + 1) * t])
             label += f", cores {','.join(map(str, own))}"
         shares.append(ReplicaShare(args, {}, label, own))
     return shares

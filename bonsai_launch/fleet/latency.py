@@ -35,24 +35,34 @@ class ProxyLatency:
         return statistics.median(p - d for p, d in zip(self.proxied_ms, self.direct_ms))
 
     def to_json(self) -> dict:
-        return {"requests": self.requests, "direct_median_ms": round(statistics.median(self.direct_ms), 2),
-                "direct_p90_ms": round(self._p90(self.direct_ms), 2),
-                "proxied_median_ms": round(statistics.median(self.proxied_ms), 2),
-                "proxied_p90_ms": round(self._p90(self.proxied_ms), 2),
-                "added_median_ms": round(self.added_ms, 2)}
+        return {
+            "requests": self.requests,
+            "direct_median_ms": round(statistics.median(self.direct_ms), 2),
+            "direct_p90_ms": round(self._p90(self.direct_ms), 2),
+            "proxied_median_ms": round(statistics.median(self.proxied_ms), 2),
+            "proxied_p90_ms": round(self._p90(self.proxied_ms), 2),
+            "added_median_ms": round(self.added_ms, 2),
+        }
 
 
-def measure(proxy_url: str, proxy_key: str, member_url: str, model: str, requests: int = 100,
-            member_key: str | None = None, warmup: int = 3) -> ProxyLatency:
+def measure(
+    proxy_url: str,
+    proxy_key: str,
+    member_url: str,
+    model: str,
+    requests: int = 100,
+    member_key: str | None = None,
+    warmup: int = 3,
+) -> ProxyLatency:
     import httpx
 
-    body = {"model": model, "max_tokens": 1, "temperature": 0,
-            "messages": [{"role": "user", "content": "Say OK."}]}
+    body = {"model": model, "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": "Say OK."}]}
 
     def timed(http: httpx.Client, url: str, key: str | None) -> float:
         started = time.perf_counter()
-        r = http.post(url + "/v1/chat/completions", json=body,
-                      headers={"Authorization": f"Bearer {key}"} if key else {})
+        r = http.post(
+            url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"} if key else {}
+        )
         elapsed = (time.perf_counter() - started) * 1000
         r.raise_for_status()
         return elapsed
@@ -81,8 +91,14 @@ def main(argv: list[str] | None = None) -> None:
     if not key:
         raise SystemExit("set BONSAI_API_KEY to the fleet's key (printed by `bonsai fleet up`)")
     member = st.members[0]
-    result = measure(st.proxy.url, key, member.url, st.model, args.requests,
-                     member_key=os.environ.get(member.api_key_env) if member.api_key_env else None)
+    result = measure(
+        st.proxy.url,
+        key,
+        member.url,
+        st.model,
+        args.requests,
+        member_key=os.environ.get(member.api_key_env) if member.api_key_env else None,
+    )
     print(json.dumps({"member": member.url, "proxy": st.proxy.url, **result.to_json()}, indent=2))
 
 

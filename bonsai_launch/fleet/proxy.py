@@ -17,8 +17,10 @@ from bonsai_launch.fleet.configs import MASTER_KEY_ENV
 from bonsai_launch.fleet.state import ProxyState
 from bonsai_launch.server_process import ServerProcess
 
-INSTALL_HINT = ("pip install 'bonsai-launch[fleet]' (in a checkout: pip install -e '.[fleet]'); "
-                "it installs the LiteLLM proxy, litellm[proxy]")
+INSTALL_HINT = (
+    "pip install 'bonsai-launch[fleet]' (in a checkout: pip install -e '.[fleet]'); "
+    "it installs the LiteLLM proxy, litellm[proxy]"
+)
 READY_TIMEOUT = 180.0  # the proxy imports a lot: ~10 s on an idle 2-core machine
 
 
@@ -38,21 +40,27 @@ def require_litellm() -> str:
     if missing or not exe.is_file():
         raise BonsaiError("bonsai fleet needs the LiteLLM proxy, which is not installed", INSTALL_HINT)
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:  # the [proxy] extra
-        raise BonsaiError("the LiteLLM proxy's server parts are missing (litellm without its [proxy] extra)",
-                          INSTALL_HINT) from None
+        raise BonsaiError(
+            "the LiteLLM proxy's server parts are missing (litellm without its [proxy] extra)", INSTALL_HINT
+        ) from None
     return str(exe)
 
 
 def proxy_env(master_key: str) -> dict[str, str]:
-    return {MASTER_KEY_ENV: master_key,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # offline: no cost map download at start
-            "LITELLM_TELEMETRY": "False", "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    return {
+        MASTER_KEY_ENV: master_key,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # offline: no cost map download at start
+        "LITELLM_TELEMETRY": "False",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
 
 
 def spawn(exe: str, config: Path, port: int, master_key: str, log_path: Path, host: str = "127.0.0.1") -> ServerProcess:
     argv = [exe, "--config", str(config), "--host", host, "--port", str(port), "--num_workers", "1"]
-    return ServerProcess.spawn(argv, env=proxy_env(master_key), log_path=log_path,
-                               base_url=f"http://{host}:{port}", die_with_parent=False)
+    return ServerProcess.spawn(
+        argv, env=proxy_env(master_key), log_path=log_path, base_url=f"http://{host}:{port}", die_with_parent=False
+    )
 
 
 def wait_ready(server: ServerProcess, timeout: float = READY_TIMEOUT) -> None:
@@ -65,15 +73,19 @@ def wait_ready(server: ServerProcess, timeout: float = READY_TIMEOUT) -> None:
             code = server.returncode
             if code is not None:
                 tail = "\n".join("  " + line for line in server.log_tail(20))
-                raise ActionFailed(f"the LiteLLM proxy exited with code {code} while starting; last log lines:\n{tail}",
-                                   f"full log: {server.log_path}")
+                raise ActionFailed(
+                    f"the LiteLLM proxy exited with code {code} while starting; last log lines:\n{tail}",
+                    f"full log: {server.log_path}",
+                )
             try:
                 if http.get(server.base_url + "/health/liveliness").status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise ActionFailed(f"the LiteLLM proxy did not answer within {timeout:.0f} s", f"see its log {server.log_path}")
+                raise ActionFailed(
+                    f"the LiteLLM proxy did not answer within {timeout:.0f} s", f"see its log {server.log_path}"
+                )
             time.sleep(0.2)
 
 

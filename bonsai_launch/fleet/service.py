@@ -55,10 +55,19 @@ class UpResult:
     reused: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"url": self.url, "openai_base_url": self.url + "/v1", "api_key": self.api_key,
-                "key_source": self.key_source, "model": self.model, "members": self.members,
-                "excluded": self.excluded, "config": self.config, "llama_swap": self.llama_swap,
-                "restarted": self.restarted, "reused": self.reused}
+        return {
+            "url": self.url,
+            "openai_base_url": self.url + "/v1",
+            "api_key": self.api_key,
+            "key_source": self.key_source,
+            "model": self.model,
+            "members": self.members,
+            "excluded": self.excluded,
+            "config": self.config,
+            "llama_swap": self.llama_swap,
+            "restarted": self.restarted,
+            "reused": self.reused,
+        }
 
 
 Status = Callable[[str], None]
@@ -70,6 +79,7 @@ def _quiet(_: str) -> None:
 
 # -- local replicas --------------------------------------------------------------------------------
 
+
 def _launch_replica(member: MemberState, status: Status):
     """Start one local replica as `bonsai start --detach` does. Returns supervisor.Launched."""
     from bonsai_launch import supervisor
@@ -79,8 +89,9 @@ def _launch_replica(member: MemberState, status: Status):
     if member.env:
         plan = dataclasses.replace(plan, env={**plan.env, **member.env})
     status(f"{member.name}: starting llama-server on port {plan.port} ({member.share})")
-    launched = supervisor.launch(plan, detach=True, spec_fallback=False,
-                                 on_status=lambda s: status(f"{member.name}: {s}"))
+    launched = supervisor.launch(
+        plan, detach=True, spec_fallback=False, on_status=lambda s: status(f"{member.name}: {s}")
+    )
     if member.cores:
         hosts.pin_threads(launched.server.pid, tuple(member.cores))
     member.instance = launched.instance.name
@@ -109,16 +120,31 @@ def _local_alive(member: MemberState) -> bool:
 
 
 def _replica_members(opts: UpOptions, backend: str) -> list[MemberState]:
-    shares = hosts.replica_shares(opts.replicas, backend, gpus=opts.gpus, threads=opts.threads,
-                                  cpus=hosts.usable_cpus(), pin=sys.platform.startswith("linux"))
+    shares = hosts.replica_shares(
+        opts.replicas,
+        backend,
+        gpus=opts.gpus,
+        threads=opts.threads,
+        cpus=hosts.usable_cpus(),
+        pin=sys.platform.startswith("linux"),
+    )
     members = []
     for i, share in enumerate(shares):
         port = opts.port + 1 + i
         flags = {**opts.flags, "port": port, "host": "127.0.0.1"}
         args = [*share.args, *opts.passthrough]  # the plan adds --metrics, which `fleet ps` reads
-        members.append(MemberState(name=f"replica-{i + 1}", url=f"http://127.0.0.1:{port}", local=True,
-                                   flags=flags, args=args, env=dict(share.env), share=share.label,
-                                   cores=list(share.cores)))
+        members.append(
+            MemberState(
+                name=f"replica-{i + 1}",
+                url=f"http://127.0.0.1:{port}",
+                local=True,
+                flags=flags,
+                args=args,
+                env=dict(share.env),
+                share=share.label,
+                cores=list(share.cores),
+            )
+        )
     return members
 
 
@@ -134,11 +160,14 @@ def _backend(opts: UpOptions) -> str:
 
 # -- remote members ----------------------------------------------------------------------------------
 
+
 def _remote_members(path: Path | None) -> list[MemberState]:
     if path is None:
         return []
-    return [MemberState(name=m.name, url=m.url, local=False, api_key_env=m.api_key_env, parallel=m.parallel)
-            for m in hosts.parse_fleet_file(path)]
+    return [
+        MemberState(name=m.name, url=m.url, local=False, api_key_env=m.api_key_env, parallel=m.parallel)
+        for m in hosts.parse_fleet_file(path)
+    ]
 
 
 def _wait_healthy(member: MemberState, wait_s: float) -> str | None:
@@ -157,21 +186,28 @@ def _wait_healthy(member: MemberState, wait_s: float) -> str | None:
 
 # -- configs and the proxy -----------------------------------------------------------------------------
 
+
 def _write_configs(model: str, members: list[MemberState]) -> tuple[Path, Path]:
     import yaml
 
-    routed = [configs.Member(m.name, m.url, m.local, m.api_key_env, tuple(m.argv), dict(m.env), m.parallel)
-              for m in members]
+    routed = [
+        configs.Member(m.name, m.url, m.local, m.api_key_env, tuple(m.argv), dict(m.env), m.parallel) for m in members
+    ]
     folder = fleet_state.fleet_dir()
     litellm_path, swap_path = folder / "litellm.yaml", folder / "llama-swap.yaml"
     header = "# written by `bonsai fleet up`; the master key comes from the environment, never this file\n"
-    fleet_state.write_atomic(litellm_path, header + yaml.safe_dump(configs.litellm_config(model, routed), sort_keys=False))
+    fleet_state.write_atomic(
+        litellm_path, header + yaml.safe_dump(configs.litellm_config(model, routed), sort_keys=False)
+    )
     swap = configs.llama_swap_config(model, routed)
     problems = configs.llama_swap_problems(swap)
     if problems:  # our own bug, never the user's: say so rather than write a file llama-swap rejects
         raise ActionFailed("internal: the llama-swap config has undocumented keys: " + "; ".join(problems))
-    fleet_state.write_atomic(swap_path, "# for llama-swap users (written by `bonsai fleet up`, not run by it)\n"
-                             + yaml.safe_dump(swap, sort_keys=False))
+    fleet_state.write_atomic(
+        swap_path,
+        "# for llama-swap users (written by `bonsai fleet up`, not run by it)\n"
+        + yaml.safe_dump(swap, sort_keys=False),
+    )
     return litellm_path, swap_path
 
 
@@ -193,8 +229,14 @@ def _start_proxy(model: str, config: Path, port: int, status: Status) -> tuple[P
     key, source = _master_key()
     status(f"starting the LiteLLM proxy on 127.0.0.1:{port}")
     server = proxy.spawn(exe, config, port, key, log_path_for("fleet-proxy"))
-    st = ProxyState(server.pid, instances.process_create_time(server.pid) or time.time(), "127.0.0.1", port,
-                    str(server.log_path), str(config))
+    st = ProxyState(
+        server.pid,
+        instances.process_create_time(server.pid) or time.time(),
+        "127.0.0.1",
+        port,
+        str(server.log_path),
+        str(config),
+    )
     try:
         proxy.wait_ready(server)
         _check_routes(st.url, key, model)
@@ -212,19 +254,30 @@ def _check_routes(url: str, key: str, model: str) -> None:
     with httpx.Client(timeout=120.0, trust_env=False, headers=headers) as http:
         r = http.get(url + "/v1/models")
         if r.status_code != 200 or model not in {m.get("id") for m in r.json().get("data", [])}:
-            raise ActionFailed(f"the LiteLLM proxy does not list model {model!r} (HTTP {r.status_code}: {r.text[:200]})")
-        r = http.post(url + "/v1/chat/completions",
-                      json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+            raise ActionFailed(
+                f"the LiteLLM proxy does not list model {model!r} (HTTP {r.status_code}: {r.text[:200]})"
+            )
+        r = http.post(
+            url + "/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
+        )
         if r.status_code != 200:
             raise ActionFailed(f"a request through the LiteLLM proxy failed: HTTP {r.status_code}: {r.text[:300]}")
 
 
 # -- up ----------------------------------------------------------------------------------------------
 
+
 def _member_json(m: MemberState, healthy: bool | None = None, speculative: Any = None) -> dict[str, Any]:
-    data = {"name": m.name, "url": m.url, "local": m.local, "pid": m.pid if m.local else None,
-            "instance": m.instance if m.local else None,  # its name in `bonsai ps` / `bonsai logs`
-            "api_key_env": m.api_key_env, "share": m.share or None}
+    data = {
+        "name": m.name,
+        "url": m.url,
+        "local": m.local,
+        "pid": m.pid if m.local else None,
+        "instance": m.instance if m.local else None,  # its name in `bonsai ps` / `bonsai logs`
+        "api_key_env": m.api_key_env,
+        "share": m.share or None,
+    }
     if healthy is not None:
         data["healthy"] = healthy
     if speculative is not None:
@@ -235,7 +288,9 @@ def _member_json(m: MemberState, healthy: bool | None = None, speculative: Any =
 def up(opts: UpOptions, status: Status = _quiet) -> UpResult:
     proxy.require_litellm()  # before anything starts: the one thing a fresh install may lack
     existing = fleet_state.load()
-    if existing is not None and (proxy.alive(existing.proxy) or any(_local_alive(m) for m in existing.members if m.local)):
+    if existing is not None and (
+        proxy.alive(existing.proxy) or any(_local_alive(m) for m in existing.members if m.local)
+    ):
         _refuse_a_different_fleet(existing, opts)
         return _reconcile(existing, status)
     if existing is not None:
@@ -248,9 +303,11 @@ def _refuse_a_different_fleet(st: FleetState, opts: UpOptions) -> None:
     local = sum(1 for m in st.members if m.local) + sum(1 for e in st.excluded if e["name"].startswith("replica-"))
     wanted_profile = opts.flags.get("profile")
     if (wanted_profile and wanted_profile != st.profile) or (opts.replicas is not None and opts.replicas != local):
-        raise BonsaiError(f"a fleet of {local} replica(s) of {st.profile or st.model!r} is running",
-                          "`bonsai fleet down` first to start a different one, or run `bonsai fleet up` "
-                          "without --profile/--replicas to restart what died")
+        raise BonsaiError(
+            f"a fleet of {local} replica(s) of {st.profile or st.model!r} is running",
+            "`bonsai fleet down` first to start a different one, or run `bonsai fleet up` "
+            "without --profile/--replicas to restart what died",
+        )
 
 
 def _fresh(opts: UpOptions, status: Status) -> UpResult:
@@ -261,7 +318,9 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
     if opts.replicas is None:
         opts = dataclasses.replace(opts, replicas=2)
     if opts.replicas == 0 and not remote:
-        raise BonsaiError("--replicas=0 and no --hosts: the fleet would be empty", "ask for replicas or give a fleet file")
+        raise BonsaiError(
+            "--replicas=0 and no --hosts: the fleet would be empty", "ask for replicas or give a fleet file"
+        )
     local = _replica_members(opts, _backend(opts)) if opts.replicas else []
     started: list[MemberState] = []
     excluded: list[dict[str, str]] = []
@@ -287,9 +346,10 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
                 else:
                     started.append(m)
             if not started:
-                raise ActionFailed("no member of the fleet became healthy: "
-                                   + "; ".join(f"{e['name']}: {e['why']}" for e in excluded),
-                                   "see `bonsai logs`, fix the cause, then `bonsai fleet up` again")
+                raise ActionFailed(
+                    "no member of the fleet became healthy: " + "; ".join(f"{e['name']}: {e['why']}" for e in excluded),
+                    "see `bonsai logs`, fix the cause, then `bonsai fleet up` again",
+                )
             model = _model_name(opts)
             litellm_path, swap_path = _write_configs(model, started)
             proxy_st, key, source = _start_proxy(model, litellm_path, opts.port, status)
@@ -332,13 +392,26 @@ def _reconcile(st: FleetState, status: Status) -> UpResult:
         st.proxy, key, source = _start_proxy(st.model, config, port, status)
         restarted.append("proxy")
     fleet_state.save(st)
-    members = [_member_json(m, probe.probe(m.url, probe.member_key(m.api_key_env)).healthy, proofs.get(m.name))
-               for m in st.members]
-    return UpResult(st.proxy.url, key, source, st.model, members, st.excluded, st.proxy.config,
-                    st.llama_swap or "", restarted, reused=True)
+    members = [
+        _member_json(m, probe.probe(m.url, probe.member_key(m.api_key_env)).healthy, proofs.get(m.name))
+        for m in st.members
+    ]
+    return UpResult(
+        st.proxy.url,
+        key,
+        source,
+        st.model,
+        members,
+        st.excluded,
+        st.proxy.config,
+        st.llama_swap or "",
+        restarted,
+        reused=True,
+    )
 
 
 # -- ps ----------------------------------------------------------------------------------------------
+
 
 def ps() -> dict[str, Any]:
     """Each member's URL, pid (local), health, requests in flight and speculative acceptance."""
@@ -350,15 +423,31 @@ def ps() -> dict[str, Any]:
         p = probe.probe(m.url, probe.member_key(m.api_key_env))
         alive = _local_alive(m) if m.local else None
         health = p.health if (alive is not False) else "dead"
-        members.append({**_member_json(m), "alive": alive, "health": health, "in_flight": p.in_flight,
-                        "drafted": p.drafted, "accepted": p.accepted, "acceptance": p.acceptance})
+        members.append(
+            {
+                **_member_json(m),
+                "alive": alive,
+                "health": health,
+                "in_flight": p.in_flight,
+                "drafted": p.drafted,
+                "accepted": p.accepted,
+                "acceptance": p.acceptance,
+            }
+        )
     proxy_alive = proxy.alive(st.proxy)
-    return {"running": True, "url": st.proxy.url if st.proxy else None, "model": st.model,
-            "proxy": {**dataclasses.asdict(st.proxy), "alive": proxy_alive} if st.proxy else None,
-            "members": members, "excluded": st.excluded, "llama_swap": st.llama_swap}
+    return {
+        "running": True,
+        "url": st.proxy.url if st.proxy else None,
+        "model": st.model,
+        "proxy": {**dataclasses.asdict(st.proxy), "alive": proxy_alive} if st.proxy else None,
+        "members": members,
+        "excluded": st.excluded,
+        "llama_swap": st.llama_swap,
+    }
 
 
 # -- down --------------------------------------------------------------------------------------------
+
 
 def down() -> dict[str, Any]:
     """Stop the proxy and every local replica; raise if any process is left."""

@@ -41,30 +41,54 @@ def tune_hint(profile: str | None, model: Path) -> str:
     return f"bonsai tune --profile {profile}" if profile else f"bonsai tune --model {model}"
 
 
-def decision_info(found: Lookup | None, why_unavailable: str | None, profile: str | None, model: Path) -> dict[str, Any]:
+def decision_info(
+    found: Lookup | None, why_unavailable: str | None, profile: str | None, model: Path
+) -> dict[str, Any]:
     """What the plan, `config` and `ps` show about the decision, in one dict."""
     hint = tune_hint(profile, model)
     if found is None:
-        return {"setting": AUTO, "status": "unavailable", "message": f"BONSAI_SPECULATIVE=auto: no decision can be "
-                f"looked up ({why_unavailable}); plain for now", "hint": hint}
+        return {
+            "setting": AUTO,
+            "status": "unavailable",
+            "message": f"BONSAI_SPECULATIVE=auto: no decision can be looked up ({why_unavailable}); plain for now",
+            "hint": hint,
+        }
     if found.status == "missing":
-        return {"setting": AUTO, "status": "missing", "hint": hint,
-                "message": f"BONSAI_SPECULATIVE=auto: no tuning decision for {model.name} with this build on this "
-                           f"machine; plain (run `{hint}`)"}
+        return {
+            "setting": AUTO,
+            "status": "missing",
+            "hint": hint,
+            "message": f"BONSAI_SPECULATIVE=auto: no tuning decision for {model.name} with this build on this "
+            f"machine; plain (run `{hint}`)",
+        }
     d = found.decision
     assert d is not None
-    info = {"setting": AUTO, "status": found.status, "id": d.key.id[:8], "created": d.created, "source": d.source,
-            "prompts": d.prompts, "choice": d.choice.to_json(), "table": list(d.table),
-            "report": d.evidence.get("report"), "conditions": d.evidence.get("conditions"),
-            "changed": list(found.changed), "hint": hint}
+    info = {
+        "setting": AUTO,
+        "status": found.status,
+        "id": d.key.id[:8],
+        "created": d.created,
+        "source": d.source,
+        "prompts": d.prompts,
+        "choice": d.choice.to_json(),
+        "table": list(d.table),
+        "report": d.evidence.get("report"),
+        "conditions": d.evidence.get("conditions"),
+        "changed": list(found.changed),
+        "hint": hint,
+    }
     if found.status == "stale":
-        info["message"] = (f"BONSAI_SPECULATIVE=auto: the decision {d.key.id[:8]} was measured with another "
-                           f"{', '.join(found.changed)}: not used; plain (run `{hint}`)")
+        info["message"] = (
+            f"BONSAI_SPECULATIVE=auto: the decision {d.key.id[:8]} was measured with another "
+            f"{', '.join(found.changed)}: not used; plain (run `{hint}`)"
+        )
     elif d.choice.speculative:
         info["message"] = f"BONSAI_SPECULATIVE=auto: {d.choice.describe()}, tuned {d.created} (decision {d.key.id[:8]})"
     else:
-        info["message"] = (f"BONSAI_SPECULATIVE=auto: plain: no speculative configuration was faster beyond noise "
-                           f"when tuned {d.created} (decision {d.key.id[:8]})")
+        info["message"] = (
+            f"BONSAI_SPECULATIVE=auto: plain: no speculative configuration was faster beyond noise "
+            f"when tuned {d.created} (decision {d.key.id[:8]})"
+        )
     return info
 
 
@@ -80,9 +104,11 @@ def apply_auto(selection, files, binary: Path | None, profile: str | None):
     s = selection.settings
     for key, env in (("spec_type", "BONSAI_SPEC_TYPE"), ("spec_nmax", "BONSAI_SPEC_NMAX")):
         if s.is_explicit(key):
-            raise BonsaiError(f"{env}={s[key]} cannot be combined with BONSAI_SPECULATIVE=auto, which chooses the "
-                              "speculative type and draft length from measurements",
-                              f"unset {env}, or limit what tuning tries: `bonsai tune --configs plain,<type>`")
+            raise BonsaiError(
+                f"{env}={s[key]} cannot be combined with BONSAI_SPECULATIVE=auto, which chooses the "
+                "speculative type and draft length from measurements",
+                f"unset {env}, or limit what tuning tries: `bonsai tune --configs plain,<type>`",
+            )
     found, info = find(files, binary, profile)
     decision: Decision | None = found.decision if found is not None and found.status == "found" else None
     values = dict(s.values)
@@ -107,10 +133,13 @@ def with_tuning(plan, info: dict[str, Any]):
         warnings += (info["message"],)
     measured = info.get("conditions") or {}
     if info["status"] == "found" and measured.get("ngl") is not None and measured["ngl"] != plan.ngl:
-        warnings += (f"the tuning decision {info['id']} was measured with -ngl {measured['ngl']}, this start uses "
-                     f"-ngl {plan.ngl}: re-tune (`{info['hint']}`) if speed matters",)
-    return dataclasses.replace(plan, tuning=info, reasons=plan.reasons + (Reason("BONSAI_SPECULATIVE", AUTO, why),),
-                               warnings=warnings)
+        warnings += (
+            f"the tuning decision {info['id']} was measured with -ngl {measured['ngl']}, this start uses "
+            f"-ngl {plan.ngl}: re-tune (`{info['hint']}`) if speed matters",
+        )
+    return dataclasses.replace(
+        plan, tuning=info, reasons=plan.reasons + (Reason("BONSAI_SPECULATIVE", AUTO, why),), warnings=warnings
+    )
 
 
 def needs_tuning(plan) -> bool:
@@ -126,9 +155,12 @@ def describe_for_config(selection) -> dict[str, Any]:
     try:
         files = model_files(selection, None, None)
         if not files.model.is_file():
-            return {"setting": AUTO, "status": "unavailable",
-                    "message": f"BONSAI_SPECULATIVE=auto: no decision can be looked up ({files.model.name} is not "
-                               f"downloaded)"}
+            return {
+                "setting": AUTO,
+                "status": "unavailable",
+                "message": f"BONSAI_SPECULATIVE=auto: no decision can be looked up ({files.model.name} is not "
+                f"downloaded)",
+            }
         binary = find_server(selection.settings["llama_server"])
     except BonsaiError as exc:
         return {"setting": AUTO, "status": "unavailable", "message": f"BONSAI_SPECULATIVE=auto: {exc}"}

@@ -45,8 +45,12 @@ class Candidate:
 PLAIN = Candidate("plain")
 
 
-def all_candidates(spec_types: Iterable[str] | None, drafter_type: str | None = None,
-                   drafter_block: int | None = None, profile_type: str | None = None) -> list[Candidate]:
+def all_candidates(
+    spec_types: Iterable[str] | None,
+    drafter_type: str | None = None,
+    drafter_block: int | None = None,
+    profile_type: str | None = None,
+) -> list[Candidate]:
     """Every configuration worth measuring, most promising first. `spec_types` is what the
     binary lists (None: not probed, assume all); `drafter_type` is draft-dspark/draft-dflash
     when a drafter that fits the target is present."""
@@ -83,15 +87,21 @@ def restrict(candidates: list[Candidate], names: Iterable[str]) -> list[Candidat
             found = drafter
         elif name in by_name:
             found = by_name[name]
-        elif "/n" in name and name.split("/n", 1)[0] in LENGTH_TYPES and name.split("/n", 1)[1].isdigit() \
-                and any(c.spec_type == name.split("/n", 1)[0] for c in candidates):
+        elif (
+            "/n" in name
+            and name.split("/n", 1)[0] in LENGTH_TYPES
+            and name.split("/n", 1)[1].isdigit()
+            and any(c.spec_type == name.split("/n", 1)[0] for c in candidates)
+        ):
             t, n = name.split("/n", 1)
             if not 1 <= int(n) <= 1024:
                 raise BonsaiError(f"--configs: draft length in {name!r} must be 1-1024", "for example ngram-mod/n16")
             found = Candidate(name, t, int(n))
         else:
-            raise BonsaiError(f"--configs: {name!r} cannot be measured with this build and model",
-                              "choose from " + ", ".join(c.name for c in candidates))
+            raise BonsaiError(
+                f"--configs: {name!r} cannot be measured with this build and model",
+                "choose from " + ", ".join(c.name for c in candidates),
+            )
         if found not in chosen:
             chosen.append(found)
     if len(chosen) < 2:

@@ -20,9 +20,11 @@ from typing import Any
 
 from bonsai_launch.tune.store import Choice
 
-RULE = ("speculation is chosen only when its pooled decode speed is 'faster' than plain under the bench's noise "
-        "rule at every temperature measured (every paired ratio > 1 and median >= 1 + noise band) and some of its "
-        "drafts were accepted; the highest median ratio wins; otherwise plain")
+RULE = (
+    "speculation is chosen only when its pooled decode speed is 'faster' than plain under the bench's noise "
+    "rule at every temperature measured (every paired ratio > 1 and median >= 1 + noise band) and some of its "
+    "drafts were accepted; the highest median ratio wins; otherwise plain"
+)
 
 
 def _config_choice_fields(config: dict[str, Any]) -> tuple[str | None, int | None]:
@@ -38,8 +40,14 @@ def _median(comparison: dict) -> float:
 
 
 def _result(doc: dict, config: str, temp: float) -> dict | None:
-    return next((r for r in doc.get("results", []) if r["config"] == config and r["category"] == "all"
-                 and r["temperature"] == temp), None)
+    return next(
+        (
+            r
+            for r in doc.get("results", [])
+            if r["config"] == config and r["category"] == "all" and r["temperature"] == temp
+        ),
+        None,
+    )
 
 
 def _status(kind: str | None, n: int, chosen: bool) -> str:
@@ -88,18 +96,37 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
         _ratio, name, comp = scored[0]
         spec_type, n_max = _config_choice_fields(configs[name])
         r = comp["verdict"]["ratio"]
-        choice = Choice(name, configs[name].get("label", name), spec_type, n_max, r["median"], r["min"], r["max"],
-                        comp["verdict"]["band"], comp["verdict"]["reason"])
+        choice = Choice(
+            name,
+            configs[name].get("label", name),
+            spec_type,
+            n_max,
+            r["median"],
+            r["min"],
+            r["max"],
+            comp["verdict"]["band"],
+            comp["verdict"]["reason"],
+        )
 
     rows = []
     first_temp = temps[0] if temps else 0.0
     if baseline in configs:
         res = _result(doc, baseline, first_temp) or {}
-        rows.append({"config": baseline, "label": configs[baseline].get("label", baseline), "spec_type": None,
-                     "n_max": None, "temperature": first_temp,
-                     "decode_tps": (res.get("decode_tps") or {}).get("median"), "ratio": None, "verdict": None,
-                     "acceptance_rate": None, "runs": (res.get("decode_tps") or {}).get("n", 0),
-                     "status": "chosen: nothing beat it" if not choice.speculative else "baseline"})
+        rows.append(
+            {
+                "config": baseline,
+                "label": configs[baseline].get("label", baseline),
+                "spec_type": None,
+                "n_max": None,
+                "temperature": first_temp,
+                "decode_tps": (res.get("decode_tps") or {}).get("median"),
+                "ratio": None,
+                "verdict": None,
+                "acceptance_rate": None,
+                "runs": (res.get("decode_tps") or {}).get("n", 0),
+                "status": "chosen: nothing beat it" if not choice.speculative else "baseline",
+            }
+        )
     for name, info in per_config.items():
         comp = info["comparison"] or {}
         verdict = comp.get("verdict") or {}
@@ -107,20 +134,46 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
         res = _result(doc, name, info["temperature"]) if info["temperature"] is not None else None
         spec_type, n_max = _config_choice_fields(configs[name])
         n = (ratio or {}).get("n", 0)
-        rows.append({"config": name, "label": configs[name].get("label", name), "spec_type": spec_type, "n_max": n_max,
-                     "temperature": info["temperature"],
-                     "decode_tps": ((res or {}).get("decode_tps") or {}).get("median"),
-                     "ratio": ratio, "verdict": verdict.get("kind"), "band": verdict.get("band"),
-                     "acceptance_rate": (res or {}).get("acceptance_rate"), "drafted": (res or {}).get("drafted"),
-                     "runs": n,
-                     "status": (f"not measured: {skipped[name]}" if skipped and name in skipped and not comp
-                                else "faster, but no draft was accepted: not from speculation" if info.get("no_drafts")
-                                else _status(verdict.get("kind"), n, name == choice.config))})
+        rows.append(
+            {
+                "config": name,
+                "label": configs[name].get("label", name),
+                "spec_type": spec_type,
+                "n_max": n_max,
+                "temperature": info["temperature"],
+                "decode_tps": ((res or {}).get("decode_tps") or {}).get("median"),
+                "ratio": ratio,
+                "verdict": verdict.get("kind"),
+                "band": verdict.get("band"),
+                "acceptance_rate": (res or {}).get("acceptance_rate"),
+                "drafted": (res or {}).get("drafted"),
+                "runs": n,
+                "status": (
+                    f"not measured: {skipped[name]}"
+                    if skipped and name in skipped and not comp
+                    else "faster, but no draft was accepted: not from speculation"
+                    if info.get("no_drafts")
+                    else _status(verdict.get("kind"), n, name == choice.config)
+                ),
+            }
+        )
     for name, why in (skipped or {}).items():
         if name not in configs:
-            rows.append({"config": name, "label": name, "spec_type": None, "n_max": None, "temperature": None,
-                         "decode_tps": None, "ratio": None, "verdict": None, "acceptance_rate": None, "runs": 0,
-                         "status": f"not measured: {why}"})
+            rows.append(
+                {
+                    "config": name,
+                    "label": name,
+                    "spec_type": None,
+                    "n_max": None,
+                    "temperature": None,
+                    "decode_tps": None,
+                    "ratio": None,
+                    "verdict": None,
+                    "acceptance_rate": None,
+                    "runs": 0,
+                    "status": f"not measured: {why}",
+                }
+            )
     return choice, rows
 
 

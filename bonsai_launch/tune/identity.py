@@ -43,8 +43,9 @@ class TuneKey:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TuneKey:
-        return cls(data["machine"], data["build"], data["model_sha256"], data.get("drafter_sha256"),
-                   data["prompts_sha256"])
+        return cls(
+            data["machine"], data["build"], data["model_sha256"], data.get("drafter_sha256"), data["prompts_sha256"]
+        )
 
     @property
     def id(self) -> str:
@@ -67,8 +68,9 @@ def cpu_model() -> str:
                 if line.lower().startswith(("model name", "hardware", "cpu model")):
                     return line.split(":", 1)[1].strip()
         elif system == "Darwin":
-            done = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                  timeout=5)
+            done = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            )
             if done.returncode == 0 and done.stdout.strip():
                 return done.stdout.strip()
     except (OSError, subprocess.SubprocessError):

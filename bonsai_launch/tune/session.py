@@ -104,8 +104,10 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
     selection = select({**request.flags, "speculative": None})
     files = model_files(selection, request.model, request.drafter)
     if not files.model.is_file():
-        raise BonsaiError(f"model file {files.model} is not present",
-                          f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH")
+        raise BonsaiError(
+            f"model file {files.model} is not present",
+            f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH",
+        )
     unusable: dict[str, str] = {}
     drafter_type = block = None
     drafter_path = files.drafter if files.drafter is not None and files.drafter.is_file() else None
@@ -127,13 +129,20 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
     found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type)
     if configs:
         found = cands.restrict(found, configs)
-    key = TuneKey(machine_id(), build_id(request.binary), file_sha256(files.model),
-                  file_sha256(drafter_path) if drafter_path else None, prompts_sha256(prompts))
+    key = TuneKey(
+        machine_id(),
+        build_id(request.binary),
+        file_sha256(files.model),
+        file_sha256(drafter_path) if drafter_path else None,
+        prompts_sha256(prompts),
+    )
     profile = selection.profile.name if own else None
     return Subject(profile, files.model, drafter_path, key, tuple(found), unusable)
 
 
-def plan_candidates(request: TuneRequest, found: tuple[cands.Candidate, ...]) -> tuple[list[ConfigSpec], dict[str, str]]:
+def plan_candidates(
+    request: TuneRequest, found: tuple[cands.Candidate, ...]
+) -> tuple[list[ConfigSpec], dict[str, str]]:
     """A launch plan per candidate, all with one context size (the largest any asks for), as
     the bench plans its configurations. A candidate the plan refuses is skipped with why."""
     from bonsai_launch.launch_inputs import gather_plan
@@ -145,8 +154,13 @@ def plan_candidates(request: TuneRequest, found: tuple[cands.Candidate, ...]) ->
             if ctx is not None:
                 flags["ctx"] = ctx
             try:
-                plan = gather_plan(flags, request.model, request.drafter if cand.spec_type and cand.spec_type.startswith("draft-") else None,
-                                   request.passthrough, request.binary)
+                plan = gather_plan(
+                    flags,
+                    request.model,
+                    request.drafter if cand.spec_type and cand.spec_type.startswith("draft-") else None,
+                    request.passthrough,
+                    request.binary,
+                )
             except BonsaiError as exc:
                 if cand.spec_type is None:
                     raise
@@ -205,8 +219,18 @@ def _screening_ratios(data: BenchData, baseline: str) -> dict[str, float]:
     return ratios
 
 
-def _rounds(plain: ConfigSpec, others: list[ConfigSpec], measure, clock: _Clock, data: BenchData,
-            skipped: dict[str, str], notes: list[str], options: TuneOptions, n_prompts: int, listener: Listener) -> None:
+def _rounds(
+    plain: ConfigSpec,
+    others: list[ConfigSpec],
+    measure,
+    clock: _Clock,
+    data: BenchData,
+    skipped: dict[str, str],
+    notes: list[str],
+    options: TuneOptions,
+    n_prompts: int,
+    listener: Listener,
+) -> None:
     """Screening, then confirmation of the best candidates that beat plain once."""
     measure(plain, 0)
     if clock.budget_s is None:
@@ -218,23 +242,30 @@ def _rounds(plain: ConfigSpec, others: list[ConfigSpec], measure, clock: _Clock,
             continue
         measure(spec, 0)
     ratios = _screening_ratios(data, plain.name)
-    finalists = [s for s in sorted(others, key=lambda s: ratios.get(s.name, 0.0), reverse=True)
-                 if ratios.get(s.name, 0.0) > 1.0][:options.finalists]
+    finalists = [
+        s for s in sorted(others, key=lambda s: ratios.get(s.name, 0.0), reverse=True) if ratios.get(s.name, 0.0) > 1.0
+    ][: options.finalists]
     listener.total(len(data.requests) + n_prompts * CONFIRM_ROUNDS * (1 + len(finalists)))
     for round_number in range(1, CONFIRM_ROUNDS + 1) if finalists else ():
         while len(finalists) > 1 and not clock.fits(1 + len(finalists)):
             finalists.pop()
         if not clock.fits(1 + len(finalists)):
-            notes.append(f"the budget ({clock.budget_s:.0f} s) ran out before confirmation round {round_number}: "
-                         "no gain can be confirmed, so plain is kept; raise --budget")
+            notes.append(
+                f"the budget ({clock.budget_s:.0f} s) ran out before confirmation round {round_number}: "
+                "no gain can be confirmed, so plain is kept; raise --budget"
+            )
             break
         order = finalists + [plain] if round_number % 2 else [plain] + finalists
         for spec in order:
             measure(spec, round_number)
 
 
-def run_tune(request: TuneRequest, options: TuneOptions = TuneOptions(), listener: Listener | None = None,
-             log_dir: Path | None = None) -> TuneOutcome:
+def run_tune(
+    request: TuneRequest,
+    options: TuneOptions = TuneOptions(),
+    listener: Listener | None = None,
+    log_dir: Path | None = None,
+) -> TuneOutcome:
     """Measure, decide, store. Every server it starts is stopped, also on errors and Ctrl+C."""
     from bonsai_launch.bench import report
     from bonsai_launch.bench.pipeline import busy_note
@@ -254,13 +285,22 @@ def run_tune(request: TuneRequest, options: TuneOptions = TuneOptions(), listene
     plain = next(s for s in specs if s.baseline)
     others = [s for s in specs if not s.baseline]
     if not others:
-        raise BonsaiError("no speculative configuration can run with this build and model: "
-                          + "; ".join(f"{k}: {v}" for k, v in skipped.items()),
-                          "rebuild with `bonsai build`, or pass --drafter PATH")
+        raise BonsaiError(
+            "no speculative configuration can run with this build and model: "
+            + "; ".join(f"{k}: {v}" for k, v in skipped.items()),
+            "rebuild with `bonsai build`, or pass --drafter PATH",
+        )
 
-    bench_options = BenchOptions(configs=tuple(s.name for s in specs), temps=(options.temperature,), repeats=3,
-                                 max_tokens=options.max_tokens, tradeoffs=False, seed=options.seed,
-                                 prompts_path=options.prompts_path, per_category=None)
+    bench_options = BenchOptions(
+        configs=tuple(s.name for s in specs),
+        temps=(options.temperature,),
+        repeats=3,
+        max_tokens=options.max_tokens,
+        tradeoffs=False,
+        seed=options.seed,
+        prompts_path=options.prompts_path,
+        per_category=None,
+    )
     data = BenchData("launch", bench_options, specs, prompts)
     data.environment = runner.environment(str(request.binary))
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -280,20 +320,25 @@ def run_tune(request: TuneRequest, options: TuneOptions = TuneOptions(), listene
                 if clock.over():
                     del data.requests[done_before:]
                     raise _OutOfTime(spec.name)
-                runner.run_suite(http, endpoint, spec, bench_options, [prompt], options.temperature, repeat, data,
-                                 listener)
+                runner.run_suite(
+                    http, endpoint, spec, bench_options, [prompt], options.temperature, repeat, data, listener
+                )
         clock.runs.append(time.monotonic() - t0)
         measured[spec.name] += 1
 
     budget = f"{options.budget_s:.0f} s" if options.budget_s else f"{BUDGET_RUNS} x the first plain run"
-    listener.note(f"tuning {subj.model.name}: plain against {', '.join(s.name for s in others)} "
-                  f"({len(prompts)} prompts, {options.max_tokens} tokens each; budget {budget})")
+    listener.note(
+        f"tuning {subj.model.name}: plain against {', '.join(s.name for s in others)} "
+        f"({len(prompts)} prompts, {options.max_tokens} tokens each; budget {budget})"
+    )
     notes: list[str] = []
     try:
         _rounds(plain, others, measure, clock, data, skipped, notes, options, len(prompts), listener)
     except _OutOfTime as stopped:
-        notes.append(f"the budget ({clock.budget_s:.0f} s) ran out while measuring {stopped}: its partial run was "
-                     "dropped; without three paired runs no gain is confirmed, so plain is kept; raise --budget")
+        notes.append(
+            f"the budget ({clock.budget_s:.0f} s) ran out while measuring {stopped}: its partial run was "
+            "dropped; without three paired runs no gain is confirmed, so plain is kept; raise --budget"
+        )
         for spec in others:
             if not measured.get(spec.name):
                 skipped.setdefault(spec.name, f"budget ({clock.budget_s:.0f} s; raise --budget)")
@@ -310,39 +355,78 @@ def run_tune(request: TuneRequest, options: TuneOptions = TuneOptions(), listene
     paths = report.write_reports(doc, out_dir)
     first = plain.plan
     decision = Decision(
-        key=subj.key, choice=choice, table=tuple(table),
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), source="tune",
-        model=str(subj.model.resolve()), profile=subj.profile,
-        drafter=str(subj.drafter.resolve()) if subj.drafter else None, prompts=prompts_name,
-        evidence={"report": paths.get("json"), "duration_s": round(clock.elapsed, 1),
-                  "budget_s": round(clock.budget_s or 0, 1), "prompts": len(prompts), "max_tokens": options.max_tokens,
-                  "temperature": options.temperature, "runs": dict(measured), "rule": RULE,
-                  "noise_rule": doc["definitions"]["noise_rule"], "notes": notes,
-                  "conditions": {"ctx": first.ctx, "ngl": first.ngl, "backend": first.backend,
-                                 "passthrough": list(request.passthrough)}})
+        key=subj.key,
+        choice=choice,
+        table=tuple(table),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        source="tune",
+        model=str(subj.model.resolve()),
+        profile=subj.profile,
+        drafter=str(subj.drafter.resolve()) if subj.drafter else None,
+        prompts=prompts_name,
+        evidence={
+            "report": paths.get("json"),
+            "duration_s": round(clock.elapsed, 1),
+            "budget_s": round(clock.budget_s or 0, 1),
+            "prompts": len(prompts),
+            "max_tokens": options.max_tokens,
+            "temperature": options.temperature,
+            "runs": dict(measured),
+            "rule": RULE,
+            "noise_rule": doc["definitions"]["noise_rule"],
+            "notes": notes,
+            "conditions": {
+                "ctx": first.ctx,
+                "ngl": first.ngl,
+                "backend": first.backend,
+                "passthrough": list(request.passthrough),
+            },
+        },
+    )
     stored = save(decision)
     return TuneOutcome(decision, doc, paths, stored, clock.budget_s or 0.0, clock.elapsed, notes)
 
 
-def decision_from_bench(doc: dict[str, Any], flags: dict[str, Any], model: str | None, drafter: str | None,
-                        binary: Path, prompts: list[suite.Prompt], prompts_name: str) -> Decision:
+def decision_from_bench(
+    doc: dict[str, Any],
+    flags: dict[str, Any],
+    model: str | None,
+    drafter: str | None,
+    binary: Path,
+    prompts: list[suite.Prompt],
+    prompts_name: str,
+) -> Decision:
     """`bonsai bench --save`: the same rule over a bench run, stored for the same key a tune
     run of that model and drafter would use (the prompt set is the bench's)."""
     if doc.get("mode") != "launch":
         raise BonsaiError("--save needs a bench that launched its own servers", "leave out --url")
     if len(doc["options"]["temps"]) and doc["options"]["repeats"] < 3:
-        raise BonsaiError(f"--save needs at least 3 repeats (this run: {doc['options']['repeats']})",
-                          "use --repeats 3 or more")
+        raise BonsaiError(
+            f"--save needs at least 3 repeats (this run: {doc['options']['repeats']})", "use --repeats 3 or more"
+        )
     request = TuneRequest(flags, model, drafter, (), binary)
     subj = subject(request, prompts)
     choice, table = decide(doc)
     decision = Decision(
-        key=subj.key, choice=choice, table=tuple(table), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        source="bench", model=str(subj.model.resolve()), profile=subj.profile,
-        drafter=str(subj.drafter.resolve()) if subj.drafter else None, prompts=prompts_name,
-        evidence={"duration_s": doc.get("duration_s"), "prompts": len(prompts), "rule": RULE,
-                  "noise_rule": doc["definitions"]["noise_rule"], "temperatures": doc["options"]["temps"],
-                  "repeats": doc["options"]["repeats"], "max_tokens": doc["options"]["max_tokens"]})
+        key=subj.key,
+        choice=choice,
+        table=tuple(table),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        source="bench",
+        model=str(subj.model.resolve()),
+        profile=subj.profile,
+        drafter=str(subj.drafter.resolve()) if subj.drafter else None,
+        prompts=prompts_name,
+        evidence={
+            "duration_s": doc.get("duration_s"),
+            "prompts": len(prompts),
+            "rule": RULE,
+            "noise_rule": doc["definitions"]["noise_rule"],
+            "temperatures": doc["options"]["temps"],
+            "repeats": doc["options"]["repeats"],
+            "max_tokens": doc["options"]["max_tokens"],
+        },
+    )
     return decision
 
 

@@ -19,8 +19,12 @@ from typing import Any
 from bonsai_launch.tune.identity import TuneKey, tune_dir
 
 SCHEMA = "bonsai-tune/1"
-KEY_LABELS = {"machine": "machine", "build": "llama-server build", "model_sha256": "model file",
-              "drafter_sha256": "drafter file"}
+KEY_LABELS = {
+    "machine": "machine",
+    "build": "llama-server build",
+    "model_sha256": "model file",
+    "drafter_sha256": "drafter file",
+}
 
 
 @dataclass(frozen=True)
@@ -54,15 +58,32 @@ class Choice:
         return text
 
     def to_json(self) -> dict[str, Any]:
-        return {"config": self.config, "label": self.label, "speculative": self.speculative,
-                "spec_type": self.spec_type, "n_max": self.n_max, "ratio": self.ratio, "ratio_min": self.ratio_min,
-                "ratio_max": self.ratio_max, "band": self.band, "reason": self.reason}
+        return {
+            "config": self.config,
+            "label": self.label,
+            "speculative": self.speculative,
+            "spec_type": self.spec_type,
+            "n_max": self.n_max,
+            "ratio": self.ratio,
+            "ratio_min": self.ratio_min,
+            "ratio_max": self.ratio_max,
+            "band": self.band,
+            "reason": self.reason,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Choice:
-        return cls(data["config"], data.get("label") or data["config"], data.get("spec_type"), data.get("n_max"),
-                   data.get("ratio"), data.get("ratio_min"), data.get("ratio_max"), data.get("band"),
-                   data.get("reason", ""))
+        return cls(
+            data["config"],
+            data.get("label") or data["config"],
+            data.get("spec_type"),
+            data.get("n_max"),
+            data.get("ratio"),
+            data.get("ratio_min"),
+            data.get("ratio_max"),
+            data.get("band"),
+            data.get("reason", ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -79,19 +100,38 @@ class Decision:
     evidence: dict[str, Any] = field(default_factory=dict)  # report path, options, duration, noise rule
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "id": self.key.id, "key": self.key.to_json(), "choice": self.choice.to_json(),
-                "table": list(self.table), "created": self.created, "source": self.source, "model": self.model,
-                "profile": self.profile, "drafter": self.drafter, "prompts": self.prompts, "evidence": self.evidence}
+        return {
+            "schema": SCHEMA,
+            "id": self.key.id,
+            "key": self.key.to_json(),
+            "choice": self.choice.to_json(),
+            "table": list(self.table),
+            "created": self.created,
+            "source": self.source,
+            "model": self.model,
+            "profile": self.profile,
+            "drafter": self.drafter,
+            "prompts": self.prompts,
+            "evidence": self.evidence,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Decision:
-        return cls(TuneKey.from_json(data["key"]), Choice.from_json(data["choice"]), tuple(data.get("table") or ()),
-                   data["created"], data.get("source", "tune"), data["model"], data.get("profile"),
-                   data.get("drafter"), data.get("prompts", ""), dict(data.get("evidence") or {}))
+        return cls(
+            TuneKey.from_json(data["key"]),
+            Choice.from_json(data["choice"]),
+            tuple(data.get("table") or ()),
+            data["created"],
+            data.get("source", "tune"),
+            data["model"],
+            data.get("profile"),
+            data.get("drafter"),
+            data.get("prompts", ""),
+            dict(data.get("evidence") or {}),
+        )
 
     def summary(self) -> str:
-        return (f"{self.choice.describe()} (decision {self.key.id[:8]}, {self.source} {self.created}, "
-                f"{self.prompts})")
+        return f"{self.choice.describe()} (decision {self.key.id[:8]}, {self.source} {self.created}, {self.prompts})"
 
 
 def decisions_dir() -> Path:
@@ -133,8 +173,11 @@ class Lookup:
     changed: tuple[str, ...] = ()  # stale: which inputs differ, in words
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "changed": list(self.changed),
-                "decision": self.decision.to_json() if self.decision else None}
+        return {
+            "status": self.status,
+            "changed": list(self.changed),
+            "decision": self.decision.to_json() if self.decision else None,
+        }
 
 
 def changed_inputs(old: TuneKey, new: TuneKey) -> tuple[str, ...]:
