@@ -306,7 +306,7 @@ def _refuse_source(info: GGUFInfo) -> None:
 
 def _renamed_key(key: str) -> str | None:
     """The dflash name of a legacy key; None for keys the output does not keep."""
-    if key.startswith("tokenizer.") or key == "general.architecture" or key.startswith(PROVENANCE_PREFIX):
+    if key.startswith(("tokenizer.", PROVENANCE_PREFIX)) or key == "general.architecture":
         return None  # the stub tokenizer is replaced by the target's; the writer sets the arch
     if key.startswith("dspark.dspark."):
         return "dflash." + key.removeprefix("dspark.dspark.")

@@ -61,8 +61,10 @@ class DrafterInfo:
         if not self.log_snr:
             if present:
                 return [
-                    f"{name} holds the log-SNR tensors ({', '.join(sorted(present))}) but does not set "
-                    f"dflash.log_snr_conditioning = true, so llama-server refuses it (wrong number of tensors); {fix}"
+                    (
+                        f"{name} holds the log-SNR tensors ({', '.join(sorted(present))}) but does not set "
+                        f"dflash.log_snr_conditioning = true, so llama-server refuses it (wrong number of tensors); {fix}"
+                    )
                 ]
             return []
         problems = []

@@ -182,7 +182,7 @@ def test_launch_mode_runs_every_slot_count(llama_server, tmp_path):
         conversations=1,
         tradeoff_tokens=8,
     )
-    doc, paths = run_bench(
+    doc, _paths = run_bench(
         options,
         Target(model=str(target), drafter=str(drafter), binary=llama_server, passthrough=("-t", "1")),
         tmp_path / "out",
@@ -243,5 +243,5 @@ def test_without_parallel_each_side_keeps_its_own_slots():
     row = next(r for r in doc["concurrency"] if r["config"] == "ngram-mod" and r["level"] == 4)
     assert row["baseline_slots"] == 4 and row["verdict"]["kind"] == "slower"
     assert row["ratios"] == pytest.approx([46.9 / 82.6] * 3, rel=1e-3)
-    header, rows = report.concurrency_rows(doc)
+    _header, rows = report.concurrency_rows(doc)
     assert any(cell.endswith("(baseline on 4)") for r in rows for cell in r)

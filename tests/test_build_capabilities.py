@@ -34,7 +34,7 @@ def test_real_help_spec_types():
 
 
 def test_real_help_flags_include_long_names_after_short_aliases():
-    flags, _spec, removed = parse_help_full(HELP)
+    flags, _spec, _removed = parse_help_full(HELP)
     # `-c,    --ctx-size N`: both names, though two spaces separate them.
     for flag in (
         "-c",

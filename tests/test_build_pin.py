@@ -91,7 +91,7 @@ def test_indexes_without_the_file_are_skipped(tmp_path, monkeypatch):
 
 
 def test_find_links_folder_is_searched_last(tmp_path, monkeypatch):
-    archive, sha = make_sdist(tmp_path / "dist")
+    archive, _sha = make_sdist(tmp_path / "dist")
     use_index(monkeypatch, (tmp_path / "missing").as_uri(), find_links=str(archive.parent))
     found = package_index.find_file("fake-llama-bin", archive.name)
     assert found.url == archive.resolve().as_uri() and found.sha256 is None

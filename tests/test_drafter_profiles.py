@@ -120,7 +120,7 @@ def pair(tmp_path_factory):
 
 
 def test_dry_run_refuses_a_legacy_drafter_with_the_exact_command(pair, capsys):
-    code, out, err = run_cli(
+    code, _out, err = run_cli(
         capsys, "start", "--model", str(pair["target"]), "--drafter", str(pair["legacy"]), "--speculative", "--dry-run"
     )
     lines = err.strip().splitlines()

@@ -236,7 +236,7 @@ def test_doctor_lists_every_build_with_the_profiles_it_runs(isolated_home, tmp_p
     fork = build(BuildRequest(source="prismml"))
     from cli_runner import run_cli
 
-    code, out, _err = run_cli(capsys, "doctor", "--json")
+    _code, out, _err = run_cli(capsys, "doctor", "--json")
     builds = json.loads(out)["builds"]
     assert [b["key"] for b in builds] == [fork.manifest["key"]]
     assert builds[0]["kind"] == "PrismML fork build b10743" and "bonsai2-27b" in builds[0]["profiles"]

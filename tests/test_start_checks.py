@@ -200,8 +200,10 @@ def test_stop_escalates_to_kill(tmp_path):
     argv = [
         sys.executable,
         "-c",
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "print('ready', flush=True); time.sleep(60)",
+        (
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)"
+        ),
     ]
     server = ServerProcess.spawn(argv, env=None, log_path=tmp_path / "s.log", base_url="http://127.0.0.1:1")
     deadline = time.monotonic() + 10

@@ -380,7 +380,7 @@ def test_auto_refuses_an_explicit_type(llama_server, tiny_files, capsys, monkeyp
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))
     target, _ = tiny_files
     monkeypatch.setenv("BONSAI_SPEC_TYPE", "ngram-mod")
-    code, out, err = run_cli(capsys, "start", "--model", str(target), "--speculative", "auto", "--dry-run")
+    code, _out, err = run_cli(capsys, "start", "--model", str(target), "--speculative", "auto", "--dry-run")
     assert code == 2 and "BONSAI_SPEC_TYPE=ngram-mod cannot be combined with BONSAI_SPECULATIVE=auto" in err
 
 
@@ -392,7 +392,7 @@ def test_config_shows_the_decision_state(capsys, monkeypatch):
     tuning = json.loads(out)["tuning"]
     assert tuning["status"] == "unavailable" and "not downloaded" in tuning["message"]
     monkeypatch.setenv("BONSAI_SPECULATIVE", "auto")
-    code, out, err = run_cli(capsys, "config", "--profile", "demo", "--json")
+    code, out, _err = run_cli(capsys, "config", "--profile", "demo", "--json")
     row = next(r for r in json.loads(out)["settings"] if r["env"] == "BONSAI_SPECULATIVE")
     assert row["value"] == "auto" and row["source"] == "env"
     assert os.environ["BONSAI_SPECULATIVE"] == "auto"

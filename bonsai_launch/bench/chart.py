@@ -45,13 +45,19 @@ def render(doc: dict[str, Any]) -> str:
     legend_h = 18 * len(configs) + 10
     height = TOP + PANEL_H + 60 + legend_h
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'
+        ),
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">bonsai bench: decode speed per '
-        "category and configuration</text>",
-        f'<text x="14" y="{TOP + PANEL_H / 2:.0f}" transform="rotate(-90 14 {TOP + PANEL_H / 2:.0f})" '
-        'text-anchor="middle">decode tok/s (median, min-max)</text>',
+        (
+            f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">bonsai bench: decode speed per '
+            "category and configuration</text>"
+        ),
+        (
+            f'<text x="14" y="{TOP + PANEL_H / 2:.0f}" transform="rotate(-90 14 {TOP + PANEL_H / 2:.0f})" '
+            'text-anchor="middle">decode tok/s (median, min-max)</text>'
+        ),
     ]
 
     def y(value: float) -> float:
@@ -116,8 +122,10 @@ def render_concurrency(doc: dict[str, Any]) -> str | None:
         ("time to first token, s (p95)", lambda p: p.get("ttft_p95_s")),
     )
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'
+        ),
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">bonsai bench: slots x clients</text>',
     ]

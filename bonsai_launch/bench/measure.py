@@ -259,7 +259,7 @@ def counter_delta(before: SpecCounters, after: SpecCounters) -> tuple[int | None
         return None, None, None
 
     def diff(a: float | None, b: float | None) -> int | None:
-        return int(round(b - a)) if a is not None and b is not None else None
+        return round(b - a) if a is not None and b is not None else None
 
     return diff(before.drafted, after.drafted), diff(before.accepted, after.accepted), diff(before.steps, after.steps)
 

@@ -418,8 +418,10 @@ def to_markdown(doc: dict, chart: str | None = None) -> str:
         "",
         "## Decode speed per category",
         "",
-        "The baseline's numbers are decode tok/s, median of the repeats (min-max); the others are paired "
-        "ratios (candidate / baseline of the same repeat) with the verdict of the noise rule.",
+        (
+            "The baseline's numbers are decode tok/s, median of the repeats (min-max); the others are paired "
+            "ratios (candidate / baseline of the same repeat) with the verdict of the noise rule."
+        ),
         "",
     ]
     if len(_candidates(doc)) <= 2:

@@ -72,9 +72,11 @@ def command(
             rows.append(
                 (
                     "converted from",
-                    f"{conversion.source_name} (sha256 {conversion.source_sha256[:12]}…), "
-                    f"converter {conversion.converter_version}, {conversion.quantization}, "
-                    f"shared tensors {conversion.shared_tensors}",
+                    (
+                        f"{conversion.source_name} (sha256 {conversion.source_sha256[:12]}…), "
+                        f"converter {conversion.converter_version}, {conversion.quantization}, "
+                        f"shared tensors {conversion.shared_tensors}"
+                    ),
                 )
             )
         for key, value in rows:

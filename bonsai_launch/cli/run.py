@@ -107,7 +107,7 @@ def server_for(
             )
     if flags.get("port") is None and not launch_settings(flags, passthrough).is_explicit("port"):
         flags = {**flags, "port": free_port()}  # a temporary server must not fight over 8080
-    plan, generated = prepare_plan(flags, model, drafter, passthrough)
+    plan, _generated = prepare_plan(flags, model, drafter, passthrough)
     if plan.tuning:  # BONSAI_SPECULATIVE=auto: say what was decided (run and chat never tune themselves)
         sys.stderr.write(plan.tuning["message"] + "\n")
 

@@ -362,8 +362,10 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
         ("context", f"{plan.ctx} tokens{_per_slot(plan)}{mark('ctx')}"),
         (
             "slots",
-            f"{plan.slots.count if plan.slots and plan.slots.count else 'auto (llama-server decides)'}"
-            f"{mark('parallel')}",
+            (
+                f"{plan.slots.count if plan.slots and plan.slots.count else 'auto (llama-server decides)'}"
+                f"{mark('parallel')}"
+            ),
         ),
         ("GPU layers", f"{plan.ngl} ({plan.backend}){mark('ngl')}"),
     ]

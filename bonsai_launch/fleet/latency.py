@@ -27,7 +27,7 @@ class ProxyLatency:
     @staticmethod
     def _p90(xs: list[float]) -> float:
         s = sorted(xs)
-        return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+        return s[min(len(s) - 1, round(0.9 * (len(s) - 1)))]
 
     @property
     def added_ms(self) -> float:

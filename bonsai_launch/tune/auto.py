@@ -134,8 +134,10 @@ def with_tuning(plan, info: dict[str, Any]):
     measured = info.get("conditions") or {}
     if info["status"] == "found" and measured.get("ngl") is not None and measured["ngl"] != plan.ngl:
         warnings += (
-            f"the tuning decision {info['id']} was measured with -ngl {measured['ngl']}, this start uses "
-            f"-ngl {plan.ngl}: re-tune (`{info['hint']}`) if speed matters",
+            (
+                f"the tuning decision {info['id']} was measured with -ngl {measured['ngl']}, this start uses "
+                f"-ngl {plan.ngl}: re-tune (`{info['hint']}`) if speed matters"
+            ),
         )
     return dataclasses.replace(
         plan, tuning=info, reasons=plan.reasons + (Reason("BONSAI_SPECULATIVE", AUTO, why),), warnings=warnings
