@@ -16,6 +16,10 @@ import pytest
 
 import real_parts
 
+# The fake Hugging Face endpoint's fixtures (`hub`, `tiny_repo_files`) for every test module, so
+# none has to import a fixture by name (which linters rightly read as an unused import).
+pytest_plugins = ("fake_hub",)
+
 _BONSAI_VARS = [k for k in os.environ if k.startswith("BONSAI_")]
 
 REAL_SERVER, REAL_SERVER_PROBLEM = real_parts.find_real_server()

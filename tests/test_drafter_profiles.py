@@ -19,7 +19,7 @@ from bonsai_launch.drafter_convert import read_provenance
 from bonsai_launch.profiles import get_profile
 from bonsai_launch.pull import ensure_profile_files
 from cli_runner import run_cli
-from fake_hub import TERNARY_27B, hub, tiny_repo_files  # noqa: F401  (fixtures)
+from fake_hub import TERNARY_27B
 from legacy_dspark_gguf import write_legacy_drafter
 from start_helpers import bonsai, json_out, stop_all
 

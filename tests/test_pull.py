@@ -18,7 +18,7 @@ from bonsai_launch.errors import ActionFailed, BonsaiError
 from bonsai_launch.profiles import get_profile
 from bonsai_launch.pull import ensure_profile_files, pull_profile, wanted_files
 from cli_runner import run_cli as bonsai
-from fake_hub import BONSAI_8B, GOOD_TOKEN, TERNARY_27B, hub, tiny_repo_files  # noqa: F401  (fixtures)
+from fake_hub import BONSAI_8B, GOOD_TOKEN, TERNARY_27B
 
 # the fork's drafter is the bf16 sidecar too (the Q4_1 file loads on no current build): pulled
 # only for speculation, see test_drafter_profiles.py

@@ -13,7 +13,6 @@ import pytest
 
 import tiny_gguf
 from cli_runner import run_cli
-from fake_hub import hub, tiny_repo_files  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
