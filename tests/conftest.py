@@ -29,10 +29,15 @@ REAL_SERVER, REAL_SERVER_PROBLEM = real_parts.find_real_server()
 def pytest_collection_modifyitems(config, items):
     """A test that uses the real llama-server is a `server` test even where the marker was
     forgotten, so the fast lane (`pytest -m "not server and not slow"`, run on macOS and
-    Windows in CI) never needs a build. tryfirst: before -m deselects anything."""
+    Windows in CI) never needs a build; one that loads the demo model into it is also `slow`.
+    tryfirst: before -m deselects anything."""
     for item in items:
-        if "llama_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("server") is None:
+        fixtures = getattr(item, "fixturenames", ())
+        if "llama_server" in fixtures and item.get_closest_marker("server") is None:
             item.add_marker(pytest.mark.server)
+        # The real demo model (250 MB) loading into a real server takes seconds, not milliseconds.
+        if "llama_server" in fixtures and "demo_gguf" in fixtures and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

@@ -61,6 +61,7 @@ def _stopped(doc: dict) -> bool:
     return True
 
 
+@pytest.mark.slow  # a whole tuning session
 def test_a_drafter_that_loses_is_not_chosen(llama_server, pair_dir):
     outcome = _tune(llama_server, pair_dir / "target.gguf", pair_dir / "disagrees.gguf")
     choice = outcome.decision.choice
@@ -76,6 +77,7 @@ def test_a_drafter_that_loses_is_not_chosen(llama_server, pair_dir):
     assert outcome.decision.evidence["runs"]["plain"] >= 1
 
 
+@pytest.mark.slow  # a whole tuning session
 def test_a_constant_drafter_that_wins_is_chosen(llama_server, pair_dir):
     # The gain is several-fold, but the noise rule also needs every one of three paired runs to
     # agree; on a machine shared with other builds one run can be descheduled. Up to three tunings.
