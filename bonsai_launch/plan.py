@@ -142,7 +142,9 @@ class PlanInputs:
     drafter: GGUFInfo | None = None
     mmproj: Path | None = None
     capabilities: Capabilities | None = None  # None: not probed (dry run without a binary)
-    passthrough: Passthrough = Passthrough()  # arguments after --, parsed (bonsai_launch.passthrough)
+    passthrough: Passthrough = dataclasses.field(
+        default_factory=Passthrough
+    )  # arguments after --, parsed (bonsai_launch.passthrough)
     drafter_unavailable: str | None = None  # why the profile's drafter cannot be used here
 
 

@@ -61,7 +61,7 @@ class SysCalls:
     """The system calls a control uses; tests replace them to run another system's branch."""
 
     kill: Callable[[int, int], None] = os.kill
-    killpg: Callable[[int, int], None] | None = getattr(os, "killpg", None)
+    killpg: Callable[[int, int], None] | None = getattr(os, "killpg", None)  # noqa: RUF009 - None on Windows
 
 
 class ProcessControl:

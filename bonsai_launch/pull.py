@@ -178,12 +178,12 @@ def ensure_profile_files(
     files, _notes = wanted_files(profile, layout, want_drafter, want_vision)
     records = model_store.read_records(profile.name)
     states = [model_store.state(profile.name, f.name, records) for f in files]
-    paths = {f.role: s.path for f, s in zip(files, states)}
+    paths = {f.role: s.path for f, s in zip(files, states, strict=True)}
     drafter = next((f for f in files if f.role == "drafter" and drafter_cache.needs_conversion(f)), None)
     if drafter is not None:
         ready = drafter_cache.profile_drafter_state(profile, drafter, paths["model"])
         if ready.state == "current":  # the sidecar itself is no longer needed
-            states = [s for f, s in zip(files, states) if f is not drafter]
+            states = [s for f, s in zip(files, states, strict=True) if f is not drafter]
             paths["drafter"] = ready.converted
     if all(s.verified for s in states):
         return paths

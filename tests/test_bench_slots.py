@@ -237,7 +237,7 @@ def test_without_parallel_each_side_keeps_its_own_slots():
     """No --parallel: plain runs on llama-server's auto 4 slots, speculation on 1; the rows
     still compare at the same client count, and say which slots the baseline had."""
     data = _data()
-    data.loads = [l for l in data.loads if (l.config, l.slots) in (("plain", 4), ("ngram-mod", 1))]
+    data.loads = [load for load in data.loads if (load.config, load.slots) in (("plain", 4), ("ngram-mod", 1))]
     data.requests = [r for r in data.requests if (r.config, r.slots) in (("plain", 4), ("ngram-mod", 1))]
     doc = summarize(data)
     row = next(r for r in doc["concurrency"] if r["config"] == "ngram-mod" and r["level"] == 4)

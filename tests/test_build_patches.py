@@ -43,7 +43,7 @@ def test_patch_that_does_not_apply_is_named(tmp_path):
     tree = fake_tree(tmp_path / "tree")
     bad_patch(tmp_path / "p")
     before = (tree / "server.c").read_text()
-    with pytest.raises(ActionFailed, match="0002-does-not-apply.patch does not apply cleanly"):
+    with pytest.raises(ActionFailed, match=r"0002-does-not-apply\.patch does not apply cleanly"):
         apply_series(tree, load_series(tmp_path / "p"))
     assert (tree / "server.c").read_text() == before
 
@@ -54,7 +54,7 @@ def test_pinned_source_with_a_bad_patch_leaves_no_tree(tmp_path, monkeypatch):
     pin = write_pin(tmp_path / "vendor", archive, sha)
     help_patch(tmp_path / "p")
     bad_patch(tmp_path / "p")
-    with pytest.raises(ActionFailed, match="0002-does-not-apply.patch"):
+    with pytest.raises(ActionFailed, match=r"0002-does-not-apply\.patch"):
         prepare_pin(pin.default, load_series(tmp_path / "p"))
     left = {p.name for p in sources_dir().iterdir()} - {".lock", "downloads"}
     assert left == set(), f"half-patched trees left behind: {left}"

@@ -63,7 +63,7 @@ def test_file_with_wrong_sha256_is_refused_and_nothing_extracted(tmp_path, monke
     archive, _sha = make_sdist(tmp_path / "dist")
     use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, None))  # no hash listed
     pin = write_pin(tmp_path / "vendor", archive, "f" * 64)  # the pin wants another file
-    with pytest.raises(ActionFailed, match="expected f{64}: refused"):
+    with pytest.raises(ActionFailed, match=r"expected f{64}: refused"):
         prepare_pin(pin.default, ())
     assert _only_lock_left() == set()
 

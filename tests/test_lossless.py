@@ -34,7 +34,7 @@ def _assert_lossless_with_rejections(plain: list[dict], spec: list[dict], label:
     drafted = sum(int(r["timings"].get("draft_n") or 0) for r in spec)
     accepted = sum(int(r["timings"].get("draft_n_accepted") or 0) for r in spec)
     assert 0 < accepted < drafted, f"{label}: acceptance must be strictly between 0 and 100% ({accepted}/{drafted})"
-    for i, (p, s) in enumerate(zip(plain, spec)):
+    for i, (p, s) in enumerate(zip(plain, spec, strict=True)):
         assert len(p["tokens"]) == N_PREDICT
         assert s["tokens"] == p["tokens"], f"{label}: prompt {i} differs from the plain run"
     assert len({tuple(p["tokens"]) for p in plain}) == len(plain), "outputs must depend on the prompt"
@@ -80,7 +80,7 @@ def test_random_target_with_ngram_mod_is_lossless(llama_server, tmp_path, target
     base = _prompts(100 + target_seed)
     with tiny_gguf.serve(llama_server, ["-m", target, "-c", "2048", "-np", "1", *THREADS], tmp_path / "plain.log") as s:
         answers = [s.completion(p, n_predict=32, cache_prompt=False, return_tokens=True)["tokens"] for p in base]
-        prompts = [p + o + p + o + p for p, o in zip(base, answers)]
+        prompts = [p + o + p + o + p for p, o in zip(base, answers, strict=True)]
         plain = _run(s, prompts)
     args = ["-m", target, "--spec-type", "ngram-mod", "-c", "2048", "-np", "1", *THREADS]
     with tiny_gguf.serve(llama_server, args, tmp_path / "spec.log") as s:
@@ -106,7 +106,7 @@ def test_equality_check_compares_prompt_by_prompt():
     assert same["compared"] == 3 and same["identical"] == 3 and same["first_diff_char"] is None
 
     # the same texts under the wrong prompts are all different
-    shuffled = dict(zip(answers, [answers["p2"], answers["p3"], answers["p1"]]))
+    shuffled = dict(zip(answers, [answers["p2"], answers["p3"], answers["p1"]], strict=True))
     wrong = _equality(_results("plain", answers) + _results("spec", shuffled), "spec", "plain", "all")
     assert wrong["identical"] == 0
 

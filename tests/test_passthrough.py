@@ -186,7 +186,7 @@ def test_options_bonsai_sets_itself_are_refused_with_the_setting_to_use(words, h
 
 
 def test_a_planned_flag_without_a_setting_is_never_repeated():
-    with pytest.raises(BonsaiError, match="conflicts with --cache-type-k q4_0.*BONSAI_KV4"):
+    with pytest.raises(BonsaiError, match=r"conflicts with --cache-type-k q4_0.*BONSAI_KV4"):
         plan_for(env={"BONSAI_KV4": "1"}, with_drafter=False, passthrough=("-ctk", "q8_0"))
     plan = plan_for(passthrough=("--metrics",))
     assert count(plan, "--metrics") == 1

@@ -68,7 +68,7 @@ def test_bonsai_llama_server_may_leave_out_exe_on_windows(tmp_path):
     exe = executable(folder / "llama-server.exe", "")
     assert binaries.find_server(str(exe), platform="win32") == exe
     assert binaries.find_server(str(folder / "llama-server"), platform="win32") == exe
-    with pytest.raises(BonsaiError, match="llama-server.exe binary .BONSAI_LLAMA_BIN at its folder"):
+    with pytest.raises(BonsaiError, match=r"llama-server\.exe binary .BONSAI_LLAMA_BIN at its folder"):
         binaries.find_server(str(tmp_path / "nothing"), platform="win32")
     with pytest.raises(BonsaiError):  # elsewhere a name is the name
         binaries.find_server(str(folder / "llama-server"), platform="linux")

@@ -87,5 +87,5 @@ def test_user_profile_folder_overrides(tmp_path, monkeypatch):
 def test_broken_user_profile_names_the_file(tmp_path, monkeypatch):
     (tmp_path / "bad.yaml").write_text("name: bad\nfiles: [\n")
     monkeypatch.setenv("BONSAI_PROFILES_DIR", str(tmp_path))
-    with pytest.raises(BonsaiError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(BonsaiError, match=r"bad\.yaml: not valid YAML"):
         load_all()

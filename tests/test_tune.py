@@ -387,7 +387,7 @@ def test_auto_refuses_an_explicit_type(llama_server, tiny_files, capsys, monkeyp
 def test_config_shows_the_decision_state(capsys, monkeypatch):
     from cli_runner import run_cli
 
-    code, out, err = run_cli(capsys, "config", "--profile", "demo", "--json")
+    code, out, _err = run_cli(capsys, "config", "--profile", "demo", "--json")
     assert code == 0
     tuning = json.loads(out)["tuning"]
     assert tuning["status"] == "unavailable" and "not downloaded" in tuning["message"]

@@ -126,7 +126,7 @@ def load_prompts(path: str | Path | None = None) -> list[Prompt]:
 
 def load_conversations() -> list[Conversation]:
     out = []
-    for where, data in _read_jsonl(_bundled_text("conversations.jsonl"), "bundled conversations"):
+    for _where, data in _read_jsonl(_bundled_text("conversations.jsonl"), "bundled conversations"):
         out.append(Conversation(str(data["id"]), tuple(str(t) for t in data["turns"])))
     return out
 

@@ -254,7 +254,7 @@ def _print_tradeoffs(doc: dict, console, labels: dict[str, str]) -> None:
     if conc:
         header, rows = concurrency_rows(doc)
         t = Table(title="Slots x clients: total and per-user speed, time to first token")
-        for i, name in enumerate(header):
+        for name in header:
             t.add_column(name, justify="left" if name == "configuration" else "right")
         for row in rows:
             t.add_row(*row)

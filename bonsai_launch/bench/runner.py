@@ -567,7 +567,7 @@ def run_concurrency(
                         options.tradeoff_tokens,
                         options.seed,
                     )
-                    for r, p in zip(results, batch)
+                    for r, p in zip(results, batch, strict=True)
                 ]
                 for f in futures:
                     f.result()
@@ -646,7 +646,7 @@ def run_launch(
                 slot_counts = options.parallel or (None,)
                 if repeat % 2:
                     slot_counts = tuple(reversed(slot_counts))
-                for i, slots in enumerate(slot_counts):
+                for slots in slot_counts:
                     run = ServerRun(spec.name, repeat, "trade-offs", slots=slots)
                     data.servers.append(run)
                     with (

@@ -49,9 +49,8 @@ def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
 def _check(value: Any, schema: dict[str, Any], root: dict[str, Any], path: str, errors: list[str]) -> None:
     if "$ref" in schema:
         _check(value, _resolve(schema["$ref"], root), root, path, errors)
-    if "anyOf" in schema:
-        if not any(not _collect(value, s, root, path) for s in schema["anyOf"]):
-            errors.append(f"{path}: matches none of the allowed forms")
+    if "anyOf" in schema and not any(not _collect(value, s, root, path) for s in schema["anyOf"]):
+        errors.append(f"{path}: matches none of the allowed forms")
     if "const" in schema and value != schema["const"]:
         errors.append(f"{path}: must be {schema['const']!r}")
     if "enum" in schema and value not in schema["enum"]:

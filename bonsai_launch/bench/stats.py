@@ -132,7 +132,7 @@ def first_difference(a: str, b: str) -> int | None:
     one is a prefix of the other); None when they are equal."""
     if a == b:
         return None
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # texts of different lengths: up to the shorter
         if x != y:
             return i
     return min(len(a), len(b))

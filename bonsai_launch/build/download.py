@@ -43,7 +43,7 @@ def _chunks(url: str, cert: str | None):
     """(total size or None, iterator of byte chunks) for an http(s) or file URL."""
     if url.startswith("file:"):
         path = Path(url2pathname(urlparse(url).path))
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 - opened now, so a missing file fails here; local() closes it
 
         def local():
             with fh:

@@ -231,7 +231,7 @@ def find_glslc() -> str | None:
 
 
 def _vswhere() -> Path | None:
-    base = os.environ.get("ProgramFiles(x86)") or os.environ.get("ProgramFiles") or r"C:\Program Files (x86)"
+    base = os.environ.get("ProgramFiles(x86)") or os.environ.get("ProgramFiles") or r"C:\Program Files (x86)"  # noqa: SIM112 - Windows spells them so
     path = Path(base, "Microsoft Visual Studio", "Installer", "vswhere.exe")
     return path if path.is_file() else None
 

@@ -174,7 +174,7 @@ def _print_up(result) -> None:
         out.print("  API key  $BONSAI_API_KEY")
     else:
         out.print("  API key  unchanged (shown when the proxy started)")
-    body = '{"model":"%s","messages":[{"role":"user","content":"Hello!"}]}' % result.model
+    body = '{"model":"%s","messages":[{"role":"user","content":"Hello!"}]}' % result.model  # noqa: UP031 - a JSON template
     out.print(
         f"  try: curl {result.url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-H \"Authorization: Bearer $BONSAI_API_KEY\" -d '{body}'",

@@ -231,7 +231,7 @@ def command(
                         sys.stdout.flush()
         except supervisor.StopRequested:
             sys.stdout.write("\n")
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
     if json_output:
         drafted, accepted, rate = client.acceptance(result.timings)
         emit_json(

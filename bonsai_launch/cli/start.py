@@ -399,7 +399,7 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
         )
         shown_key = mask_key(key) if "api_key" in passed else "$BONSAI_API_KEY"
     auth = f' -H "Authorization: Bearer {shown_key}"' if key else ""
-    body = '{"model":"%s","messages":[{"role":"user","content":"Hello!"}]}' % plan.model_name
+    body = '{"model":"%s","messages":[{"role":"user","content":"Hello!"}]}' % plan.model_name  # noqa: UP031 - a JSON template
     out.print(
         f"  try: curl {plan.base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
         markup=False,

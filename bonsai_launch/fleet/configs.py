@@ -170,7 +170,7 @@ def llama_swap_config(model: str, members: list[Member], api_key_env: str | None
         else:
             peer: dict = {"proxy": m.url, "models": [model]}
             if m.api_key_env:
-                peer["apiKey"] = "${env.%s}" % m.api_key_env
+                peer["apiKey"] = "${env.%s}" % m.api_key_env  # noqa: UP031 - braces would need doubling
             peers[m.name] = peer
             targets.append(f"{m.name}/{model}")
     config: dict = {
@@ -187,7 +187,7 @@ def llama_swap_config(model: str, members: list[Member], api_key_env: str | None
     if peers:
         config["peers"] = peers
     if api_key_env:
-        config["apiKeys"] = ["${env.%s}" % api_key_env]
+        config["apiKeys"] = ["${env.%s}" % api_key_env]  # noqa: UP031 - braces would need doubling
     # llama-swap starts every model it routes to; preload them so the pool is warm.
     if models:
         config["hooks"] = {"on_startup": {"preload": list(models)}}

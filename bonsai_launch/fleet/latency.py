@@ -32,7 +32,7 @@ class ProxyLatency:
     @property
     def added_ms(self) -> float:
         """Median of the paired differences (proxied minus direct)."""
-        return statistics.median(p - d for p, d in zip(self.proxied_ms, self.direct_ms))
+        return statistics.median(p - d for p, d in zip(self.proxied_ms, self.direct_ms, strict=True))
 
     def to_json(self) -> dict:
         return {

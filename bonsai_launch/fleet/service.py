@@ -107,7 +107,7 @@ def _launch_replica(member: MemberState, status: Status):
 def _slots(argv) -> int:
     """-np of a llama-server command line (the last one wins, as in llama-server)."""
     n = 1
-    for flag, value in zip(argv, list(argv[1:]) + [""]):
+    for flag, value in zip(argv, [*argv[1:], ""], strict=True):
         if flag in ("-np", "--parallel") and value.isdigit():
             n = int(value)
     return max(1, n)
