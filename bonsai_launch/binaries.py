@@ -46,17 +46,21 @@ def find_server(explicit: str | None, platform: str | None = None) -> Path | Non
     """The binary to run: `explicit` (BONSAI_LLAMA_SERVER) if given, else the installed build
     for the detected backend, else None when nothing is built yet."""
     if explicit:
-        path = resolve_explicit(explicit, platform)
-        if path is None:
-            raise BonsaiError(
-                f"BONSAI_LLAMA_SERVER={explicit!r} is not a file",
-                f"point it at a {exe_name('llama-server', platform)} binary (BONSAI_LLAMA_BIN at its "
-                "folder), or unset it",
-            )
-        return path
+        return explicit_server(explicit, platform)
     from bonsai_launch.build.builder import find_installed
 
     return find_installed("auto")
+
+
+def explicit_server(explicit: str, platform: str | None = None) -> Path:
+    """The binary BONSAI_LLAMA_SERVER names (on Windows `.exe` may be left out); refused when missing."""
+    path = resolve_explicit(explicit, platform)
+    if path is None:
+        raise BonsaiError(
+            f"BONSAI_LLAMA_SERVER={explicit!r} is not a file",
+            f"point it at a {exe_name('llama-server', platform)} binary (BONSAI_LLAMA_BIN at its folder), or unset it",
+        )
+    return path
 
 
 def _cache_file(binary: Path) -> Path:

@@ -76,7 +76,8 @@ def choose_file(profile: Profile, role: str, kind: BuildKind) -> ModelFile | Non
     order the profile lists them."""
     loadable = [f for f in profile.files if f.role == role and cannot_load(f, kind) is None]
     exact = [f for f in loadable if f.layout == kind.flavour]
-    return (exact or loadable or [None])[0]
+    candidates = exact or loadable
+    return candidates[0] if candidates else None
 
 
 def why_no_file(profile: Profile, role: str, kind: BuildKind) -> str:

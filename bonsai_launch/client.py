@@ -151,7 +151,7 @@ def metrics(base_url: str, api_key: str | None = None) -> dict[str, float]:
 
 def completion(
     base_url: str,
-    prompt: str,
+    prompt: str | list[int],
     n_predict: int = 32,
     temperature: float = 0.0,
     api_key: str | None = None,

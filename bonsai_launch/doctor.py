@@ -111,7 +111,7 @@ def _builds(report: Report) -> None:
                 "profiles": runnable_profiles(kind, profiles),
                 "build_number": caps.get("build_number"),
                 "source": m.get("source", {}).get("spec"),
-                "is_pin": bool(pinned) and m.get("source", {}).get("identity") == pinned.sha256,
+                "is_pin": pinned is not None and m.get("source", {}).get("identity") == pinned.sha256,
                 "current_patches": m.get("patches_hash") == patches_id,
                 "built_at": m.get("built_at"),
                 "build_seconds": m.get("build_seconds"),

@@ -72,7 +72,7 @@ class RecordingReporter:
             self.notes.append(message)
 
     def bar(self, label: str, total: int | None, initial: int = 0) -> Bar:
-        entry = {"label": label, "total": total, "initial": initial, "done": initial, "closed": False}
+        entry: dict[str, Any] = {"label": label, "total": total, "initial": initial, "done": initial, "closed": False}
         with self._lock:
             self.bars.append(entry)
 

@@ -532,6 +532,7 @@ def write_converted(plan: ConversionPlan, dest: Path, *, on_bytes: Callable[[int
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
+        assert writer.fout is not None  # opened by write_header_to_file
         out = writer.fout[0]
         header_end = out.tell()
         out.write(b"\0" * (_pad(header_end, plan.alignment) - header_end))

@@ -326,7 +326,9 @@ def _type_tables():
         except Exception:  # any surprise: the ordinary import below
             loaded = None
     if loaded is None:
-        import gguf.constants as loaded
+        import gguf.constants
+
+        loaded = gguf.constants
     return loaded.GGML_QUANT_SIZES, loaded.GGMLQuantizationType
 
 

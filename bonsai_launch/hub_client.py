@@ -243,5 +243,5 @@ def download(
         headers=headers,
         expected_size=expected_size,
         displayed_filename=name,
-        tqdm_class=progress,
+        tqdm_class=progress,  # type: ignore[arg-type]  # a factory huggingface_hub calls like tqdm's class
     )

@@ -350,9 +350,9 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
     if spec is None:
         # Without speculation no rule sizes them: -ub/-b after -- go to llama-server as given, once.
         for name, flag in (("ubatch", "-ub"), ("batch", "-b")):
-            given = passthrough.plan_int(name)
-            if given is not None:
-                b.add(flag, given, "from the arguments after --")
+            value = passthrough.plan_int(name)
+            if value is not None:
+                b.add(flag, value, "from the arguments after --")
 
     if s["kv4"]:
         _require_flag(caps, "--cache-type-k", "BONSAI_KV4=1")

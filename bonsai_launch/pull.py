@@ -182,7 +182,7 @@ def ensure_profile_files(
     drafter = next((f for f in files if f.role == "drafter" and drafter_cache.needs_conversion(f)), None)
     if drafter is not None:
         ready = drafter_cache.profile_drafter_state(profile, drafter, paths["model"])
-        if ready.state == "current":  # the sidecar itself is no longer needed
+        if ready.state == "current" and ready.converted is not None:  # the sidecar itself is no longer needed
             states = [s for f, s in zip(files, states, strict=True) if f is not drafter]
             paths["drafter"] = ready.converted
     if all(s.verified for s in states):

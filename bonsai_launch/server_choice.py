@@ -37,9 +37,9 @@ def explicit_binary(settings: Settings) -> tuple[Path, str] | None:
             "set only one: BONSAI_LLAMA_SERVER names the binary, BONSAI_LLAMA_BIN its folder",
         )
     if server:
-        from bonsai_launch.binaries import find_server
+        from bonsai_launch.binaries import explicit_server
 
-        return find_server(server), "BONSAI_LLAMA_SERVER"  # a file; on Windows `.exe` may be left out
+        return explicit_server(server), "BONSAI_LLAMA_SERVER"  # a file; on Windows `.exe` may be left out
     if folder:
         path = Path(folder).expanduser()
         if not path.is_dir():
@@ -78,10 +78,10 @@ def choose_server(settings: Settings, flavour: str, backend: str = "auto") -> Se
         return ServerChoice(path, BuildKind(flavour), origin, assumed=True)
     from bonsai_launch.build.builder import find_installed
 
-    path = find_installed(backend, flavour)
-    kind = kind_of_binary(path) if path is not None else None
+    installed = find_installed(backend, flavour)
+    kind = kind_of_binary(installed) if installed is not None else None
     return ServerChoice(
-        path, kind or BuildKind(flavour, _pinned_fork_release() if flavour == FORK else None), "bonsai build"
+        installed, kind or BuildKind(flavour, _pinned_fork_release() if flavour == FORK else None), "bonsai build"
     )
 
 

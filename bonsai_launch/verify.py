@@ -75,7 +75,7 @@ def verify(url: str, *, api_key: str | None = None, expect_speculative: bool = F
         props = client.props(base, api_key)
     except ActionFailed:
         props = None
-    is_llama = bool(props) and ("build_info" in props or "default_generation_settings" in props)
+    is_llama = props is not None and ("build_info" in props or "default_generation_settings" in props)
     report.server = "llama-server" if is_llama else "openai-compatible"
     try:
         ids = client.models(base, api_key)

@@ -228,7 +228,7 @@ def test_interleaved_conversations_take_turns(monkeypatch):
         sent.clear()
         data = BenchData("launch", BenchOptions(turns=3, interleave=interleave), [spec], [])
         monkeypatch.setattr(runner, "_send", fake_send)
-        runner.run_multi_turn(Http(), None, spec, data.options, convs, 0, data, runner.Listener())
+        runner.run_multi_turn(Http(), None, spec, data.options, convs, 0, data, runner.SilentListener())
         assert [f"{p}{t}" for p, t, _ in sent] == expected
         assert [n for p, t, n in sent if p == "b"] == [1, 3, 5]  # each turn carries its own history
 

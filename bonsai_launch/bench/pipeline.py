@@ -33,7 +33,7 @@ class Target:
 
 def quick_options(options: BenchOptions, given: set[str]) -> BenchOptions:
     """--quick: a small subset for a laptop; options the user gave explicitly still win."""
-    changes = {k: v for k, v in QUICK.items() if k not in given}
+    changes: dict[str, Any] = {k: v for k, v in QUICK.items() if k not in given}
     return dataclasses.replace(options, quick=True, **changes)
 
 

@@ -83,6 +83,11 @@ def _result(doc: dict, config: str, category: str, temp: float) -> dict | None:
     )
 
 
+def _label(labels: dict[str, str], config: str | None) -> str | None:
+    """A configuration's display name (its own name when it has none)."""
+    return labels.get(config, config) if config is not None else None
+
+
 def _comparison(doc: dict, config: str, category: str, temp: float) -> dict | None:
     return next(
         (
@@ -148,12 +153,12 @@ def print_terminal(doc: dict, console=None, paths: dict[str, str] | None = None)
         for v in doc["verdicts"]:
             style = {"faster": "green", "slower": "red"}.get(v["kind"], "yellow")
             console.print(f"  [{style}]{v['line']}[/{style}]")
-    eq_rows = [(c, _comparison(doc, c, "all", 0.0)) for c in cands]
-    eq_rows = [(c, comp) for c, comp in eq_rows if comp and comp.get("output_equality")]
-    for c, comp in eq_rows:
+    for c in cands:
+        comp = _comparison(doc, c, "all", 0.0)
+        if not (comp and comp.get("output_equality")):
+            continue
         console.print(
-            f"  temperature 0, {labels.get(c, c)} vs {labels.get(base, base)}: "
-            f"{_equality_text(comp['output_equality'])}"
+            f"  temperature 0, {labels.get(c, c)} vs {_label(labels, base)}: {_equality_text(comp['output_equality'])}"
         )
 
     _print_tradeoffs(doc, console, labels)
@@ -185,7 +190,7 @@ def _config_rows_tables(doc: dict, labels: dict[str, str], base: str | None, can
 
     cats = doc["categories"] + ["all"]
     speed = Table(
-        title=f"Decode speed: {labels.get(base, base)} tok/s, others as paired ratios (median of repeats; "
+        title=f"Decode speed: {_label(labels, base)} tok/s, others as paired ratios (median of repeats; "
         "ranges in bench.md)"
     )
     accept = Table(title="Acceptance rate (accepted / drafted draft tokens)")

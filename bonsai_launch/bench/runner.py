@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import httpx
@@ -209,7 +209,7 @@ class BenchData:
         return next((c for c in self.configs if c.baseline), None)
 
 
-class Listener:
+class Listener(Protocol):
     """Progress callbacks; the CLI draws a progress bar, tests pass nothing."""
 
     def total(self, n: int) -> None: ...
@@ -219,6 +219,22 @@ class Listener:
     def advance(self, n: int = 1) -> None: ...
 
     def note(self, text: str) -> None: ...
+
+
+class SilentListener:
+    """The listener when nobody listens."""
+
+    def total(self, n: int) -> None:
+        pass
+
+    def step(self, text: str) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -623,7 +639,7 @@ def run_launch(
     log_dir: Path,
     listener: Listener | None = None,
 ) -> BenchData:
-    listener = listener or Listener()
+    listener = listener or SilentListener()
     data = BenchData("launch", options, configs, prompts)
     data.environment = environment(configs[0].plan.binary if configs and configs[0].plan else None)
     conversations = _conversations(options)
@@ -643,7 +659,7 @@ def run_launch(
                     run_suite(http, endpoint, spec, options, prompts, temperature, repeat, data, listener)
             if options.tradeoffs:
                 # One server per slot count (--parallel), the multi-turn conversation on the first.
-                slot_counts = options.parallel or (None,)
+                slot_counts: tuple[int | None, ...] = options.parallel or (None,)
                 if repeat % 2:
                     slot_counts = tuple(reversed(slot_counts))
                 for slots in slot_counts:
@@ -671,7 +687,7 @@ def run_urls(
     api_key: str | None = None,
     listener: Listener | None = None,
 ) -> BenchData:
-    listener = listener or Listener()
+    listener = listener or SilentListener()
     configs = []
     if baseline_url:
         configs.append(ConfigSpec("baseline", True, None, url=baseline_url))

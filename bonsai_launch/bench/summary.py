@@ -71,7 +71,7 @@ def aggregate(requests: list[RequestResult]) -> dict[str, Any]:
     out["tokens"] = int(tokens)
     timed = [r for r in ok if r.predicted_n is not None and r.predicted_ms]
     server = (
-        sum(r.predicted_n for r in timed) / (sum(r.predicted_ms for r in timed) / 1000.0)
+        sum(r.predicted_n or 0 for r in timed) / (sum(r.predicted_ms or 0.0 for r in timed) / 1000.0)
         if timed and len(timed) == len(ok)
         else None
     )
@@ -85,7 +85,9 @@ def aggregate(requests: list[RequestResult]) -> dict[str, Any]:
     out["client_decode_tps"] = client
     out["decode_tps"] = server if server is not None else client
     out["prefill_tps"] = (
-        (sum(r.prompt_n for r in prefill) / (sum(r.prompt_ms for r in prefill) / 1000.0)) if prefill else None
+        (sum(r.prompt_n or 0 for r in prefill) / (sum(r.prompt_ms or 0.0 for r in prefill) / 1000.0))
+        if prefill
+        else None
     )
     walls = _sum(r.wall_s for r in ok)
     out["e2e_tps"] = tokens / walls if walls else None
@@ -329,8 +331,8 @@ def _multi_turn(data: BenchData, baseline: str | None) -> dict[str, Any]:
     # Per repeat: median TTFT over turns 2+ of every conversation; then paired against the baseline.
     later: dict[str, dict[int, float | None]] = defaultdict(dict)
     for (config, repeat), group in _group([r for r in reqs if (r.turn or 0) >= 2], "config", "repeat").items():
-        values = [r.ttft_s for r in group if r.ttft_s is not None]
-        later[config][repeat] = statistics.median(values) if values else None
+        ttfts = [r.ttft_s for r in group if r.ttft_s is not None]
+        later[config][repeat] = statistics.median(ttfts) if ttfts else None
     comparisons = []
     if baseline and baseline in later:
         for config, values in later.items():
@@ -476,12 +478,12 @@ def users_verdicts(rows: list[dict[str, Any]], configs: list[dict[str, Any]], re
 
 
 def _memory(data: BenchData, baseline: str | None) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     base_rss = None
     for spec in data.configs:
         runs = [s for s in data.servers if s.config == spec.name]
         rss = spread(s.peak_rss_bytes for s in runs)
-        row = {
+        row: dict[str, Any] = {
             "config": spec.name,
             "peak_rss_bytes": rss.to_json() if rss else None,
             "peak_gpu_bytes": _spread_json(s.peak_gpu_bytes for s in runs),

@@ -73,7 +73,7 @@ def install_binaries(work_bin: Path, key_dir: Path, targets: tuple[str, ...]) ->
 
 def installed_builds(builds: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Every complete install under builds/, newest first."""
-    found = []
+    found: list[tuple[Path, dict[str, Any]]] = []
     if not builds.is_dir():
         return found
     for key_dir in builds.iterdir():

@@ -97,13 +97,13 @@ def parse_source(text: str | None, pin: PinFile) -> SourceSpec:
 
             return SourceSpec("git", text, url, ref or "HEAD", flavour="fork", release=release_of_tag(ref))
         return SourceSpec("git", text, url, ref or "HEAD")
-    path = Path(text).expanduser()
-    if not path.is_dir():
+    folder = Path(text).expanduser()
+    if not folder.is_dir():
         raise BonsaiError(
             f"--source {text!r} is neither a folder, a git URL nor a known source name",
             f"pass a llama.cpp folder, git+URL@REF, or one of: pin, {', '.join(pin.alternatives) or '-'}",
         )
-    return SourceSpec("local", text, path=path.resolve())
+    return SourceSpec("local", text, path=folder.resolve())
 
 
 def _same_repo(a: str, b: str) -> bool:

@@ -27,13 +27,14 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.paths import exe_name
 
 BACKENDS = ("auto", "cpu", "cuda", "metal", "vulkan", "hip")
 
-INSTALL_HINTS = {  # Linux wording; hint() picks the one for another system
+INSTALL_HINTS: dict[str, Any] = {  # Linux wording; hint() picks the one for another system
     "compiler": {
         "Linux": "install a C/C++ compiler: `sudo apt install build-essential` (Debian/Ubuntu) or "
         "`sudo dnf install gcc-c++` (Fedora)",

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt, SpecAutoOpt
 from bonsai_launch.cli._passthrough import passthrough_args
@@ -311,8 +314,8 @@ class _ProgressListener:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self._progress = None
-        self._task = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
 
     def __enter__(self) -> _ProgressListener:
         if self.enabled:
@@ -320,7 +323,7 @@ class _ProgressListener:
 
             from bonsai_launch.cli._output import console
 
-            self._progress = Progress(
+            progress = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
@@ -328,8 +331,9 @@ class _ProgressListener:
                 console=console(stderr=True),
                 transient=True,
             )
-            self._progress.start()
-            self._task = self._progress.add_task("bench", total=None)
+            progress.start()
+            self._task = progress.add_task("bench", total=None)
+            self._progress = progress
         return self
 
     def __exit__(self, *exc) -> None:
@@ -337,15 +341,15 @@ class _ProgressListener:
             self._progress.stop()
 
     def total(self, n: int) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, total=n)
 
     def step(self, text: str) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, description=text[:70])
 
     def advance(self, n: int = 1) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.advance(self._task, n)
 
     def note(self, text: str) -> None:

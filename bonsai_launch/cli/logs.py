@@ -9,16 +9,19 @@ Examples:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from bonsai_launch.instances import Instance
 
 NameArg = Annotated[str | None, typer.Argument(help="Server name, port or pid (see `bonsai ps`).")]
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the server stops.")]
 LinesOpt = Annotated[int, typer.Option("--lines", "-n", help="How many lines from the end to show first (0 = all).")]
 
 
-def _log_for(name: str | None) -> tuple[Path, object | None]:
+def _log_for(name: str | None) -> tuple[Path, Instance | None]:
     """The log of a running server, else of a server that ran under that name before."""
     from bonsai_launch import instances
     from bonsai_launch.errors import BonsaiError

@@ -163,7 +163,7 @@ def stats_line(result, speculative: bool = False) -> str:
         parts.append(f"{t['predicted_per_second']:.1f} tokens/s")
     line = ", ".join(parts) or "no timings from this server"
     drafted, accepted, rate = acceptance(t)
-    if drafted:
+    if drafted and rate is not None:
         line += f"; speculative: drafted {drafted}, accepted {accepted} ({rate * 100:.1f}%)"
     elif speculative and t:
         line += "; speculative: nothing drafted for this answer (n-gram types draft only on repeated text)"

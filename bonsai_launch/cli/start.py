@@ -209,7 +209,7 @@ def _build_server(flavour: str = "mainline"):
 def _profile_fetcher():
     """`bonsai pull`'s library call that fetches a profile's missing files, if present."""
     try:
-        from bonsai_launch.pull import ensure_profile_files  # type: ignore[attr-defined]
+        from bonsai_launch.pull import ensure_profile_files
     except ImportError:
         return None
     return ensure_profile_files

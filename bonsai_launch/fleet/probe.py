@@ -27,7 +27,7 @@ class MemberProbe:
 
     @property
     def acceptance(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        return self.accepted / self.drafted if self.drafted and self.accepted is not None else None
 
 
 DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"

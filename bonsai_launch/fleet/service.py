@@ -119,9 +119,9 @@ def _local_alive(member: MemberState) -> bool:
     return any(i.name == member.instance and i.pid == member.pid for i in instances.running())
 
 
-def _replica_members(opts: UpOptions, backend: str) -> list[MemberState]:
+def _replica_members(opts: UpOptions, replicas: int, backend: str) -> list[MemberState]:
     shares = hosts.replica_shares(
-        opts.replicas,
+        replicas,
         backend,
         gpus=opts.gpus,
         threads=opts.threads,
@@ -321,7 +321,7 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
         raise BonsaiError(
             "--replicas=0 and no --hosts: the fleet would be empty", "ask for replicas or give a fleet file"
         )
-    local = _replica_members(opts, _backend(opts)) if opts.replicas else []
+    local = _replica_members(opts, opts.replicas, _backend(opts)) if opts.replicas else []
     started: list[MemberState] = []
     excluded: list[dict[str, str]] = []
     proxy_st: ProxyState | None = None
@@ -391,6 +391,7 @@ def _reconcile(st: FleetState, status: Status) -> UpResult:
         config = Path(st.proxy.config) if st.proxy else fleet_state.fleet_dir() / "litellm.yaml"
         st.proxy, key, source = _start_proxy(st.model, config, port, status)
         restarted.append("proxy")
+    assert st.proxy is not None  # alive, or started just above
     fleet_state.save(st)
     members = [
         _member_json(m, probe.probe(m.url, probe.member_key(m.api_key_env)).healthy, proofs.get(m.name))
@@ -456,7 +457,9 @@ def down() -> dict[str, Any]:
     st = fleet_state.load()
     if st is None:
         return {"stopped": [], "was_running": False}
-    stopped, left, already_gone = [], [], []
+    stopped: list[str] = []
+    left: list[str] = []
+    already_gone: list[str] = []
     if st.proxy is not None:
         (stopped if proxy.stop(st.proxy) else left).append("proxy")
     live = {i.name: i for i in instances.running()}

@@ -145,8 +145,8 @@ def with_tuning(plan, info: dict[str, Any]):
 
 
 def needs_tuning(plan) -> bool:
-    tuning = getattr(plan, "tuning", None)
-    return bool(tuning) and tuning.get("status") in ("missing", "stale")
+    tuning: dict[str, Any] | None = getattr(plan, "tuning", None)
+    return tuning is not None and tuning.get("status") in ("missing", "stale")
 
 
 def describe_for_config(selection) -> dict[str, Any]:

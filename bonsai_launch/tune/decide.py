@@ -110,8 +110,8 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
 
     rows = []
     first_temp = temps[0] if temps else 0.0
-    if baseline in configs:
-        res = _result(doc, baseline, first_temp) or {}
+    if baseline is not None and baseline in configs:
+        base_res = _result(doc, baseline, first_temp) or {}
         rows.append(
             {
                 "config": baseline,
@@ -119,11 +119,11 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
                 "spec_type": None,
                 "n_max": None,
                 "temperature": first_temp,
-                "decode_tps": (res.get("decode_tps") or {}).get("median"),
+                "decode_tps": (base_res.get("decode_tps") or {}).get("median"),
                 "ratio": None,
                 "verdict": None,
                 "acceptance_rate": None,
-                "runs": (res.get("decode_tps") or {}).get("n", 0),
+                "runs": (base_res.get("decode_tps") or {}).get("n", 0),
                 "status": "chosen: nothing beat it" if not choice.speculative else "baseline",
             }
         )

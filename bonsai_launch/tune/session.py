@@ -30,7 +30,7 @@ import httpx
 
 from bonsai_launch.bench import prompts as suite
 from bonsai_launch.bench import runner, summary
-from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec, Listener, ServerRun
+from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec, Listener, ServerRun, SilentListener
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.tune import candidates as cands
 from bonsai_launch.tune.decide import RULE, decide
@@ -271,7 +271,7 @@ def run_tune(
     from bonsai_launch.bench.pipeline import busy_note
     from bonsai_launch.paths import logs_dir
 
-    listener = listener or Listener()
+    listener = listener or SilentListener()
     if options.max_tokens < 16:
         raise BonsaiError(f"--max-tokens {options.max_tokens} is too small to measure decode speed", "use 32 or more")
     if options.budget_s is not None and options.budget_s < 5:
