@@ -246,6 +246,7 @@ def test_start_bonsai2_builds_the_pinned_fork_when_it_can_be_fetched(tmp_path, f
     """No fork build yet, the fork reachable (here: the local fixture): `bonsai start` builds it,
     then plans on it. Downloads are left out (the file is already in place)."""
     from bonsai_launch.cli import start
+    from bonsai_launch.cli._launch import LaunchOptions
     from bonsai_launch.paths import profile_models_dir
 
     repo, commit = fork_repo
@@ -254,7 +255,7 @@ def test_start_bonsai2_builds_the_pinned_fork_when_it_can_be_fetched(tmp_path, f
     profile_models_dir("bonsai2-27b").mkdir(parents=True)
     tiny_gguf.write_target(profile_models_dir("bonsai2-27b") / "Ternary-Bonsai-2-27B-PQ2_0.gguf")
     assert find_installed("cpu", "fork") is None
-    plan, _key = start.prepare_plan(start.start_flags("bonsai2-27b", *[None] * 10), None, None, ())
+    plan, _key = start.prepare_plan(LaunchOptions(profile="bonsai2-27b").flags(), None, None, ())
     fork = find_installed("cpu", "fork")
     assert fork is not None and plan.binary == str(fork) and "prismml" in str(fork)
     assert Path(plan.model).name == "Ternary-Bonsai-2-27B-PQ2_0.gguf" and plan.profile == "bonsai2-27b"

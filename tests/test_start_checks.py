@@ -102,12 +102,13 @@ def test_non_loopback_host_refused_without_opt_in(tmp_path):
 def test_remote_host_gets_an_api_key_through_the_environment(llama_server, tmp_path, monkeypatch):
     # Planning only: nothing binds a non-loopback address in tests.
     import tiny_gguf
-    from bonsai_launch.cli.start import prepare_plan, start_flags
+    from bonsai_launch.cli._launch import LaunchOptions
+    from bonsai_launch.cli.start import prepare_plan
 
     model = str(tiny_gguf.write_target(tmp_path / "t.gguf"))
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))
     monkeypatch.setenv("BONSAI_ALLOW_REMOTE", "1")
-    flags = start_flags(None, None, None, None, None, None, None, None, "0.0.0.0", None, None)
+    flags = LaunchOptions().flags(host="0.0.0.0")
     plan, generated = prepare_plan(flags, model, None, ())
     assert generated and len(generated) >= 32
     assert plan.env == {"LLAMA_API_KEY": generated}

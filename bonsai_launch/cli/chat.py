@@ -16,55 +16,27 @@ import sys
 
 import typer
 
-from bonsai_launch.cli._options import (
-    CtxOpt,
-    DrafterOpt,
-    FamilyOpt,
-    ModelOpt,
-    NglOpt,
-    ParallelOpt,
-    ProfileOpt,
-    SizeOpt,
-    SpecAutoOpt,
-    SpecFallbackOpt,
-    SpecNmaxOpt,
-    SpecOpt,
-    SpecTypeOpt,
-)
+from bonsai_launch.cli._launch import LaunchOptions, launch_options
 from bonsai_launch.cli._passthrough import passthrough_args
 from bonsai_launch.cli.run import ApiKeyOpt, MaxTokensOpt, SystemOpt, TempOpt, UrlOpt, server_for, stats_line
-from bonsai_launch.cli.start import start_flags
 
 
+@launch_options
 def command(
     ctx: typer.Context,
-    profile: ProfileOpt = None,
-    family: FamilyOpt = None,
-    size: SizeOpt = None,
-    model: ModelOpt = None,
-    drafter: DrafterOpt = None,
-    speculative: SpecOpt = None,
-    spec_type: SpecTypeOpt = None,
-    spec_nmax: SpecNmaxOpt = None,
-    ctx_size: CtxOpt = None,
-    ngl: NglOpt = None,
-    parallel: ParallelOpt = None,
+    launch: LaunchOptions,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     max_tokens: MaxTokensOpt = 1024,
     temperature: TempOpt = None,
     system: SystemOpt = None,
-    spec_fallback: SpecFallbackOpt = False,
-    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Chat in the terminal; each answer ends with its decode speed and acceptance."""
     from bonsai_launch import client, supervisor
     from bonsai_launch.cli._output import console
 
-    speculative = "auto" if speculative_auto else speculative
-    flags = start_flags(
-        profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel
-    )
+    flags = launch.flags()
+    model, drafter, spec_fallback = launch.model, launch.drafter, launch.spec_fallback
     err = console(stderr=True)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     # Ctrl+C interrupts an answer (KeyboardInterrupt); the system's other stop signals

@@ -20,24 +20,9 @@ from typing import Annotated
 
 import typer
 
-from bonsai_launch.cli._options import (
-    CtxOpt,
-    DrafterOpt,
-    FamilyOpt,
-    JsonOpt,
-    ModelOpt,
-    NglOpt,
-    ParallelOpt,
-    ProfileOpt,
-    SizeOpt,
-    SpecAutoOpt,
-    SpecFallbackOpt,
-    SpecNmaxOpt,
-    SpecOpt,
-    SpecTypeOpt,
-)
+from bonsai_launch.cli._launch import LaunchOptions, launch_options
+from bonsai_launch.cli._options import JsonOpt
 from bonsai_launch.cli._passthrough import passthrough_args
-from bonsai_launch.cli.start import start_flags
 
 PromptArg = Annotated[str, typer.Argument(help="The prompt to answer.")]
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Use this server instead of the profile's.")]
@@ -170,37 +155,24 @@ def stats_line(result, speculative: bool = False) -> str:
     return line
 
 
+@launch_options
 def command(
     ctx: typer.Context,
     prompt: PromptArg,
-    profile: ProfileOpt = None,
-    family: FamilyOpt = None,
-    size: SizeOpt = None,
-    model: ModelOpt = None,
-    drafter: DrafterOpt = None,
-    speculative: SpecOpt = None,
-    spec_type: SpecTypeOpt = None,
-    spec_nmax: SpecNmaxOpt = None,
-    ctx_size: CtxOpt = None,
-    ngl: NglOpt = None,
-    parallel: ParallelOpt = None,
+    launch: LaunchOptions,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     max_tokens: MaxTokensOpt = 1024,
     temperature: TempOpt = None,
     system: SystemOpt = None,
-    spec_fallback: SpecFallbackOpt = False,
     json_output: JsonOpt = False,
-    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Stream one answer to PROMPT, then print decode speed and speculative acceptance."""
     from bonsai_launch import client, supervisor
     from bonsai_launch.cli._output import console, emit_json
 
-    speculative = "auto" if speculative_auto else speculative
-    flags = start_flags(
-        profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, None, None, None, parallel
-    )
+    flags = launch.flags()
+    model, drafter, spec_fallback = launch.model, launch.drafter, launch.spec_fallback
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     err = console(stderr=True)
     with supervisor.SignalForwarder() as forwarder:

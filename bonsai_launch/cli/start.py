@@ -17,28 +17,16 @@ from typing import Annotated
 
 import typer
 
+from bonsai_launch.cli._launch import LaunchOptions, launch_options
 from bonsai_launch.cli._options import (
-    CtxOpt,
     DetachOpt,
-    DrafterOpt,
     DryRunOpt,
-    FamilyOpt,
     FormatOpt,
     HostOpt,
     JsonOpt,
     Kv4Opt,
     MmprojOpt,
-    ModelOpt,
-    NglOpt,
-    ParallelOpt,
     PortOpt,
-    ProfileOpt,
-    SizeOpt,
-    SpecAutoOpt,
-    SpecFallbackOpt,
-    SpecNmaxOpt,
-    SpecOpt,
-    SpecTypeOpt,
 )
 from bonsai_launch.cli._passthrough import passthrough_args
 
@@ -50,50 +38,19 @@ NoTuneOpt = Annotated[
 ]
 
 
-def start_flags(
-    profile, family, size, speculative, spec_type, spec_nmax, ctx, ngl, host, port, kv4, parallel=None
-) -> dict:
-    """CLI flags keyed by setting name (None = not given), for the settings resolver."""
-    return {
-        "profile": profile,
-        "family": family,
-        "size": size,
-        "speculative": speculative,
-        "spec_type": spec_type,
-        "spec_nmax": spec_nmax,
-        "ctx": ctx,
-        "ngl": ngl,
-        "host": host,
-        "port": port,
-        "kv4": kv4,
-        "parallel": parallel,
-    }
-
-
+@launch_options
 def command(
     ctx: typer.Context,
-    profile: ProfileOpt = None,
-    family: FamilyOpt = None,
-    size: SizeOpt = None,
-    model: ModelOpt = None,
-    drafter: DrafterOpt = None,
+    launch: LaunchOptions,
     mmproj: MmprojOpt = None,
-    speculative: SpecOpt = None,
-    spec_type: SpecTypeOpt = None,
-    spec_nmax: SpecNmaxOpt = None,
-    ctx_size: CtxOpt = None,
-    ngl: NglOpt = None,
     host: HostOpt = None,
     port: PortOpt = None,
     kv4: Kv4Opt = None,
-    parallel: ParallelOpt = None,
     dry_run: DryRunOpt = False,
     shell_format: FormatOpt = "posix",
     json_output: JsonOpt = False,
     detach: DetachOpt = False,
-    spec_fallback: SpecFallbackOpt = False,
     no_tune: NoTuneOpt = False,
-    speculative_auto: SpecAutoOpt = False,
 ) -> None:
     """Launch llama-server for a profile (or local GGUFs) with the right flags.
 
@@ -104,10 +61,8 @@ def command(
 
     if shell_format not in ("posix", "powershell"):
         raise BonsaiError(f"--format={shell_format!r} is not known", "allowed: posix, powershell")
-    speculative = "auto" if speculative_auto else speculative
-    flags = start_flags(
-        profile, family, size, speculative, spec_type, spec_nmax, ctx_size, ngl, host, port, kv4, parallel
-    )
+    flags = launch.flags(host=host, port=port, kv4=kv4)
+    model, drafter, spec_fallback = launch.model, launch.drafter, launch.spec_fallback
     passthrough = passthrough_args(ctx)
     if mmproj:
         flags["mmproj"] = mmproj  # the flag layer of BONSAI_MMPROJ
