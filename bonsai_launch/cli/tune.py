@@ -20,7 +20,9 @@ from bonsai_launch.cli._passthrough import passthrough_args
 
 BudgetOpt = Annotated[
     float | None,
-    typer.Option("--budget", help="Seconds to spend at most (default: about 12 plain runs, a minute on the demo)."),
+    typer.Option(
+        "--budget", help="Seconds to spend at most (default: about 16 plain runs, a minute or two on the demo)."
+    ),
 ]
 PromptsOpt = Annotated[
     str | None, typer.Option("--prompts", help="JSONL prompt file instead of the bundled tuning prompts.")

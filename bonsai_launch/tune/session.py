@@ -12,7 +12,7 @@ noise rule), in three rounds that fit a time budget:
    paired runs the noise rule needs.
 
 Every run sees the same prompts, which are not the bench suite's: `bonsai bench` can then
-check a decision on prompts the tuning never saw. The default budget is twelve times the first
+check a decision on prompts the tuning never saw. The default budget is sixteen times the first
 plain run (about a minute for the demo model on a laptop CPU), so it scales with the model's
 speed; `--budget` sets it in seconds.
 """
@@ -38,7 +38,7 @@ from bonsai_launch.tune.identity import TuneKey, build_id, file_sha256, machine_
 from bonsai_launch.tune.store import Decision, save
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
-BUDGET_RUNS = 12  # default budget: this many times the first plain run
+BUDGET_RUNS = 16  # default budget, in first-plain-run times: 8 screening + 2 x 2 confirming + slack
 MIN_BUDGET_S = 20.0
 CONFIRM_ROUNDS = 2
 
@@ -245,6 +245,10 @@ def _rounds(
     finalists = [
         s for s in sorted(others, key=lambda s: ratios.get(s.name, 0.0), reverse=True) if ratios.get(s.name, 0.0) > 1.0
     ][: options.finalists]
+    # Keep only as many finalists as every confirmation round has room for: confirming two in
+    # round 1 and then running out before round 2 would confirm nothing.
+    while len(finalists) > 1 and not clock.fits(CONFIRM_ROUNDS * (1 + len(finalists))):
+        finalists.pop()
     listener.total(len(data.requests) + n_prompts * CONFIRM_ROUNDS * (1 + len(finalists)))
     for round_number in range(1, CONFIRM_ROUNDS + 1) if finalists else ():
         while len(finalists) > 1 and not clock.fits(1 + len(finalists)):
