@@ -107,13 +107,14 @@ def tune_now(
 ):
     """Fetch what is missing (model, drafter, llama-server), then measure with a progress bar."""
     from bonsai_launch.cli.bench import _ProgressListener, prepare_launch
-    from bonsai_launch.tune.session import TuneOptions, TuneRequest, run_tune
+    from bonsai_launch.tune.session import TuneOptions, TuneRequest, check_options, run_tune
 
-    if binary is None:
-        binary = prepare_launch(flags, model, drafter, ("plain", "speculative"))
     options = TuneOptions(
         budget_s=budget, max_tokens=max_tokens, temperature=temperature, prompts_path=prompts, configs=configs
     )
+    check_options(options)  # a bad value is refused before any model is downloaded or built
+    if binary is None:
+        binary = prepare_launch(flags, model, drafter, ("plain", "speculative"))
     with _ProgressListener(enabled=True) as listener:
         return run_tune(TuneRequest(flags, model, drafter, passthrough, binary), options, listener)
 

@@ -264,6 +264,14 @@ def _rounds(
             measure(spec, round_number)
 
 
+def check_options(options: TuneOptions) -> None:
+    """Refuse options that cannot measure anything; cheap, so callers run it before any download."""
+    if options.max_tokens < 16:
+        raise BonsaiError(f"--max-tokens {options.max_tokens} is too small to measure decode speed", "use 32 or more")
+    if options.budget_s is not None and options.budget_s < 5:
+        raise BonsaiError(f"--budget {options.budget_s:g} is too short", "give at least 30 seconds, or leave it out")
+
+
 def run_tune(
     request: TuneRequest,
     options: TuneOptions = TuneOptions(),
@@ -276,10 +284,7 @@ def run_tune(
     from bonsai_launch.paths import logs_dir
 
     listener = listener or SilentListener()
-    if options.max_tokens < 16:
-        raise BonsaiError(f"--max-tokens {options.max_tokens} is too small to measure decode speed", "use 32 or more")
-    if options.budget_s is not None and options.budget_s < 5:
-        raise BonsaiError(f"--budget {options.budget_s:g} is too short", "give at least 30 seconds, or leave it out")
+    check_options(options)
     prompts, prompts_name = load_tuning_prompts(options.prompts_path)
     subj = subject(request, prompts, options.configs)
     specs, refused = plan_candidates(request, subj.candidates)
