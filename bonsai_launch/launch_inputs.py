@@ -200,12 +200,18 @@ def gather_plan(
             f"model file {files.model} is not present",
             f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH",
         )
+    capabilities = probe(binary) if binary is not None else None
+    args = parse_passthrough(passthrough, option_table(capabilities))
     tuning = None
     if selection.settings["speculative"] == "auto":
+        from bonsai_launch.passthrough import fold_settings
         from bonsai_launch.tune.auto import apply_auto
+        from bonsai_launch.tune.identity import server_conditions
 
         subject = selection.profile.name if not explicit_model(selection, model) or selection.names_model else None
-        selection, tuning = apply_auto(selection, files, binary, subject)  # the measured decision, or plain
+        conditions = server_conditions(fold_settings(selection.settings, args), args)
+        # the measured decision for these files and server settings, or plain
+        selection, tuning = apply_auto(selection, files, binary, subject, conditions)
     target = inspect_gguf(files.model)
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
@@ -221,8 +227,6 @@ def gather_plan(
 
             raise refusal_for_legacy(files.drafter, files.model)  # never handed to llama-server as it is
     mmproj_file = files.mmproj if files.mmproj is not None and files.mmproj.is_file() else None
-    capabilities = probe(binary) if binary is not None else None
-    args = parse_passthrough(passthrough, option_table(capabilities))
     inputs = PlanInputs(
         settings=selection.settings,
         model=target,

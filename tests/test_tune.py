@@ -62,8 +62,18 @@ def test_key_id_is_stable_and_depends_on_every_input():
         key(model_sha256="x" * 64).id,
         key(drafter_sha256="d" * 64).id,
         key(prompts_sha256="q" * 64).id,
+        key(conditions="--parallel 4").id,
     }
-    assert len(ids) == 6
+    assert len(ids) == 7
+
+
+def test_decisions_stored_before_conditions_were_keyed_keep_their_id_and_mean_the_defaults():
+    import hashlib
+
+    old_fields = {k: v for k, v in key().to_json().items() if k != "conditions"}
+    old_id = hashlib.sha256(json.dumps(old_fields, sort_keys=True).encode()).hexdigest()[:16]
+    assert key().id == old_id
+    assert TuneKey.from_json(old_fields) == key()
 
 
 def test_saved_decision_round_trips_and_is_found():
@@ -97,6 +107,36 @@ def test_a_decision_whose_inputs_changed_is_stale(change, words):
     found = store.lookup(key(drafter_sha256="d" * 64, **change) if "drafter_sha256" not in change else key(**change))
     assert found.status == "stale" and list(found.changed) == words
     assert found.decision is not None  # reported, never used
+
+
+def test_other_server_settings_make_a_decision_stale_and_say_both():
+    store.save(decision(key(conditions="--threads 2")))
+    assert store.lookup(key(conditions="--threads 2")).status == "found"
+    found = store.lookup(key(conditions="--parallel 4 --threads 1"))
+    assert found.status == "stale"
+    assert found.changed == ("set of server settings (tuned with --threads 2, this launch --parallel 4 --threads 1)",)
+    assert store.lookup(key()).changed == ("set of server settings (tuned with --threads 2, this launch the defaults)",)
+
+
+def _conditions(words: list[str], env: dict[str, str] | None = None, **flags) -> str:
+    from bonsai_launch.llama_options import pinned_table
+    from bonsai_launch.passthrough import fold_settings, parse
+
+    args = parse(words, pinned_table())
+    return identity.server_conditions(fold_settings(resolve(flags, env or {}), args), args)
+
+
+def test_server_conditions_name_what_changes_speed_and_nothing_else():
+    assert _conditions([]) == ""
+    # host, port, key, context, -ngl and the speed-neutral options leave the key alone
+    neutral = ["--host", "127.0.0.1", "--port", "9000", "-c", "4096", "-ngl", "0", "--metrics", "--log-file", "x.log"]
+    assert _conditions(neutral + ["-to", "30", "--no-webui", "--alias", "me"]) == ""
+    # slots however given, threads under any spelling, batch sizes, any other option
+    assert _conditions([], parallel=4) == "--parallel 4"
+    assert _conditions([], {"BONSAI_PARALLEL": "2"}) == "--parallel 2"
+    assert _conditions(["-np", "3"]) == "--parallel 3"
+    assert _conditions(["-t", "2"]) == _conditions(["--threads", "2"]) == "--threads 2"
+    assert _conditions(["-ub", "512", "-fa", "on"]) == "--ubatch-size 512 --flash-attn on"
 
 
 def test_a_changed_model_file_at_the_same_path_is_stale_and_another_model_is_missing(tmp_path):
@@ -318,10 +358,12 @@ def tiny_files(tmp_path):
     )
 
 
-def _dry(capsys, *args: str) -> tuple[int, dict | str]:
+def _dry(capsys, *args: str, server_args: tuple[str, ...] = ()) -> tuple[int, dict | str]:
     from cli_runner import run_cli
 
-    code, out, err = run_cli(capsys, "start", *args, "--dry-run", "--json")
+    code, out, err = run_cli(
+        capsys, "start", *args, "--dry-run", "--json", *(("--", *server_args) if server_args else ())
+    )
     return code, (json.loads(out) if code == 0 else err)
 
 
@@ -372,6 +414,31 @@ def test_stored_decision_becomes_the_plan_and_a_changed_drafter_turns_it_off(
     assert code == 0 and plan["tuning"]["status"] == "stale" and plan["tuning"]["changed"] == ["drafter file"]
     assert plan["speculative"] is None and "-md" not in plan["argv"]
     assert any("measured with another drafter file" in w for w in plan["warnings"])
+
+
+def test_a_decision_applies_only_with_the_server_settings_it_was_measured_with(
+    llama_server, tiny_files, capsys, monkeypatch
+):
+    """Tuned with one slot, started with four (or other threads): plain and a re-tune hint."""
+    from bonsai_launch.launch_inputs import model_files, select
+    from bonsai_launch.tune.auto import launch_key
+
+    monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))
+    target, _drafter = tiny_files
+    files = model_files(select({}), str(target), None)
+    k, _why = launch_key(files, llama_server, "--threads 1")
+    store.save(decision(k, spec_type="ngram-mod", model=str(target)))
+    args = ("--model", str(target), "--speculative", "auto")
+
+    code, plan = _dry(capsys, *args, server_args=("-t", "1"))
+    assert code == 0 and plan["tuning"]["status"] == "found" and plan["speculative"]["type"] == "ngram-mod", plan
+    code, plan = _dry(capsys, *args, "--parallel", "4", server_args=("--threads", "1", "--metrics"))
+    assert code == 0 and plan["tuning"]["status"] == "stale" and plan["speculative"] is None
+    assert plan["tuning"]["changed"] == [
+        "set of server settings (tuned with --threads 1, this launch --parallel 4 --threads 1)"
+    ]
+    code, plan = _dry(capsys, *args, server_args=("-t", "2"))
+    assert code == 0 and plan["tuning"]["status"] == "stale" and "this launch --threads 2" in plan["warnings"][-1]
 
 
 def test_auto_refuses_an_explicit_type(llama_server, tiny_files, capsys, monkeypatch):

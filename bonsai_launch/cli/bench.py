@@ -271,7 +271,9 @@ def save_decision(doc: dict, options, target, paths: dict):
             f" ({', '.join(options.categories or ['all categories'])}; {options.per_category or 'all'} per category)"
         )
     decision = with_report(
-        decision_from_bench(doc, target.flags, target.model, target.drafter, target.binary, chosen, name),
+        decision_from_bench(
+            doc, target.flags, target.model, target.drafter, target.binary, chosen, name, target.passthrough
+        ),
         paths.get("json"),
     )
     save(decision)

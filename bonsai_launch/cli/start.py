@@ -399,7 +399,8 @@ def tune_first(plan, flags, model, drafter, passthrough, json_output: bool) -> N
     sys.stderr.flush()
     from bonsai_launch.cli.tune import tune_now
 
-    tune_flags = {k: v for k, v in flags.items() if k in ("profile", "family", "size", "ctx", "ngl")}
+    # The slots and arguments of this start go to the tuning too, so its decision is keyed for them.
+    tune_flags = {k: v for k, v in flags.items() if k in ("profile", "family", "size", "ctx", "ngl", "parallel")}
     outcome = tune_now(tune_flags, model, drafter, passthrough, binary=Path(plan.binary))
     if not json_output:
         sys.stderr.write(f"tuned in {outcome.elapsed_s:.0f} s: {outcome.decision.choice.describe()}\n")

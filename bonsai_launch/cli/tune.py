@@ -6,6 +6,7 @@ Examples:
     bonsai tune --profile demo --budget 180 --json
     bonsai tune --model T.gguf --drafter D.gguf --configs plain,draft-dspark
     bonsai tune --profile demo --prompts my_prompts.jsonl -- --threads 2   # arguments after -- go to every llama-server
+    bonsai tune --profile demo --parallel 4          # a decision for `start --parallel 4` (one client measured)
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ from typing import Annotated
 
 import typer
 
-from bonsai_launch.cli._options import CtxOpt, DrafterOpt, FamilyOpt, JsonOpt, ModelOpt, NglOpt, ProfileOpt, SizeOpt
+from bonsai_launch.cli._options import (
+    CtxOpt,
+    DrafterOpt,
+    FamilyOpt,
+    JsonOpt,
+    ModelOpt,
+    NglOpt,
+    ParallelOpt,
+    ProfileOpt,
+    SizeOpt,
+)
 from bonsai_launch.cli._passthrough import passthrough_args
 
 BudgetOpt = Annotated[
@@ -49,6 +60,7 @@ def command(
     temperature: TempOpt = 0.0,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
+    parallel: ParallelOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Decide, by measuring on this machine, whether speculative decoding pays for this model.
@@ -56,7 +68,7 @@ def command(
     Stores the decision for BONSAI_SPECULATIVE=auto (start, run, chat, bench)."""
     from bonsai_launch.cli._output import emit_json
 
-    flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl}
+    flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl, "parallel": parallel}
     names = tuple(c.strip() for c in configs.split(",") if c.strip()) if configs else None
     outcome = tune_now(
         flags,
@@ -141,6 +153,9 @@ def print_decision(out, decision: dict, title: str | None = None) -> None:
     for row in format_rows(decision["table"]):
         table.add_row(*row)
     out.print(table)
+    conditions = (decision.get("key") or {}).get("conditions")
+    if conditions:  # a launch uses the decision only with these same settings
+        out.print(f"measured with: {conditions}", markup=False, highlight=False)
     if choice["speculative"]:
         out.print(f"choice: [bold]{choice['label']}[/] ({choice['reason']})")
     else:

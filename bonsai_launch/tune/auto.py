@@ -25,8 +25,9 @@ def is_auto(value: Any) -> bool:
     return isinstance(value, str) and value.lower() == AUTO
 
 
-def launch_key(files, binary: Path | None):
-    """The key part a launch must match, or (None, why) when it cannot be computed yet."""
+def launch_key(files, binary: Path | None, conditions: str = ""):
+    """The key part a launch must match, or (None, why) when it cannot be computed yet.
+    `conditions` is identity.server_conditions of the launch's settings and arguments."""
     from bonsai_launch.tune.identity import TuneKey, build_id, file_sha256, machine_id
 
     if binary is None:
@@ -34,7 +35,7 @@ def launch_key(files, binary: Path | None):
     if files.drafter is not None and not files.drafter.is_file():
         return None, f"the drafter {files.drafter.name} is not downloaded"
     drafter = file_sha256(files.drafter) if files.drafter is not None else None
-    return TuneKey(machine_id(), build_id(binary), file_sha256(files.model), drafter, ""), None
+    return TuneKey(machine_id(), build_id(binary), file_sha256(files.model), drafter, "", conditions), None
 
 
 def tune_hint(profile: str | None, model: Path) -> str:
@@ -74,6 +75,7 @@ def decision_info(
         "table": list(d.table),
         "report": d.evidence.get("report"),
         "conditions": d.evidence.get("conditions"),
+        "server_settings": d.key.conditions,  # what a launch must give to use it ("": the defaults)
         "changed": list(found.changed),
         "hint": hint,
     }
@@ -92,15 +94,16 @@ def decision_info(
     return info
 
 
-def find(files, binary: Path | None, profile: str | None) -> tuple[Lookup | None, dict[str, Any]]:
-    key, why = launch_key(files, binary)
+def find(files, binary: Path | None, profile: str | None, conditions: str = "") -> tuple[Lookup | None, dict[str, Any]]:
+    key, why = launch_key(files, binary, conditions)
     found = lookup(key, files.model) if key is not None else None
     return found, decision_info(found, why, profile, files.model)
 
 
-def apply_auto(selection, files, binary: Path | None, profile: str | None):
+def apply_auto(selection, files, binary: Path | None, profile: str | None, conditions: str = ""):
     """(selection with concrete speculative settings, tuning info for the plan). `profile` is
-    None when the user's own model file is the subject (hints then name the file)."""
+    None when the user's own model file is the subject (hints then name the file);
+    `conditions` are the launch's speed-relevant server settings (identity.server_conditions)."""
     s = selection.settings
     for key, env in (("spec_type", "BONSAI_SPEC_TYPE"), ("spec_nmax", "BONSAI_SPEC_NMAX")):
         if s.is_explicit(key):
@@ -109,7 +112,7 @@ def apply_auto(selection, files, binary: Path | None, profile: str | None):
                 "speculative type and draft length from measurements",
                 f"unset {env}, or limit what tuning tries: `bonsai tune --configs plain,<type>`",
             )
-    found, info = find(files, binary, profile)
+    found, info = find(files, binary, profile, conditions)
     decision: Decision | None = found.decision if found is not None and found.status == "found" else None
     values = dict(s.values)
     if decision is not None and decision.choice.speculative:

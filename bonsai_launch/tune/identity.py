@@ -1,9 +1,11 @@
 """What a tuning decision depends on, as short stable strings.
 
 A decision measured on one machine, with one llama-server build, one model file (and
-drafter) and one prompt set says nothing certain about any other. These functions name each
-input: the machine by its CPU model and GPUs, the build by its bonsai build key and the
-binary's sha256, files by their sha256. Hashing a 27B model takes seconds, so file hashes are
+drafter), one prompt set and one set of server settings says nothing certain about any other.
+These functions name each input: the machine by its CPU model and GPUs, the build by its
+bonsai build key and the binary's sha256, files by their sha256, and the server settings that
+change decoding speed (slots, threads, batch sizes, other llama-server arguments) as a short
+canonical string. Hashing a 27B model takes seconds, so file hashes are
 cached by resolved path, size and mtime in BONSAI_HOME/tune/hashes.json.
 """
 
@@ -37,6 +39,9 @@ class TuneKey:
     model_sha256: str
     drafter_sha256: str | None
     prompts_sha256: str
+    # The speed-relevant server settings given beyond the defaults ("" = none): a decision
+    # measured with one slot says nothing about four, nor one measured with -t 2 about -t 1.
+    conditions: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,18 +49,26 @@ class TuneKey:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TuneKey:
         return cls(
-            data["machine"], data["build"], data["model_sha256"], data.get("drafter_sha256"), data["prompts_sha256"]
+            data["machine"],
+            data["build"],
+            data["model_sha256"],
+            data.get("drafter_sha256"),
+            data["prompts_sha256"],
+            data.get("conditions", ""),  # decisions stored before conditions were keyed had none
         )
 
     @property
     def id(self) -> str:
         """A short name for the file that stores this key's decision."""
-        text = json.dumps(self.to_json(), sort_keys=True)
+        fields = self.to_json()
+        if not fields["conditions"]:
+            del fields["conditions"]  # the ids of decisions stored before this field stay the same
+        text = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def launch_part(self) -> tuple[str, str, str, str | None]:
+    def launch_part(self) -> tuple[str, str, str, str | None, str]:
         """What must match for `start` to use a decision (any prompt set will do)."""
-        return (self.machine, self.build, self.model_sha256, self.drafter_sha256)
+        return (self.machine, self.build, self.model_sha256, self.drafter_sha256, self.conditions)
 
 
 def cpu_model() -> str:
@@ -165,3 +178,50 @@ def prompts_sha256(prompts) -> str:
     """sha256 of a prompt set (bench Prompt objects): ids, categories and messages, in order."""
     rows = [[p.id, p.category, [list(m) for m in p.messages]] for p in prompts]
     return hashlib.sha256(json.dumps(rows, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+# llama-server options that do not change how fast tokens are decoded (logging, the web UI,
+# endpoints, TLS, timeouts): a decision measured without them holds with them. Every other
+# option passed after `--` is part of the conditions.
+SPEED_NEUTRAL_OPTIONS = frozenset(
+    {
+        "--offline",
+        "--verbosity",
+        "--tags",
+        "--path",
+        "--api-prefix",
+        "--ui-config",
+        "--ui-config-file",
+        "--ui-mcp-proxy",
+        "--ui",
+        "--ssl-key-file",
+        "--ssl-cert-file",
+        "--timeout",
+        "--threads-http",
+        "--metrics",
+        "--props",
+        "--slots",
+        "--slot-save-path",
+        "--media-path",
+    }
+)
+
+
+def server_conditions(settings, passthrough) -> str:
+    """The server settings a launch gives beyond the defaults that change decoding speed, as one
+    canonical string: explicit slots (--parallel / BONSAI_PARALLEL / `-- -np`), the batch sizes
+    and every other llama-server argument passed after `--` but the speed-neutral ones. Host,
+    port, key, context and -ngl are not here: they do not change decode speed, or (-ngl) the
+    launch warns when it differs from the measurement."""
+    parts: list[str] = []
+    if settings.is_explicit("parallel") and settings["parallel"] is not None:
+        parts.append(f"--parallel {settings['parallel']}")
+    for name, option in (("ubatch", "--ubatch-size"), ("batch", "--batch-size")):
+        value = passthrough.plan_value(name)
+        if value is not None:
+            parts.append(f"{option} {value}")
+    for arg in passthrough.rest():
+        if arg.canonical in SPEED_NEUTRAL_OPTIONS or arg.canonical.startswith("--log"):
+            continue
+        parts.append(" ".join((arg.canonical, *arg.values)))
+    return " ".join(parts)

@@ -34,7 +34,15 @@ from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec, List
 from bonsai_launch.errors import BonsaiError
 from bonsai_launch.tune import candidates as cands
 from bonsai_launch.tune.decide import RULE, decide
-from bonsai_launch.tune.identity import TuneKey, build_id, file_sha256, machine_id, prompts_sha256, tune_dir
+from bonsai_launch.tune.identity import (
+    TuneKey,
+    build_id,
+    file_sha256,
+    machine_id,
+    prompts_sha256,
+    server_conditions,
+    tune_dir,
+)
 from bonsai_launch.tune.store import Decision, save
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
@@ -97,7 +105,9 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
     """Resolve the files and the candidates; hash what the decision's key needs."""
     from bonsai_launch.binaries import probe
     from bonsai_launch.gguf_info import check_pair, inspect_gguf
-    from bonsai_launch.launch_inputs import explicit_model, model_files, select
+    from bonsai_launch.launch_inputs import explicit_model, model_files, option_table, select
+    from bonsai_launch.passthrough import fold_settings
+    from bonsai_launch.passthrough import parse as parse_passthrough
 
     if request.binary is None:
         raise BonsaiError("no llama-server to tune with", "run `bonsai build` or set BONSAI_LLAMA_SERVER")
@@ -129,12 +139,14 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
     found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type)
     if configs:
         found = cands.restrict(found, configs)
+    args = parse_passthrough(request.passthrough, option_table(caps))
     key = TuneKey(
         machine_id(),
         build_id(request.binary),
         file_sha256(files.model),
         file_sha256(drafter_path) if drafter_path else None,
         prompts_sha256(prompts),
+        server_conditions(fold_settings(selection.settings, args), args),
     )
     profile = selection.profile.name if own else None
     return Subject(profile, files.model, drafter_path, key, tuple(found), unusable)
@@ -404,16 +416,17 @@ def decision_from_bench(
     binary: Path,
     prompts: list[suite.Prompt],
     prompts_name: str,
+    passthrough: tuple[str, ...] = (),
 ) -> Decision:
     """`bonsai bench --save`: the same rule over a bench run, stored for the same key a tune
-    run of that model and drafter would use (the prompt set is the bench's)."""
+    run of that model, drafter and server arguments would use (the prompt set is the bench's)."""
     if doc.get("mode") != "launch":
         raise BonsaiError("--save needs a bench that launched its own servers", "leave out --url")
     if len(doc["options"]["temps"]) and doc["options"]["repeats"] < 3:
         raise BonsaiError(
             f"--save needs at least 3 repeats (this run: {doc['options']['repeats']})", "use --repeats 3 or more"
         )
-    request = TuneRequest(flags, model, drafter, (), binary)
+    request = TuneRequest(flags, model, drafter, passthrough, binary)
     subj = subject(request, prompts)
     choice, table = decide(doc)
     decision = Decision(

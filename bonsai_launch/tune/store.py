@@ -2,7 +2,8 @@
 
 `bonsai tune` and `bonsai bench --save` write them; `BONSAI_SPECULATIVE=auto` reads them. A
 decision applies only while every input it was measured with is unchanged: the machine, the
-llama-server build, the model file and the drafter file (compared by sha256). Several prompt
+llama-server build, the model file and the drafter file (compared by sha256), and the server
+settings that change speed (slots, threads, batch sizes, other arguments after `--`). Several prompt
 sets may each have a decision for the same inputs; a launch uses the newest. A decision for
 the same model file whose other inputs changed is reported as stale (with what changed) and
 never used.
@@ -181,12 +182,19 @@ class Lookup:
 
 
 def changed_inputs(old: TuneKey, new: TuneKey) -> tuple[str, ...]:
-    return tuple(label for name, label in KEY_LABELS.items() if getattr(old, name) != getattr(new, name))
+    """Which inputs differ, in words; server settings with both values, since the user chose them."""
+    changed = [label for name, label in KEY_LABELS.items() if getattr(old, name) != getattr(new, name)]
+    if old.conditions != new.conditions:
+        changed.append(
+            f"set of server settings (tuned with {old.conditions or 'the defaults'}, "
+            f"this launch {new.conditions or 'the defaults'})"
+        )
+    return tuple(changed)
 
 
 def lookup(key: TuneKey, model_path: str | Path | None = None) -> Lookup:
-    """The newest decision whose machine, build, model and drafter all equal `key`'s (any prompt
-    set). Otherwise the newest decision for the same model (by path or sha256) is stale."""
+    """The newest decision whose machine, build, model, drafter and server settings all equal
+    `key`'s (any prompt set). Otherwise the newest decision for the same model (by path or sha256) is stale."""
     decisions = load_all()
     for d in decisions:
         if d.key.launch_part() == key.launch_part():
