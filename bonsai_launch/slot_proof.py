@@ -2,8 +2,9 @@
 
 llama-server runs one speculative context for all slots. A single probe request only ever
 lands on one slot, so with `-np N` the start-up proof also sends short requests to several
-slots at the same time, each pinned to its own slot (`id_slot`), and reads every answer's
-`timings.draft_n`. Speculation counts as live on the slots whose request drafted; the server
+slots at the same time, each pinned to its own slot (`id_slot`): the same probe as the
+single-request proof (speculation_probe.draft_probe, with its echo request when the first
+request drafted nothing), and reads every answer's `timings.draft_n`. Speculation counts as live on the slots whose request drafted; the server
 passes when more than one slot drafted (all of them, in practice).
 """
 
@@ -12,9 +13,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from bonsai_launch import client
 from bonsai_launch.errors import ActionFailed
 from bonsai_launch.plan import SpecPlan
+from bonsai_launch.speculation_probe import PROOF_TOKENS, draft_probe
 
 MAX_PROBED_SLOTS = 8  # enough to show batched drafting; more would only lengthen start-up
 
@@ -76,20 +77,18 @@ class SlotsProof:
 
 
 def prove_slots(
-    base_url: str, spec: SpecPlan, slots: int, prompt: str, tokens: int, api_key: str | None = None
+    base_url: str, spec: SpecPlan, slots: int, tokens: int = PROOF_TOKENS, api_key: str | None = None
 ) -> SlotsProof:
-    """Send one temperature-0 completion to each of the first slots at the same time."""
+    """Run the single-request probe (speculation_probe.draft_probe, echo request included) on
+    each of the first slots at the same time, each pinned to its slot."""
     probed = min(slots, MAX_PROBED_SLOTS)
 
     def one(slot: int) -> SlotResult:
         try:
-            result = client.completion(
-                base_url, prompt, n_predict=tokens, temperature=0.0, api_key=api_key, cache_prompt=False, id_slot=slot
-            )
+            found = draft_probe(base_url, api_key, tokens, slot=slot)
         except ActionFailed as exc:
             return SlotResult(slot, 0, 0, exc.message)
-        drafted, accepted, _ = client.acceptance(result.get("timings") or {})
-        return SlotResult(int(result.get("id_slot", slot)), drafted, accepted)
+        return SlotResult(int(found.first.get("id_slot", slot)), found.drafted, found.accepted)
 
     with ThreadPoolExecutor(max_workers=probed) as pool:
         results = tuple(pool.map(one, range(probed)))

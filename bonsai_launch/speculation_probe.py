@@ -5,7 +5,8 @@ The rule: speculation is live only when the probe DRAFTED tokens. `/slots` sayin
 never drafts (a renamed flag, a lookup that never matches) speeds nothing up. `bonsai start`,
 `run`, `chat` (through the supervisor), `verify` and `bench` all call `probe` and `is_live`.
 
-The probe is built so that every speculative type drafts when it works:
+The probe is built so that every speculative type drafts when it works (slot_proof.py runs
+the same probe on several slots at once):
 1. one temperature-0 completion of a prompt that repeats a pattern (n-gram types draft on
    real models, which continue the pattern; a drafter model drafts on anything);
 2. only when that drafted nothing (and /slots does not rule drafting out): an "echo"
@@ -60,10 +61,27 @@ def is_live(result: ProbeResult) -> bool:
     return result.drafted > 0
 
 
-def probe(base_url: str, api_key: str | None = None, n_tokens: int = PROOF_TOKENS) -> ProbeResult:
-    """Run the probe against a llama-server (see the module docstring)."""
-    slot_info = client.slots(base_url, api_key)
-    slots_spec = None if not slot_info else any(bool(s.get("speculative")) for s in slot_info)
+@dataclass(frozen=True)
+class Drafted:
+    """One probe on one slot: draft counts over its requests, and the first request's answer."""
+
+    drafted: int
+    accepted: int
+    first: dict[str, Any]  # the first completion's JSON (timings, id_slot)
+    requests: int  # 1, or 2 when the echo request was needed
+
+
+def draft_probe(
+    base_url: str,
+    api_key: str | None = None,
+    n_tokens: int = PROOF_TOKENS,
+    *,
+    slot: int | None = None,
+    echo: bool = True,
+) -> Drafted:
+    """Steps 1 and 2 of the module docstring on one slot (`slot`: pinned with id_slot, else the
+    server picks). `echo=False` skips step 2, when the server is known to have no draft context."""
+    pinned: dict[str, Any] = {"id_slot": slot} if slot is not None else {}
     first = client.completion(
         base_url,
         PROOF_PROMPT,
@@ -72,31 +90,42 @@ def probe(base_url: str, api_key: str | None = None, n_tokens: int = PROOF_TOKEN
         api_key=api_key,
         cache_prompt=False,
         return_tokens=True,
+        **pinned,
     )
-    timings = first.get("timings") or {}
-    drafted, accepted, _ = client.acceptance(timings)
+    drafted, accepted, _ = client.acceptance(first.get("timings") or {})
     requests = 1
-    if drafted == 0 and slots_spec is not False:  # with no draft context an echo cannot draft either
+    if drafted == 0 and echo:
         answer = [int(t) for t in first.get("tokens") or []]
         prompt = tokenize(base_url, PROOF_PROMPT, api_key)
         if answer and prompt:
-            echo = client.completion(
+            second = client.completion(
                 base_url,
                 prompt + answer + prompt + answer + prompt,
                 n_predict=n_tokens,
                 temperature=0.0,
                 api_key=api_key,
                 cache_prompt=False,
+                **pinned,
             )
-            drafted, accepted, _ = client.acceptance(echo.get("timings") or {})
+            drafted, accepted, _ = client.acceptance(second.get("timings") or {})
             requests = 2
+    return Drafted(drafted, accepted, first, requests)
+
+
+def probe(base_url: str, api_key: str | None = None, n_tokens: int = PROOF_TOKENS) -> ProbeResult:
+    """Run the probe against a llama-server (see the module docstring)."""
+    slot_info = client.slots(base_url, api_key)
+    slots_spec = None if not slot_info else any(bool(s.get("speculative")) for s in slot_info)
+    # with no draft context an echo cannot draft either
+    found = draft_probe(base_url, api_key, n_tokens, echo=slots_spec is not False)
+    timings = found.first.get("timings") or {}
     return ProbeResult(
-        drafted,
-        accepted,
+        found.drafted,
+        found.accepted,
         int(timings.get("predicted_n") or 0),
         timings.get("predicted_per_second"),
         slots_spec,
-        requests,
+        found.requests,
     )
 
 

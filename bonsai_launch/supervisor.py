@@ -224,9 +224,7 @@ def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> Slo
     count = plan.slots.count if plan.slots is not None else None
     if not proof.live or plan.speculative is None or not count or count < 2:
         return None
-    result = prove_slots(
-        plan.base_url, plan.speculative, count, PROOF_PROMPT, PROOF_TOKENS, plan.env.get("LLAMA_API_KEY")
-    )
+    result = prove_slots(plan.base_url, plan.speculative, count, PROOF_TOKENS, plan.env.get("LLAMA_API_KEY"))
     if not result.live and not spec_fallback:
         raise ActionFailed(
             result.summary(), "use one slot (BONSAI_PARALLEL=1), or pass --spec-fallback to serve anyway"

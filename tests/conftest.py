@@ -76,3 +76,16 @@ def demo_package():
 def demo_gguf(tmp_path_factory, demo_package) -> Path:
     """The real Gemma 3 270M GGUF, assembled once per session from the PyPI demo package."""
     return Path(demo_package.assemble(tmp_path_factory.mktemp("demo") / "gemma-3-270m-q4_k_m.gguf"))
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> dict[str, Path]:
+    """A tiny random target and a DSpark drafter (block 4) made for it: milliseconds to write
+    and to load, for every test that starts a real server with a drafter."""
+    import tiny_gguf
+
+    d = tmp_path_factory.mktemp("tiny_pair")
+    return {
+        "target": tiny_gguf.write_target(d / "target.gguf"),
+        "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4),
+    }

@@ -1,4 +1,4 @@
-"""Speculation on several slots against the real llama-server: the tiny DSpark pair and the
+"""Speculation on several slots against the real llama-server: the tiny DSpark tiny_pair and the
 demo model's ngram-mod with -np 4, four concurrent requests that each draft, and the -ub
 refusal before anything is spawned."""
 
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import tiny_gguf
 from bonsai_launch import client, instances
 from bonsai_launch.paths import logs_dir
 from bonsai_launch.server_process import free_port
@@ -20,15 +19,6 @@ from bonsai_launch.supervisor import PROOF_PROMPT
 from start_helpers import bonsai, bonsai_env, gone, json_out, no_server_left, stop_all
 
 pytestmark = pytest.mark.server
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pair")
-    return {
-        "target": tiny_gguf.write_target(d / "target.gguf"),
-        "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4),
-    }
 
 
 @pytest.fixture(autouse=True)
@@ -48,15 +38,15 @@ def concurrent_completions(url: str, n: int, tokens: int = 16) -> list[dict]:
         return list(pool.map(one, range(n)))
 
 
-def test_dspark_pair_drafts_on_four_slots(llama_server, pair):
+def test_dspark_pair_drafts_on_four_slots(llama_server, tiny_pair):
     data = json_out(
         bonsai(
             [
                 "start",
                 "--model",
-                pair["target"],
+                tiny_pair["target"],
                 "--drafter",
-                pair["drafter"],
+                tiny_pair["drafter"],
                 "--speculative",
                 "--parallel",
                 "4",
@@ -83,14 +73,43 @@ def test_dspark_pair_drafts_on_four_slots(llama_server, pair):
     assert "n_slots = 4" in log and "GGML_ASSERT" not in log
 
 
-def test_run_reports_speculation_on_every_slot(llama_server, pair):
+def test_ngram_on_a_random_model_is_proven_on_every_slot_by_the_echo_request(llama_server, tiny_pair):
+    """A random model does not continue the probe's alphabet, so an n-gram type drafts only on
+    the echo request: the several-slots proof sends it too, as the single-request proof does."""
+    data = json_out(
+        bonsai(
+            [
+                "start",
+                "--model",
+                tiny_pair["target"],
+                "--speculative",
+                "--spec-type",
+                "ngram-simple",
+                "--parallel",
+                "2",
+                "--ctx",
+                "4096",
+                "--port",
+                free_port(),
+                "--detach",
+                "--json",
+            ],
+            server=llama_server,
+        )
+    )
+    proof = data["speculative_slots"]
+    assert proof["live"] and sorted(proof["drafting_slots"]) == [0, 1], proof
+    assert all(s["drafted"] > 0 and s["error"] is None for s in proof["per_slot"])
+
+
+def test_run_reports_speculation_on_every_slot(llama_server, tiny_pair):
     done = bonsai(
         [
             "run",
             "--model",
-            pair["target"],
+            tiny_pair["target"],
             "--drafter",
-            pair["drafter"],
+            tiny_pair["drafter"],
             "--speculative",
             "--parallel",
             "2",
@@ -104,17 +123,17 @@ def test_run_reports_speculation_on_every_slot(llama_server, pair):
     )
     assert done.returncode == 0, done.stderr
     assert "speculative decoding: live on 2 slots (draft-dspark" in done.stderr
-    assert no_server_left(pair["target"])
+    assert no_server_left(tiny_pair["target"])
 
 
-def test_ubatch_smaller_than_slots_times_block_is_refused_before_spawning(llama_server, pair):
+def test_ubatch_smaller_than_slots_times_block_is_refused_before_spawning(llama_server, tiny_pair):
     done = bonsai(
         [
             "start",
             "--model",
-            pair["target"],
+            tiny_pair["target"],
             "--drafter",
-            pair["drafter"],
+            tiny_pair["drafter"],
             "--speculative",
             "--parallel",
             "4",
@@ -134,7 +153,7 @@ def test_ubatch_smaller_than_slots_times_block_is_refused_before_spawning(llama_
     assert not logs_dir().exists() or not any(logs_dir().iterdir()), "llama-server must not have been started"
 
 
-def test_the_refused_ubatch_really_aborts_llama_server(llama_server, pair, tmp_path):
+def test_the_refused_ubatch_really_aborts_llama_server(llama_server, tiny_pair, tmp_path):
     """Why the refusal exists: the same command without bonsai dies on the first batched draft."""
     port = free_port()
     log = tmp_path / "server.log"
@@ -143,9 +162,9 @@ def test_the_refused_ubatch_really_aborts_llama_server(llama_server, pair, tmp_p
             [
                 str(llama_server),
                 "-m",
-                str(pair["target"]),
+                str(tiny_pair["target"]),
                 "-md",
-                str(pair["drafter"]),
+                str(tiny_pair["drafter"]),
                 "--spec-type",
                 "draft-dspark",
                 "--spec-draft-n-max",
@@ -217,15 +236,15 @@ def test_demo_ngram_mod_is_live_on_four_slots(llama_server, demo_gguf, isolated_
     assert gone(inst.pid)
 
 
-def test_dry_run_json_gives_the_reasons_for_slots_and_batches(llama_server, pair):
+def test_dry_run_json_gives_the_reasons_for_slots_and_batches(llama_server, tiny_pair):
     data = json_out(
         bonsai(
             [
                 "start",
                 "--model",
-                pair["target"],
+                tiny_pair["target"],
                 "--drafter",
-                pair["drafter"],
+                tiny_pair["drafter"],
                 "--speculative",
                 "--parallel",
                 "8",

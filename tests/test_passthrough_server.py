@@ -7,22 +7,12 @@ import httpx
 import psutil
 import pytest
 
-import tiny_gguf
 from bonsai_launch import client, instances
 from bonsai_launch.paths import logs_dir
 from bonsai_launch.server_process import free_port
 from start_helpers import bonsai, bonsai_env, json_out, stop_all
 
 pytestmark = pytest.mark.server
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    return {
-        "target": tiny_gguf.write_target(d / "target.gguf"),
-        "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4),
-    }
 
 
 @pytest.fixture(autouse=True)
@@ -45,15 +35,19 @@ def cmdline(pid: int) -> list[str]:
     return psutil.Process(pid).cmdline()
 
 
-def test_remote_host_after_dashdash_needs_opt_in_and_key(llama_server, tiny):
+def test_remote_host_after_dashdash_needs_opt_in_and_key(llama_server, tiny_pair):
     port = free_port()
-    done = bonsai(["start", "--model", tiny["target"], "--port", port, "--", "--host", "0.0.0.0"], server=llama_server)
+    done = bonsai(
+        ["start", "--model", tiny_pair["target"], "--port", port, "--", "--host", "0.0.0.0"], server=llama_server
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "-- --host='0.0.0.0' is not a loopback address" in done.stderr and "BONSAI_ALLOW_REMOTE=1" in done.stderr
     assert never_spawned()
 
     env = bonsai_env(llama_server, BONSAI_ALLOW_REMOTE="1", BONSAI_API_KEY="sk-remote-1")
-    done = bonsai(["start", "--model", tiny["target"], "--port", port, "--detach", "--", "--host", "0.0.0.0"], env=env)
+    done = bonsai(
+        ["start", "--model", tiny_pair["target"], "--port", port, "--detach", "--", "--host", "0.0.0.0"], env=env
+    )
     assert done.returncode == 0, done.stderr
     assert f"listening on     0.0.0.0:{port} (all interfaces) (from --)" in done.stdout
     (inst,) = instances.running()
@@ -66,13 +60,13 @@ def test_remote_host_after_dashdash_needs_opt_in_and_key(llama_server, tiny):
     assert client.models(f"http://127.0.0.1:{port}", "sk-remote-1") == ["target"]
 
 
-def test_port_after_dashdash_is_where_bonsai_and_the_server_meet(llama_server, tiny):
+def test_port_after_dashdash_is_where_bonsai_and_the_server_meet(llama_server, tiny_pair):
     a, b = free_port(), free_port()
-    done = bonsai(["start", "--model", tiny["target"], "--port", a, "--", "--port", b], server=llama_server)
+    done = bonsai(["start", "--model", tiny_pair["target"], "--port", a, "--", "--port", b], server=llama_server)
     assert done.returncode == 2 and f"--port {a} and -- --port {b} disagree" in done.stderr
     assert never_spawned()
     data = json_out(
-        bonsai(["start", "--model", tiny["target"], "--detach", "--json", "--", "--port", b], server=llama_server)
+        bonsai(["start", "--model", tiny_pair["target"], "--detach", "--json", "--", "--port", b], server=llama_server)
     )
     assert data["url"] == f"http://127.0.0.1:{b}" and data["plan"]["from_passthrough"] == ["port"]
     assert listening(data["pid"]) == {("127.0.0.1", b)}
@@ -80,14 +74,14 @@ def test_port_after_dashdash_is_where_bonsai_and_the_server_meet(llama_server, t
     assert json_out(bonsai(["ps", "--json"], server=llama_server))[0]["port"] == b
 
 
-def test_small_context_after_dashdash_with_speculation(llama_server, tiny):
+def test_small_context_after_dashdash_with_speculation(llama_server, tiny_pair):
     done = bonsai(
         [
             "start",
             "--model",
-            tiny["target"],
+            tiny_pair["target"],
             "--drafter",
-            tiny["drafter"],
+            tiny_pair["drafter"],
             "--speculative",
             "--port",
             free_port(),
@@ -109,15 +103,15 @@ def test_small_context_after_dashdash_with_speculation(llama_server, tiny):
     assert props["default_generation_settings"]["n_ctx"] == 1024 and props["total_slots"] == 1
 
 
-def test_api_key_after_dashdash_is_required_and_never_shown(llama_server, tiny):
+def test_api_key_after_dashdash_is_required_and_never_shown(llama_server, tiny_pair):
     port = free_port()
     done = bonsai(
         [
             "start",
             "--model",
-            tiny["target"],
+            tiny_pair["target"],
             "--drafter",
-            tiny["drafter"],
+            tiny_pair["drafter"],
             "--speculative",
             "--port",
             port,
@@ -140,16 +134,16 @@ def test_api_key_after_dashdash_is_required_and_never_shown(llama_server, tiny):
     assert client.models(url, "sk-pass-1") == ["target"]
 
 
-def test_typo_never_starts_a_server(llama_server, tiny):
-    done = bonsai(["start", "--model", tiny["target"], "--cxt", "4096"], server=llama_server)
+def test_typo_never_starts_a_server(llama_server, tiny_pair):
+    done = bonsai(["start", "--model", tiny_pair["target"], "--cxt", "4096"], server=llama_server)
     assert done.returncode == 2 and "unknown option --cxt (did you mean --ctx?)" in done.stderr
     assert never_spawned()
 
 
-def test_run_starts_its_temporary_server_on_the_port_after_dashdash(llama_server, tiny):
+def test_run_starts_its_temporary_server_on_the_port_after_dashdash(llama_server, tiny_pair):
     port = free_port()
     done = bonsai(
-        ["run", "--model", tiny["target"], "-n", "4", "--json", "Hello", "--", "--port", port, "-t", "1"],
+        ["run", "--model", tiny_pair["target"], "-n", "4", "--json", "Hello", "--", "--port", port, "-t", "1"],
         server=llama_server,
     )
     data = json_out(done)

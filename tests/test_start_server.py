@@ -29,11 +29,10 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, tiny_pair):
     d = tmp_path_factory.mktemp("tiny")
     return {
-        "target": tiny_gguf.write_target(d / "target.gguf"),
-        "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4),
+        **tiny_pair,
         "const_target": tiny_gguf.write_target(d / "const_target.gguf", constant_token=7),
         "const_drafter": tiny_gguf.write_dspark_drafter(d / "const_drafter.gguf", block_size=4, constant_token=7),
         "refused": tiny_gguf.write_runtime_refused_drafter(d / "refused.gguf"),

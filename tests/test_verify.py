@@ -9,19 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import tiny_gguf
 from bonsai_launch.server_process import free_port
 from bonsai_launch.verify import verify
 from start_helpers import bonsai, json_out, stop_all
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    return {
-        "target": tiny_gguf.write_target(d / "target.gguf"),
-        "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4),
-    }
 
 
 @pytest.fixture
@@ -40,8 +30,8 @@ def detached(llama_server, model, *extra) -> dict:
 
 
 @pytest.mark.server
-def test_verify_plain_server(llama_server, tiny, cleanup):
-    srv = detached(llama_server, tiny["target"])
+def test_verify_plain_server(llama_server, tiny_pair, cleanup):
+    srv = detached(llama_server, tiny_pair["target"])
     report = json_out(bonsai(["verify", "--url", srv["url"], "--json"], server=llama_server))
     assert report["ok"] and report["healthy"] and report["server"] == "llama-server"
     assert report["model"] and report["tokens"] > 0 and report["decode_tps"] > 0
@@ -53,8 +43,8 @@ def test_verify_plain_server(llama_server, tiny, cleanup):
 
 
 @pytest.mark.server
-def test_verify_speculative_server(llama_server, tiny, cleanup):
-    srv = detached(llama_server, tiny["target"], "--drafter", tiny["drafter"], "--speculative")
+def test_verify_speculative_server(llama_server, tiny_pair, cleanup):
+    srv = detached(llama_server, tiny_pair["target"], "--drafter", tiny_pair["drafter"], "--speculative")
     # No --url: the only server bonsai runs is the one checked.
     done = bonsai(["verify", "--expect-speculative"], server=llama_server)
     assert done.returncode == 0, done.stdout
