@@ -4,6 +4,7 @@ decision turns into the launch plan (with the real llama-server only for its --h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -463,6 +464,26 @@ def test_config_shows_the_decision_state(capsys, monkeypatch):
     row = next(r for r in json.loads(out)["settings"] if r["env"] == "BONSAI_SPECULATIVE")
     assert row["value"] == "auto" and row["source"] == "env"
     assert os.environ["BONSAI_SPECULATIVE"] == "auto"
+
+
+def test_the_decision_table_shows_its_server_settings_and_notes_wherever_it_is_printed():
+    """tune prints a stored decision, start and config the plan's view of it: both show the
+    settings it holds for and why its numbers may be unsure (a busy machine)."""
+    import io
+
+    from rich.console import Console
+
+    from bonsai_launch.cli.tune import print_decision
+    from bonsai_launch.tune.auto import decision_info
+
+    busy = "the machine was busy (load average up to 3.1 on 2 logical cores)"
+    row = {"config": "plain", "label": "plain", "status": "baseline"}
+    d = dataclasses.replace(decision(key(conditions="--parallel 4")), table=(row,), evidence={"notes": [busy]})
+    found = store.Lookup("found", d)
+    for shown in (d.to_json(), decision_info(found, None, "demo", Path("/m/model.gguf"))):
+        out = io.StringIO()
+        print_decision(Console(file=out, width=200), shown)
+        assert "measured with: --parallel 4" in out.getvalue() and f"note: {busy}" in out.getvalue()
 
 
 def test_bench_save_refuses_what_cannot_decide(capsys):

@@ -97,8 +97,6 @@ def command(
 
     out = console()
     print_decision(out, outcome.decision.to_json())
-    for note in outcome.notes:
-        out.print(f"[dim]note: {note}[/]", markup=True, highlight=False)
     out.print(f"[dim]{outcome.elapsed_s:.0f} s; stored {outcome.stored}; report {outcome.paths.get('markdown')}[/]")
     who = f"--profile {outcome.decision.profile}" if outcome.decision.profile else f"--model {outcome.decision.model}"
     out.print(f"use it: BONSAI_SPECULATIVE=auto bonsai start {who}", markup=False)
@@ -153,9 +151,13 @@ def print_decision(out, decision: dict, title: str | None = None) -> None:
     for row in format_rows(decision["table"]):
         table.add_row(*row)
     out.print(table)
-    conditions = (decision.get("key") or {}).get("conditions")
+    # A stored decision (tune, config) or the plan's view of it (start): the same facts, two shapes.
+    conditions = decision.get("server_settings") or (decision.get("key") or {}).get("conditions")
     if conditions:  # a launch uses the decision only with these same settings
         out.print(f"measured with: {conditions}", markup=False, highlight=False)
+    notes = decision.get("notes") or (decision.get("evidence") or {}).get("notes") or []
+    for note in notes:  # a busy machine, a budget that ran out: what makes the numbers less sure
+        out.print(f"note: {note}", markup=False, highlight=False)
     if choice["speculative"]:
         out.print(f"choice: [bold]{choice['label']}[/] ({choice['reason']})")
     else:

@@ -76,6 +76,7 @@ def decision_info(
         "report": d.evidence.get("report"),
         "conditions": d.evidence.get("conditions"),
         "server_settings": d.key.conditions,  # what a launch must give to use it ("": the defaults)
+        "notes": list(d.evidence.get("notes") or ()),  # e.g. the machine was busy while tuning
         "changed": list(found.changed),
         "hint": hint,
     }
