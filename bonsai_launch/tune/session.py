@@ -375,26 +375,21 @@ def run_tune(
     out_dir = tune_dir() / "reports" / stamp
     paths = report.write_reports(doc, out_dir)
     first = plain.plan
-    decision = Decision(
-        key=subj.key,
-        choice=choice,
-        table=tuple(table),
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        source="tune",
-        model=str(subj.model.resolve()),
-        profile=subj.profile,
-        drafter=str(subj.drafter.resolve()) if subj.drafter else None,
-        prompts=prompts_name,
-        evidence={
+    decision = measured_decision(
+        subj,
+        doc,
+        choice,
+        table,
+        "tune",
+        prompts_name,
+        len(prompts),
+        {
             "report": paths.get("json"),
             "duration_s": round(clock.elapsed, 1),
             "budget_s": round(clock.budget_s or 0, 1),
-            "prompts": len(prompts),
             "max_tokens": options.max_tokens,
             "temperature": options.temperature,
             "runs": dict(measured),
-            "rule": RULE,
-            "noise_rule": doc["definitions"]["noise_rule"],
             "notes": notes,
             "conditions": {
                 "ctx": first.ctx,
@@ -429,27 +424,53 @@ def decision_from_bench(
     request = TuneRequest(flags, model, drafter, passthrough, binary)
     subj = subject(request, prompts)
     choice, table = decide(doc)
-    decision = Decision(
+    return measured_decision(
+        subj,
+        doc,
+        choice,
+        table,
+        "bench",
+        prompts_name,
+        len(prompts),
+        {
+            "duration_s": doc.get("duration_s"),
+            "temperatures": doc["options"]["temps"],
+            "repeats": doc["options"]["repeats"],
+            "max_tokens": doc["options"]["max_tokens"],
+            "notes": list(doc.get("notes") or ()),
+        },
+    )
+
+
+def measured_decision(
+    subj: Subject,
+    doc: dict[str, Any],
+    choice,
+    table: list[dict[str, Any]],
+    source: str,
+    prompts_name: str,
+    n_prompts: int,
+    evidence: dict[str, Any],
+) -> Decision:
+    """One Decision for tune and `bench --save`: the subject's key and files, the rule and the
+    noise rule it was judged by, and what each source adds as evidence."""
+    return Decision(
         key=subj.key,
         choice=choice,
         table=tuple(table),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        source="bench",
+        source=source,
         model=str(subj.model.resolve()),
         profile=subj.profile,
         drafter=str(subj.drafter.resolve()) if subj.drafter else None,
         prompts=prompts_name,
         evidence={
-            "duration_s": doc.get("duration_s"),
-            "prompts": len(prompts),
+            "prompts": n_prompts,
             "rule": RULE,
             "noise_rule": doc["definitions"]["noise_rule"],
-            "temperatures": doc["options"]["temps"],
-            "repeats": doc["options"]["repeats"],
-            "max_tokens": doc["options"]["max_tokens"],
+            **evidence,
         },
     )
-    return decision
 
 
 def with_report(decision: Decision, report_path: str | None) -> Decision:
