@@ -23,6 +23,12 @@ from bonsai_launch import client, instances
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def with_pair(pair: dict[str, Path], *more: str) -> list[str]:
+    """`--model T --drafter D --speculative ...`: the tiny target and drafter with speculation,
+    the arguments most server tests start with."""
+    return ["--model", str(pair["target"]), "--drafter", str(pair["drafter"]), "--speculative", *more]
+
+
 def bonsai_env(server: Path | None, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     if server is not None:

@@ -16,7 +16,7 @@ from bonsai_launch import client, instances
 from bonsai_launch.paths import logs_dir
 from bonsai_launch.server_process import free_port
 from bonsai_launch.supervisor import PROOF_PROMPT
-from start_helpers import bonsai, bonsai_env, gone, json_out, no_server_left, stop_all
+from start_helpers import bonsai, bonsai_env, gone, json_out, no_server_left, stop_all, with_pair
 
 pytestmark = pytest.mark.server
 
@@ -43,11 +43,7 @@ def test_dspark_pair_drafts_on_four_slots(llama_server, tiny_pair):
         bonsai(
             [
                 "start",
-                "--model",
-                tiny_pair["target"],
-                "--drafter",
-                tiny_pair["drafter"],
-                "--speculative",
+                *with_pair(tiny_pair),
                 "--parallel",
                 "4",
                 "--ctx",
@@ -106,11 +102,7 @@ def test_run_reports_speculation_on_every_slot(llama_server, tiny_pair):
     done = bonsai(
         [
             "run",
-            "--model",
-            tiny_pair["target"],
-            "--drafter",
-            tiny_pair["drafter"],
-            "--speculative",
+            *with_pair(tiny_pair),
             "--parallel",
             "2",
             "--ctx",
@@ -130,11 +122,7 @@ def test_ubatch_smaller_than_slots_times_block_is_refused_before_spawning(llama_
     done = bonsai(
         [
             "start",
-            "--model",
-            tiny_pair["target"],
-            "--drafter",
-            tiny_pair["drafter"],
-            "--speculative",
+            *with_pair(tiny_pair),
             "--parallel",
             "4",
             "--ctx",
@@ -241,11 +229,7 @@ def test_dry_run_json_gives_the_reasons_for_slots_and_batches(llama_server, tiny
         bonsai(
             [
                 "start",
-                "--model",
-                tiny_pair["target"],
-                "--drafter",
-                tiny_pair["drafter"],
-                "--speculative",
+                *with_pair(tiny_pair),
                 "--parallel",
                 "8",
                 "--dry-run",

@@ -10,7 +10,7 @@ import pytest
 from bonsai_launch import client, instances
 from bonsai_launch.paths import logs_dir
 from bonsai_launch.server_process import free_port
-from start_helpers import bonsai, bonsai_env, json_out, stop_all
+from start_helpers import bonsai, bonsai_env, json_out, stop_all, with_pair
 
 pytestmark = pytest.mark.server
 
@@ -78,11 +78,7 @@ def test_small_context_after_dashdash_with_speculation(llama_server, tiny_pair):
     done = bonsai(
         [
             "start",
-            "--model",
-            tiny_pair["target"],
-            "--drafter",
-            tiny_pair["drafter"],
-            "--speculative",
+            *with_pair(tiny_pair),
             "--port",
             free_port(),
             "--detach",
@@ -108,11 +104,7 @@ def test_api_key_after_dashdash_is_required_and_never_shown(llama_server, tiny_p
     done = bonsai(
         [
             "start",
-            "--model",
-            tiny_pair["target"],
-            "--drafter",
-            tiny_pair["drafter"],
-            "--speculative",
+            *with_pair(tiny_pair),
             "--port",
             port,
             "--detach",
