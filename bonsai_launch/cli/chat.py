@@ -35,8 +35,6 @@ def command(
     from bonsai_launch import client, supervisor
     from bonsai_launch.cli._output import console
 
-    flags = launch.flags()
-    model, drafter, spec_fallback = launch.model, launch.drafter, launch.spec_fallback
     err = console(stderr=True)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     # Ctrl+C interrupts an answer (KeyboardInterrupt); the system's other stop signals
@@ -46,16 +44,7 @@ def command(
     stop_signals = tuple(s for s in process_control.current().stop_signals() if s != signal.SIGINT)
     with supervisor.SignalForwarder(stop_signals) as forwarder:
         try:
-            with server_for(
-                flags,
-                model,
-                drafter,
-                passthrough_args(ctx),
-                url=url,
-                api_key=api_key,
-                spec_fallback=spec_fallback,
-                forwarder=forwarder,
-            ) as target:
+            with server_for(launch, passthrough_args(ctx), url=url, api_key=api_key, forwarder=forwarder) as target:
                 err.print(
                     f"chatting with {target.name} ({target.base_url}); /reset clears history, /exit leaves", style="dim"
                 )

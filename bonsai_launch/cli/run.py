@@ -45,14 +45,11 @@ class Target:
 
 @contextlib.contextmanager
 def server_for(
-    flags: dict,
-    model: str | None,
-    drafter: str | None,
+    launch: LaunchOptions,
     passthrough: tuple[str, ...],
     *,
     url: str | None,
     api_key: str | None,
-    spec_fallback: bool,
     forwarder=None,
 ) -> Iterator[Target]:
     """A server to talk to: --url, else the running server of the profile, else a temporary
@@ -68,6 +65,7 @@ def server_for(
     from bonsai_launch.server_process import free_port
     from bonsai_launch.settings import resolve
 
+    flags, model, drafter = launch.flags(), launch.model, launch.drafter
     settings = resolve(flags)
     key = first_key(api_key or settings.get("api_key"))
     wants_spec = bool(settings.get("speculative"))
@@ -100,7 +98,7 @@ def server_for(
         sys.stderr.write(f"temporary llama-server: {text}\n")
         sys.stderr.flush()
 
-    launched = supervisor.launch(plan, spec_fallback=spec_fallback, on_status=status, forwarder=forwarder)
+    launched = supervisor.launch(plan, spec_fallback=launch.spec_fallback, on_status=status, forwarder=forwarder)
     try:
         if launched.proof is not None and launched.proof.live:
             sys.stderr.write(launched.proof.summary() + "\n")
@@ -171,22 +169,11 @@ def command(
     from bonsai_launch import client, supervisor
     from bonsai_launch.cli._output import console, emit_json
 
-    flags = launch.flags()
-    model, drafter, spec_fallback = launch.model, launch.drafter, launch.spec_fallback
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     err = console(stderr=True)
     with supervisor.SignalForwarder() as forwarder:
         try:
-            with server_for(
-                flags,
-                model,
-                drafter,
-                passthrough_args(ctx),
-                url=url,
-                api_key=api_key,
-                spec_fallback=spec_fallback,
-                forwarder=forwarder,
-            ) as target:
+            with server_for(launch, passthrough_args(ctx), url=url, api_key=api_key, forwarder=forwarder) as target:
                 result = client.StreamResult()
                 reasoning = (lambda piece: err.print(piece, style="dim", end="")) if not json_output else None
                 for piece in client.stream_chat(
