@@ -440,6 +440,10 @@ def test_a_decision_applies_only_with_the_server_settings_it_was_measured_with(
     ]
     code, plan = _dry(capsys, *args, server_args=("-t", "2"))
     assert code == 0 and plan["tuning"]["status"] == "stale" and "this launch --threads 2" in plan["warnings"][-1]
+    # the re-tune hint measures for this launch's own settings
+    assert plan["tuning"]["hint"] == f"bonsai tune --model {target} -- --threads 2"
+    code, plan = _dry(capsys, *args, "--parallel", "4")
+    assert plan["tuning"]["hint"] == f"bonsai tune --model {target} --parallel 4"
 
 
 def test_auto_refuses_an_explicit_type(llama_server, tiny_files, capsys, monkeypatch):

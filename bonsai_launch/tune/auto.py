@@ -38,15 +38,22 @@ def launch_key(files, binary: Path | None, conditions: str = ""):
     return TuneKey(machine_id(), build_id(binary), file_sha256(files.model), drafter, "", conditions), None
 
 
-def tune_hint(profile: str | None, model: Path) -> str:
-    return f"bonsai tune --profile {profile}" if profile else f"bonsai tune --model {model}"
+def tune_hint(profile: str | None, model: Path, conditions: str = "") -> str:
+    """The tune command that measures for this launch: its slots and server arguments too,
+    since a decision holds only for the settings it was measured with."""
+    hint = f"bonsai tune --profile {profile}" if profile else f"bonsai tune --model {model}"
+    words = conditions.split()
+    if words[:1] == ["--parallel"]:  # server_conditions puts the slots first
+        hint, words = f"{hint} --parallel {words[1]}", words[2:]
+    return f"{hint} -- {' '.join(words)}" if words else hint
 
 
 def decision_info(
-    found: Lookup | None, why_unavailable: str | None, profile: str | None, model: Path
+    found: Lookup | None, why_unavailable: str | None, profile: str | None, model: Path, conditions: str = ""
 ) -> dict[str, Any]:
-    """What the plan, `config` and `ps` show about the decision, in one dict."""
-    hint = tune_hint(profile, model)
+    """What the plan, `config` and `ps` show about the decision, in one dict. `conditions`:
+    the launch's server settings (identity.server_conditions), for the re-tune hint."""
+    hint = tune_hint(profile, model, conditions)
     if found is None:
         return {
             "setting": AUTO,
@@ -98,7 +105,7 @@ def decision_info(
 def find(files, binary: Path | None, profile: str | None, conditions: str = "") -> tuple[Lookup | None, dict[str, Any]]:
     key, why = launch_key(files, binary, conditions)
     found = lookup(key, files.model) if key is not None else None
-    return found, decision_info(found, why, profile, files.model)
+    return found, decision_info(found, why, profile, files.model, conditions)
 
 
 def apply_auto(selection, files, binary: Path | None, profile: str | None, conditions: str = ""):
