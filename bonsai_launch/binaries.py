@@ -1,7 +1,7 @@
 """Finding the llama-server binary to run and probing what it can do.
 
-BONSAI_LLAMA_SERVER points at any existing binary; otherwise the build installed by
-`bonsai build` for the detected backend is used. Probing runs the binary's --help,
+Which binary a launch runs is server_choice's answer (choose_server, find_server); this module
+checks a named binary exists and probes it. Probing runs the binary's --help,
 --version and --list-devices; the result is cached by path, size and mtime, so a binary is
 run once per change, not once per `bonsai start`.
 """
@@ -40,16 +40,6 @@ def resolve_explicit(explicit: str, platform: str | None = None) -> Path | None:
         return path
     with_exe = path.with_name(exe_name(path.name, platform))
     return with_exe if with_exe.is_file() else None
-
-
-def find_server(explicit: str | None, platform: str | None = None) -> Path | None:
-    """The binary to run: `explicit` (BONSAI_LLAMA_SERVER) if given, else the installed build
-    for the detected backend, else None when nothing is built yet."""
-    if explicit:
-        return explicit_server(explicit, platform)
-    from bonsai_launch.build.builder import find_installed
-
-    return find_installed("auto")
 
 
 def explicit_server(explicit: str, platform: str | None = None) -> Path:
@@ -92,7 +82,7 @@ def _run(binary: Path, *args: str) -> str:
     output = done.stdout + done.stderr
     if done.returncode != 0 and not output.strip():
         # Nothing printed: it did not even start (a missing DLL or shared library, a crash).
-        from bonsai_launch.server_process import exit_hint
+        from bonsai_launch.process_control import exit_hint
 
         code = done.returncode
         shown = f"{code:#x}" if code >= 0xC0000000 else str(code)

@@ -158,7 +158,7 @@ def find_quantize_or_build(reporter=None) -> Path:
         if os.environ.get("BONSAI_LLAMA_SERVER"):
             raise  # the user chose a binary: do not build another one behind their back
     from bonsai_launch.build.builder import BuildRequest, build, detected_backend
-    from bonsai_launch.cli._output import console
+    from bonsai_launch.console import console
 
     if reporter is not None:
         reporter.note(
@@ -193,17 +193,3 @@ def refusal_for_legacy(drafter: Path, target: Path) -> BonsaiError:
         f"convert it once: bonsai convert-drafter {drafter} --target {target} -o {out} "
         "(`bonsai start` without --dry-run does this for you)",
     )
-
-
-def usable_for_start(flags, env, model: str | None, drafter: str) -> str:
-    """`bonsai start --drafter X`: X itself, or for a legacy file its conversion for the model
-    `start` will run (the profile's or --model), with progress on stderr."""
-    from bonsai_launch.download_progress import RichReporter
-    from bonsai_launch.launch_inputs import model_files, select
-
-    path = Path(drafter).expanduser()
-    if not path.is_file() or not drafter_convert.is_legacy_drafter(path):
-        return drafter
-    target = model_files(select(flags, env), model, None).model
-    with RichReporter() as reporter:
-        return str(usable_drafter(path, target, reporter=reporter))

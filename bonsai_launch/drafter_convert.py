@@ -600,9 +600,9 @@ def _stream_tensors(plan: ConversionPlan, out, on_bytes: Callable[[int], None] |
 def find_quantize() -> Path:
     """llama-quantize: next to the llama-server bonsai runs, else from any installed build
     (newest first; quantizing does not depend on our patches or the backend)."""
-    from bonsai_launch.binaries import find_server
     from bonsai_launch.build.install import installed_builds
     from bonsai_launch.paths import builds_dir, exe_name
+    from bonsai_launch.server_choice import find_server
 
     server = find_server(os.environ.get("BONSAI_LLAMA_SERVER") or None)
     candidates = [server.parent / exe_name("llama-quantize")] if server is not None else []

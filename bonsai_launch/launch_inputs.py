@@ -246,8 +246,6 @@ def gather_plan(
     if notes:
         plan = dataclasses.replace(plan, warnings=plan.warnings + tuple(notes))
     if tuning is not None:
-        from bonsai_launch.tune.auto import with_tuning
-
         plan = with_tuning(plan, tuning)
     return plan
 
@@ -279,3 +277,25 @@ def _selection_warnings(selection: Selection, model: str | None, kind: BuildKind
             f"{profile.name} needs (set BONSAI_LAYOUT=fork to say so and silence this)"
         )
     return notes
+
+
+def with_tuning(plan, info: dict[str, Any]):
+    """The plan with the decision attached and explained."""
+    from bonsai_launch.plan import Reason
+    from bonsai_launch.tune.auto import AUTO
+
+    why = info["message"].removeprefix("BONSAI_SPECULATIVE=auto: ")
+    warnings = tuple(w for w in plan.warnings if not (w.startswith("drafter ") and "speculation is off" in w))
+    if info["status"] != "found":
+        warnings += (info["message"],)
+    measured = info.get("conditions") or {}
+    if info["status"] == "found" and measured.get("ngl") is not None and measured["ngl"] != plan.ngl:
+        warnings += (
+            (
+                f"the tuning decision {info['id']} was measured with -ngl {measured['ngl']}, this start uses "
+                f"-ngl {plan.ngl}: re-tune (`{info['hint']}`) if speed matters"
+            ),
+        )
+    return dataclasses.replace(
+        plan, tuning=info, reasons=plan.reasons + (Reason("BONSAI_SPECULATIVE", AUTO, why),), warnings=warnings
+    )

@@ -341,3 +341,33 @@ def for_platform(platform: str | None = None, calls: SysCalls | None = None) -> 
 
 def current() -> ProcessControl:
     return for_platform(sys.platform)
+
+
+# What a fatal signal usually means for llama-server, to put next to the log tail.
+_SIGNAL_HINTS = {
+    4: "illegal instruction: the binary uses CPU instructions this machine cannot run, e.g. AMX or "
+    "AVX-512 in a VM that hides them; rebuild with `bonsai build --force`, or try LLAMA_ARG_REPACK=0",
+    6: "aborted: a GGML_ASSERT failed; the log lines below say which",
+    9: "SIGKILL: killed from outside, often by the out-of-memory killer",
+    11: "segmentation fault",
+}
+# The same for Windows, where a crash is an NTSTATUS exit code instead of a signal.
+_NTSTATUS_HINTS = {
+    0xC000001D: _SIGNAL_HINTS[4],
+    0xC0000005: "access violation (the Windows segmentation fault)",
+    0xC0000409: "stack buffer overrun or abort(): a GGML_ASSERT may have failed; the log lines below say which",
+    0xC000013A: "ended by a console Ctrl+C/Ctrl+Break",
+    0xC0000017: "out of memory",
+    0xC0000135: "a DLL it needs was not found: for a CUDA build, put the CUDA toolkit's bin folder on PATH",
+}
+
+
+def exit_hint(code: int) -> str | None:
+    """A short explanation of a fatal exit code (POSIX signal or Windows NTSTATUS)."""
+    if code < 0:
+        return _SIGNAL_HINTS.get(-code)
+    if code >= 0xC0000000:
+        return _NTSTATUS_HINTS.get(code)
+    if code > 128:
+        return _SIGNAL_HINTS.get(code - 128)
+    return None

@@ -68,7 +68,7 @@ def find_real_server() -> tuple[Path | None, str | None]:
             return None, f"BONSAI_LLAMA_SERVER={explicit!r} is not a file"
     else:
         try:
-            from bonsai_launch.binaries import find_server
+            from bonsai_launch.server_choice import find_server
 
             path = find_server(None)
         except Exception as exc:

@@ -160,7 +160,7 @@ def test_pinned_build_with_patch_end_to_end(tmp_path, monkeypatch):
     assert "-DLLAMA_BUILD_NUMBER=4242" in m["cmake_flags"]
     assert m["capabilities"]["build_number"] == 4242 and "draft-patched" in m["capabilities"]["spec_types"]
     # find_server(None) and ensure_server find it; nothing is rebuilt.
-    from bonsai_launch.binaries import find_server
+    from bonsai_launch.server_choice import find_server
 
     assert find_server(None) == result.server == find_installed("cpu")
     assert ensure_server("cpu") == result.server
@@ -170,7 +170,7 @@ def test_ensure_server_builds_when_nothing_is_installed(tmp_path, monkeypatch):
     archive, sha = make_sdist(tmp_path / "dist")
     use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))
     use_pin(monkeypatch, write_pin(tmp_path / "vendor", archive, sha))
-    from bonsai_launch.binaries import find_server
+    from bonsai_launch.server_choice import find_server
 
     assert find_server(None) is None
     con, out = _console()

@@ -346,7 +346,7 @@ def test_llama_quantize_is_found_in_another_installed_build(tmp_path, monkeypatc
             {"schema": 1, "backend": "cpu", "built_at": built_at, "binaries": {t: str(bin_dir / t) for t in tools}},
         )
     monkeypatch.setattr(
-        "bonsai_launch.binaries.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server"
+        "bonsai_launch.server_choice.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server"
     )
     assert drafter_convert.find_quantize() == builds_dir() / "cpu-old" / "bin" / "llama-quantize"
 

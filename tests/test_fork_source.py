@@ -245,17 +245,17 @@ def test_doctor_lists_every_build_with_the_profiles_it_runs(isolated_home, tmp_p
 def test_start_bonsai2_builds_the_pinned_fork_when_it_can_be_fetched(tmp_path, fork_repo, monkeypatch):
     """No fork build yet, the fork reachable (here: the local fixture): `bonsai start` builds it,
     then plans on it. Downloads are left out (the file is already in place)."""
-    from bonsai_launch.cli import start
+    from bonsai_launch import prepare
     from bonsai_launch.cli._launch import LaunchOptions
     from bonsai_launch.paths import profile_models_dir
 
     repo, commit = fork_repo
     use_pin(monkeypatch, fork_pin(tmp_path / "vendor", repo.as_uri(), commit))
-    monkeypatch.setattr(start, "_profile_fetcher", lambda: None)
+    monkeypatch.setattr(prepare, "fetch_profile_files", lambda *args, **kwargs: None)
     profile_models_dir("bonsai2-27b").mkdir(parents=True)
     tiny_gguf.write_target(profile_models_dir("bonsai2-27b") / "Ternary-Bonsai-2-27B-PQ2_0.gguf")
     assert find_installed("cpu", "fork") is None
-    plan, _key = start.prepare_plan(LaunchOptions(profile="bonsai2-27b").flags(), None, None, ())
+    plan, _key = prepare.prepare_plan(LaunchOptions(profile="bonsai2-27b").flags(), None, None, ())
     fork = find_installed("cpu", "fork")
     assert fork is not None and plan.binary == str(fork) and "prismml" in str(fork)
     assert Path(plan.model).name == "Ternary-Bonsai-2-27B-PQ2_0.gguf" and plan.profile == "bonsai2-27b"

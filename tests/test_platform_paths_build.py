@@ -66,12 +66,12 @@ def test_exe_names():
 def test_bonsai_llama_server_may_leave_out_exe_on_windows(tmp_path):
     folder = tmp_path / "llama-b11434-bin-win-cuda-12.4-x64"
     exe = executable(folder / "llama-server.exe", "")
-    assert binaries.find_server(str(exe), platform="win32") == exe
-    assert binaries.find_server(str(folder / "llama-server"), platform="win32") == exe
+    assert binaries.explicit_server(str(exe), platform="win32") == exe
+    assert binaries.explicit_server(str(folder / "llama-server"), platform="win32") == exe
     with pytest.raises(BonsaiError, match=r"llama-server\.exe binary .BONSAI_LLAMA_BIN at its folder"):
-        binaries.find_server(str(tmp_path / "nothing"), platform="win32")
+        binaries.explicit_server(str(tmp_path / "nothing"), platform="win32")
     with pytest.raises(BonsaiError):  # elsewhere a name is the name
-        binaries.find_server(str(folder / "llama-server"), platform="linux")
+        binaries.explicit_server(str(folder / "llama-server"), platform="linux")
 
 
 def test_start_reads_both_windows_spellings(tmp_path, monkeypatch):

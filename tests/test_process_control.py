@@ -23,7 +23,8 @@ import pytest
 from bonsai_launch import process_control as pc
 from bonsai_launch import server_process
 from bonsai_launch.build import cmake_build
-from bonsai_launch.server_process import ServerProcess, exit_hint, free_port
+from bonsai_launch.process_control import exit_hint
+from bonsai_launch.server_process import ServerProcess, free_port
 from start_helpers import gone
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -103,7 +103,7 @@ def test_remote_host_gets_an_api_key_through_the_environment(llama_server, tmp_p
     # Planning only: nothing binds a non-loopback address in tests.
     import tiny_gguf
     from bonsai_launch.cli._launch import LaunchOptions
-    from bonsai_launch.cli.start import prepare_plan
+    from bonsai_launch.prepare import prepare_plan
 
     model = str(tiny_gguf.write_target(tmp_path / "t.gguf"))
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))

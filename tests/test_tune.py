@@ -477,7 +477,7 @@ def test_the_decision_table_shows_its_server_settings_and_notes_wherever_it_is_p
 
     from rich.console import Console
 
-    from bonsai_launch.cli.tune import print_decision
+    from bonsai_launch.cli._decision import print_decision
     from bonsai_launch.tune.auto import decision_info
 
     busy = "the machine was busy (load average up to 3.1 on 2 logical cores)"

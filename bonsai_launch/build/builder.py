@@ -351,7 +351,7 @@ def ensure_server(backend: str = "auto", *, console=None, flavour: str = "mainli
     is any installed fork build, else the pinned fork release (`--source prismml`), built now.
     """
     if console is None:
-        from bonsai_launch.cli._output import console as make_console
+        from bonsai_launch.console import console as make_console
 
         console = make_console(stderr=True)
     wanted = detected_backend() if backend == "auto" else backend

@@ -76,7 +76,7 @@ def download(
 ) -> Path:
     """Fetch `url` to `dest`, refusing (and deleting) anything whose sha256 differs."""
     if console is None:
-        from bonsai_launch.cli._output import console as make_console
+        from bonsai_launch.console import console as make_console
 
         console = make_console(stderr=True)
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,9 @@ import json
 import sys
 from typing import Any
 
+from bonsai_launch.console import console
 
-def console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+__all__ = ["console", "emit_json", "error_line", "warn"]
 
 
 def emit_json(data: Any) -> None:

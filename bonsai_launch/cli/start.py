@@ -146,92 +146,6 @@ def effective_values(plan) -> str:
 # -- the real start ---------------------------------------------------------------------------
 
 
-def _build_server(flavour: str = "mainline"):
-    """Build llama-server on demand (the pinned llama.cpp, or the pinned fork, for the detected backend)."""
-    from bonsai_launch.errors import BonsaiError
-
-    try:
-        from bonsai_launch.build import ensure_server
-    except ImportError:  # a checkout without the build package
-        raise BonsaiError(
-            "no llama-server is built yet", "run `bonsai build`, or set BONSAI_LLAMA_SERVER to a llama-server binary"
-        ) from None
-    from bonsai_launch.cli._output import console
-
-    return ensure_server(backend="auto", console=console(stderr=True), flavour=flavour)
-
-
-def _profile_fetcher():
-    """`bonsai pull`'s library call that fetches a profile's missing files, if present."""
-    try:
-        from bonsai_launch.pull import ensure_profile_files
-    except ImportError:
-        return None
-    return ensure_profile_files
-
-
-def launch_settings(flags, passthrough):
-    """The settings with the owned options after -- folded in (read with the pinned build's
-    option table), for the checks made before any download or build: host, port, key. A
-    passthrough error is left for gather_plan to report with the real binary's table."""
-    from bonsai_launch.errors import BonsaiError
-    from bonsai_launch.llama_options import pinned_table
-    from bonsai_launch.passthrough import fold_settings, parse
-    from bonsai_launch.settings import resolve
-
-    settings = resolve(flags)
-    try:
-        return fold_settings(settings, parse(passthrough, pinned_table()))
-    except BonsaiError:
-        return settings
-
-
-def prepare_plan(flags, model, drafter, passthrough):
-    """The plan `bonsai start` runs: gather_plan (as --dry-run) with the real binary, after
-    building it and fetching missing model files if needed. A remote host without a key gets a
-    generated one. Returns (plan, generated_key or None)."""
-    import os
-    import secrets
-
-    from bonsai_launch.build_choice import FORK
-    from bonsai_launch.launch_inputs import explicit_model, gather_plan, select
-    from bonsai_launch.plan import check_host, is_loopback
-    from bonsai_launch.server_choice import choose_server, require_fork_source
-
-    settings = launch_settings(flags, passthrough)
-    env = dict(os.environ)
-    generated = None
-    if not is_loopback(settings["host"]) and settings["allow_remote"] and not settings.get("api_key"):
-        generated = secrets.token_urlsafe(24)
-        env["BONSAI_API_KEY"] = generated
-    if not is_loopback(settings["host"]) and not settings["allow_remote"]:
-        check_host(settings)  # the plan's own refusal, before any download or build
-    selection = select(flags, env)
-    choice = choose_server(selection.settings, selection.flavour)
-    if choice.path is None and choice.kind.flavour == FORK:
-        require_fork_source(selection.profile.name)  # one line, before any download
-    fetch = None if explicit_model(selection, model) else _profile_fetcher()
-    if fetch is not None:
-        s = selection.settings
-        fetch(
-            selection.profile,
-            layout=choice.kind.flavour,
-            want_drafter=bool(s["speculative"]) and not drafter,
-            want_vision=bool(s["vision"]) and not s.get("mmproj"),
-            console=None,
-        )
-    if drafter:  # a legacy `dspark` drafter runs as its cached dflash conversion, made now if needed
-        from bonsai_launch.drafter_cache import usable_for_start
-
-        drafter = usable_for_start(flags, env, model, drafter)
-    binary = choice.path
-    if binary is None:
-        # Fail on a bad setting or file now, not after a long build.
-        gather_plan(flags, model, drafter, passthrough, None, env=env)
-        binary = _build_server(choice.kind.flavour)
-    return gather_plan(flags, model, drafter, passthrough, binary, env=env), generated
-
-
 def _status_reporter(json_output: bool):
     """Live loading status: a spinner on a terminal, plain lines otherwise. rich is imported
     on the first update, which comes after llama-server is spawned, so it costs no start-up time."""
@@ -366,7 +280,7 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
         out.print(f"[{style}]{launched.slots_proof.summary()}[/]")
     if plan.tuning:
         if plan.tuning.get("table"):
-            from bonsai_launch.cli.tune import print_decision
+            from bonsai_launch.cli._decision import print_decision
 
             print_decision(
                 out,
@@ -397,7 +311,7 @@ def tune_first(plan, flags, model, drafter, passthrough, json_output: bool) -> N
         "--no-tune starts plain)\n"
     )
     sys.stderr.flush()
-    from bonsai_launch.cli.tune import tune_now
+    from bonsai_launch.cli._decision import tune_now
 
     # The slots and arguments of this start go to the tuning too, so its decision is keyed for them.
     tune_flags = {k: v for k, v in flags.items() if k in ("profile", "family", "size", "ctx", "ngl", "parallel")}
@@ -412,6 +326,7 @@ def start_server(
     """`bonsai start` without --dry-run. Returns the exit code (0 when the user stopped it)."""
     from bonsai_launch import supervisor
     from bonsai_launch.cli._output import emit_json, warn
+    from bonsai_launch.prepare import prepare_plan
     from bonsai_launch.tune.auto import needs_tuning
 
     with supervisor.SignalForwarder() as forwarder:

@@ -83,7 +83,7 @@ def _quiet(_: str) -> None:
 def _launch_replica(member: MemberState, status: Status):
     """Start one local replica as `bonsai start --detach` does. Returns supervisor.Launched."""
     from bonsai_launch import supervisor
-    from bonsai_launch.cli.start import prepare_plan
+    from bonsai_launch.prepare import prepare_plan
 
     plan, _ = prepare_plan(member.flags, None, None, tuple(member.args))
     if member.env:
@@ -152,7 +152,7 @@ def _backend(opts: UpOptions) -> str:
     """The llama.cpp backend the replicas will run on (decides GPUs versus a CPU split). The
     first replica's plan, as `bonsai start` makes it: this also builds llama-server and fetches
     the profile's files when they are missing, once, before any replica starts."""
-    from bonsai_launch.cli.start import prepare_plan
+    from bonsai_launch.prepare import prepare_plan
 
     plan, _ = prepare_plan({**opts.flags, "port": opts.port + 1, "host": "127.0.0.1"}, None, None, opts.passthrough)
     return plan.backend

@@ -134,48 +134,6 @@ def apply_auto(selection, files, binary: Path | None, profile: str | None, condi
     return dataclasses.replace(selection, settings=Settings(values)), info
 
 
-def with_tuning(plan, info: dict[str, Any]):
-    """The plan with the decision attached and explained."""
-    from bonsai_launch.plan import Reason
-
-    why = info["message"].removeprefix("BONSAI_SPECULATIVE=auto: ")
-    warnings = tuple(w for w in plan.warnings if not (w.startswith("drafter ") and "speculation is off" in w))
-    if info["status"] != "found":
-        warnings += (info["message"],)
-    measured = info.get("conditions") or {}
-    if info["status"] == "found" and measured.get("ngl") is not None and measured["ngl"] != plan.ngl:
-        warnings += (
-            (
-                f"the tuning decision {info['id']} was measured with -ngl {measured['ngl']}, this start uses "
-                f"-ngl {plan.ngl}: re-tune (`{info['hint']}`) if speed matters"
-            ),
-        )
-    return dataclasses.replace(
-        plan, tuning=info, reasons=plan.reasons + (Reason("BONSAI_SPECULATIVE", AUTO, why),), warnings=warnings
-    )
-
-
 def needs_tuning(plan) -> bool:
     tuning: dict[str, Any] | None = getattr(plan, "tuning", None)
     return tuning is not None and tuning.get("status") in ("missing", "stale")
-
-
-def describe_for_config(selection) -> dict[str, Any]:
-    """What BONSAI_SPECULATIVE=auto would use for this selection now (`bonsai config`)."""
-    from bonsai_launch.binaries import find_server
-    from bonsai_launch.launch_inputs import model_files
-
-    try:
-        files = model_files(selection, None, None)
-        if not files.model.is_file():
-            return {
-                "setting": AUTO,
-                "status": "unavailable",
-                "message": f"BONSAI_SPECULATIVE=auto: no decision can be looked up ({files.model.name} is not "
-                f"downloaded)",
-            }
-        binary = find_server(selection.settings["llama_server"])
-    except BonsaiError as exc:
-        return {"setting": AUTO, "status": "unavailable", "message": f"BONSAI_SPECULATIVE=auto: {exc}"}
-    _found, info = find(files, binary, selection.profile.name)
-    return info
