@@ -45,7 +45,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def _toolchain(report: Report, hw) -> Any:
-    from bonsai_launch.build import toolchain
+    from bonsai_launch.llamacpp.builds import toolchain
 
     tools = toolchain.detect(versions=True)
     report.toolchain = tools.to_json()
@@ -79,20 +79,20 @@ def _toolchain(report: Report, hw) -> Any:
 
 
 def _builds(report: Report) -> None:
-    from bonsai_launch.build.install import installed_builds
-    from bonsai_launch.build.patches import load_series, series_hash
-    from bonsai_launch.build.pin import load_pin
-    from bonsai_launch.paths import builds_dir
+    from bonsai_launch.core.paths import builds_dir
+    from bonsai_launch.llamacpp.builds.install import installed_builds
+    from bonsai_launch.llamacpp.builds.patches import load_series, series_hash
+    from bonsai_launch.llamacpp.builds.pin import load_pin
 
     try:
         pinned, patches_id = load_pin().default, series_hash(load_series())
     except Exception as exc:
         report.problems.append(Problem("error", f"the llama.cpp pin cannot be read: {exc}", "reinstall bonsai-launch"))
         pinned, patches_id = None, None
-    from bonsai_launch.build_choice import kind_of_manifest, runnable_profiles
+    from bonsai_launch.llamacpp.flavours import kind_of_manifest, runnable_profiles
 
     try:
-        from bonsai_launch.profiles import load_all
+        from bonsai_launch.config.profiles import load_all
 
         profiles = list(load_all().values())
     except Exception:  # reported by _models
@@ -157,7 +157,7 @@ def _builds(report: Report) -> None:
 def _explicit_server(report: Report) -> None:
     import os
 
-    from bonsai_launch.binaries import probe
+    from bonsai_launch.llamacpp.binaries import probe
 
     # BONSAI_LLAMA_SERVER names the binary, BONSAI_LLAMA_BIN (the reference's setting) its folder.
     name = next((n for n in ("BONSAI_LLAMA_SERVER", "BONSAI_LLAMA_BIN") if os.environ.get(n, "").strip()), None)
@@ -165,8 +165,8 @@ def _explicit_server(report: Report) -> None:
         return
     explicit = os.environ[name].strip()
     try:
-        from bonsai_launch.server_choice import explicit_binary
-        from bonsai_launch.settings import resolve
+        from bonsai_launch.config.settings import resolve
+        from bonsai_launch.llamacpp.choice import explicit_binary
 
         found = explicit_binary(resolve())
         assert found is not None
@@ -196,8 +196,8 @@ def _explicit_server(report: Report) -> None:
 
 
 def _models(report: Report) -> None:
-    from bonsai_launch.launch_inputs import local_path
-    from bonsai_launch.profiles import load_all
+    from bonsai_launch.config.profiles import load_all
+    from bonsai_launch.server.inputs import local_path
 
     try:
         profiles = load_all()
@@ -221,7 +221,7 @@ def _models(report: Report) -> None:
 
 
 def _port(report: Report) -> None:
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.config.settings import resolve
 
     try:
         s = resolve()
@@ -242,7 +242,7 @@ def _port(report: Report) -> None:
 
 
 def gather() -> Report:
-    from bonsai_launch import hardware
+    from bonsai_launch.core import hardware
 
     report = Report()
     hw = hardware.detect()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from bonsai_launch.server_process import free_port
+from bonsai_launch.server.process import free_port
 
 
 def wait_health(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -150,7 +150,7 @@ def bonsai_once(args: list[str], marker: str, env: dict[str, str], port: int) ->
 
 PRE_SPAWN_PROBE = """
 import os, sys
-import bonsai_launch.server_process as sp
+import bonsai_launch.server.process as sp
 def stop_here(cls, argv, **kw):
     t = os.times()
     print(t.user + t.system, flush=True)

@@ -9,8 +9,8 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from bonsai_launch.build import package_index
-from bonsai_launch.build.pin import load_pin
+from bonsai_launch.llamacpp.builds import package_index
+from bonsai_launch.llamacpp.builds.pin import load_pin
 
 FAKE_TREE = Path(__file__).parent / "data" / "fake_llama"
 
@@ -86,8 +86,8 @@ def write_pin(
 
 def use_pin(monkeypatch, pin, patches_folder: Path | None = None) -> None:
     """Make `bonsai build` read this pin and this patch folder (default: none)."""
-    from bonsai_launch.build import builder
-    from bonsai_launch.build.patches import load_series
+    from bonsai_launch.llamacpp.builds import builder
+    from bonsai_launch.llamacpp.builds.patches import load_series
 
     monkeypatch.setattr(builder, "load_pin", lambda: pin)
     folder = patches_folder or (Path(str(pin.path)).parent / "no-patches")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from bonsai_launch import process_control
+from bonsai_launch.core import process_control
 
 
 def main() -> None:

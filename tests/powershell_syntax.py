@@ -13,7 +13,7 @@ from functools import lru_cache
 import tree_sitter
 import tree_sitter_powershell
 
-from bonsai_launch.powershell import SINGLE_QUOTES
+from bonsai_launch.core.shell import SINGLE_QUOTES
 
 
 @lru_cache(maxsize=1)

@@ -33,15 +33,15 @@ def stale_build_problem(server: Path) -> str | None:
 
     Bonsai's builds carry a manifest beside bin/; a binary outside a bonsai build (pointed at
     by BONSAI_LLAMA_SERVER) is checked by its build number only."""
-    from bonsai_launch.build.install import read_manifest
-    from bonsai_launch.build.patches import load_series, series_hash
-    from bonsai_launch.build.pin import load_pin
+    from bonsai_launch.llamacpp.builds.install import read_manifest
+    from bonsai_launch.llamacpp.builds.patches import load_series, series_hash
+    from bonsai_launch.llamacpp.builds.pin import load_pin
 
     pin = load_pin().default
     series = load_series()
     manifest = read_manifest(server.resolve().parent.parent)
     if manifest is None:
-        from bonsai_launch.binaries import probe_uncached
+        from bonsai_launch.llamacpp.binaries import probe_uncached
 
         try:
             build = probe_uncached(server).build_number
@@ -68,7 +68,7 @@ def find_real_server() -> tuple[Path | None, str | None]:
             return None, f"BONSAI_LLAMA_SERVER={explicit!r} is not a file"
     else:
         try:
-            from bonsai_launch.server_choice import find_server
+            from bonsai_launch.llamacpp.choice import find_server
 
             path = find_server(None)
         except Exception as exc:

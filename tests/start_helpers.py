@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from bonsai_launch import client, instances
+from bonsai_launch.server import client, instances
 
 ROOT = Path(__file__).resolve().parent.parent
 

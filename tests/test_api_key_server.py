@@ -12,10 +12,10 @@ import openai
 import pytest
 
 import tiny_gguf
-from bonsai_launch import client
 from bonsai_launch.bench.pipeline import Target, run_bench
 from bonsai_launch.bench.runner import BenchOptions
-from bonsai_launch.server_process import free_port
+from bonsai_launch.server import client
+from bonsai_launch.server.process import free_port
 from start_helpers import ROOT, bonsai, bonsai_env, json_out, stop_all
 
 pytestmark = pytest.mark.server

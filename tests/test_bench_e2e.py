@@ -103,7 +103,7 @@ def test_launch_mode_measures_plain_against_the_dspark_drafter(llama_server, tin
 
 
 def test_url_mode_against_running_servers(llama_server, tiny_pair, tmp_path):
-    from bonsai_launch.server_process import ServerProcess, free_port
+    from bonsai_launch.server.process import ServerProcess, free_port
 
     target, drafter = tiny_pair
     common = [str(llama_server), "-m", str(target), "--host", "127.0.0.1", "-c", "4096", "--metrics", *THREADS]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bonsai_launch.bench import prompts as suite
-from bonsai_launch.errors import BonsaiError
+from bonsai_launch.core.errors import BonsaiError
 
 
 def test_bundled_suite_has_five_categories_of_varied_prompts():

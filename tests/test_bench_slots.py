@@ -149,7 +149,7 @@ def test_terminal_markdown_and_chart(doc, tmp_path):
 
 def test_parallel_options_are_checked():
     from bonsai_launch.bench.pipeline import Target, run_bench
-    from bonsai_launch.errors import BonsaiError
+    from bonsai_launch.core.errors import BonsaiError
 
     with pytest.raises(BonsaiError, match="--parallel: 0 is outside 1-256"):
         run_bench(BenchOptions(parallel=(0, 4)), Target(url="http://127.0.0.1:9"), None)

@@ -8,7 +8,7 @@ import pytest
 from bonsai_launch.bench import stats
 from bonsai_launch.bench.measure import RequestResult, SpecCounters, counter_delta, spec_counters
 from bonsai_launch.bench.summary import aggregate
-from bonsai_launch.client import parse_metrics
+from bonsai_launch.server.client import parse_metrics
 
 
 def test_spread_is_median_min_max_of_present_values():

@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from bonsai_launch.binaries import probe
-from bonsai_launch.capabilities import backend_from_devices, parse_devices, parse_help, parse_help_full, parse_version
-from bonsai_launch.errors import BonsaiError
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp.binaries import probe
+from bonsai_launch.llamacpp.capabilities import (
+    backend_from_devices,
+    parse_devices,
+    parse_help,
+    parse_help_full,
+    parse_version,
+)
 
 DATA = Path(__file__).parent / "data"
 HELP = (DATA / "llama-server-b11434-help.txt").read_text()

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from bonsai_launch.build_choice import (
+from bonsai_launch.config.profiles import get_profile, load_all, parse_profile
+from bonsai_launch.config.settings import resolve
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp.flavours import (
     FORK,
     MAINLINE,
     BuildKind,
@@ -19,9 +22,6 @@ from bonsai_launch.build_choice import (
     wanted_flavour,
     why_no_file,
 )
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.profiles import get_profile, load_all, parse_profile
-from bonsai_launch.settings import resolve
 
 MAIN = BuildKind(MAINLINE)
 FORK_PIN = BuildKind(FORK, 10743)
@@ -173,7 +173,7 @@ def test_layout_is_still_read_as_the_older_name_of_builds():
 
 
 def test_own_weights_on_a_build_that_loads_none_of_the_profiles_files_are_warned_about():
-    from bonsai_launch.launch_inputs import _selection_warnings, select
+    from bonsai_launch.server.inputs import _selection_warnings, select
 
     bonsai2 = select({"family": "bonsai2"}, env={})
     assert any(

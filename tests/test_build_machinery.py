@@ -15,10 +15,11 @@ import psutil
 import pytest
 from rich.console import Console
 
-from bonsai_launch.build import BuildRequest, build, builder, cmake_build, ensure_server, find_installed, toolchain
-from bonsai_launch.errors import ActionFailed, BonsaiError
-from bonsai_launch.hardware import GPU, Hardware
-from bonsai_launch.paths import builds_dir
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
+from bonsai_launch.core.hardware import GPU, Hardware
+from bonsai_launch.core.paths import builds_dir
+from bonsai_launch.llamacpp.builds import BuildRequest, build, builder, ensure_server, find_installed, toolchain
+from bonsai_launch.llamacpp.builds import cmake as cmake_build
 from build_helpers import fake_tree, file_index, help_patch, make_sdist, use_index, use_pin, write_pin
 
 
@@ -160,7 +161,7 @@ def test_pinned_build_with_patch_end_to_end(tmp_path, monkeypatch):
     assert "-DLLAMA_BUILD_NUMBER=4242" in m["cmake_flags"]
     assert m["capabilities"]["build_number"] == 4242 and "draft-patched" in m["capabilities"]["spec_types"]
     # find_server(None) and ensure_server find it; nothing is rebuilt.
-    from bonsai_launch.server_choice import find_server
+    from bonsai_launch.llamacpp.choice import find_server
 
     assert find_server(None) == result.server == find_installed("cpu")
     assert ensure_server("cpu") == result.server
@@ -170,7 +171,7 @@ def test_ensure_server_builds_when_nothing_is_installed(tmp_path, monkeypatch):
     archive, sha = make_sdist(tmp_path / "dist")
     use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))
     use_pin(monkeypatch, write_pin(tmp_path / "vendor", archive, sha))
-    from bonsai_launch.server_choice import find_server
+    from bonsai_launch.llamacpp.choice import find_server
 
     assert find_server(None) is None
     con, out = _console()
@@ -282,12 +283,12 @@ def test_default_cpu_flags_are_the_warm_cache_flags():
 
 
 def test_find_installed_prefers_the_current_pin_and_patches(tmp_path, monkeypatch):
-    from bonsai_launch.build.install import write_manifest
+    from bonsai_launch.llamacpp.builds.install import write_manifest
 
     archive, sha = make_sdist(tmp_path / "dist")
     pin = write_pin(tmp_path / "vendor", archive, sha)
     use_pin(monkeypatch, pin, help_patch(tmp_path / "patches").parent)
-    from bonsai_launch.build.patches import load_series, series_hash
+    from bonsai_launch.llamacpp.builds.patches import load_series, series_hash
 
     current = series_hash(load_series(tmp_path / "patches"))
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bonsai_launch.build.patches import apply_series, load_series, series_hash
-from bonsai_launch.build.source import prepare_pin
-from bonsai_launch.errors import ActionFailed
-from bonsai_launch.paths import sources_dir
+from bonsai_launch.core.errors import ActionFailed
+from bonsai_launch.core.paths import sources_dir
+from bonsai_launch.llamacpp.builds.patches import apply_series, load_series, series_hash
+from bonsai_launch.llamacpp.builds.source import prepare_pin
 from build_helpers import bad_patch, fake_tree, file_index, help_patch, make_sdist, use_index, write_pin
 
 

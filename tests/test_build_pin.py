@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from bonsai_launch.build import package_index
-from bonsai_launch.build.pin import load_pin
-from bonsai_launch.build.source import STAMP, parse_source, prepare_pin
-from bonsai_launch.errors import ActionFailed, BonsaiError
-from bonsai_launch.paths import sources_dir, vendor_dir
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
+from bonsai_launch.core.paths import sources_dir, vendor_dir
+from bonsai_launch.llamacpp.builds import package_index
+from bonsai_launch.llamacpp.builds.pin import load_pin
+from bonsai_launch.llamacpp.builds.source import STAMP, parse_source, prepare_pin
 from build_helpers import file_index, make_sdist, use_index, write_pin
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from bonsai_launch import doctor
-from bonsai_launch.build import toolchain
+from bonsai_launch.llamacpp.builds import toolchain
 
 
 def test_report_sections_and_fixes(monkeypatch):
@@ -80,7 +80,7 @@ def test_cli_json(isolated_home):
 
 def test_nvcc_without_a_gpu_is_not_called_no_toolchain(monkeypatch):
     """doctor lists nvcc; the backend line must not then say that no GPU toolchain was found."""
-    from bonsai_launch import hardware
+    from bonsai_launch.core import hardware
 
     real = toolchain.detect
 

@@ -14,10 +14,10 @@ import pytest
 from gguf import GGUFReader
 
 import tiny_gguf
-from bonsai_launch import drafter_convert
-from bonsai_launch.drafter_convert import convert_drafter, plan_conversion, read_provenance, stale_reasons
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.gguf_info import check_pair, inspect_gguf
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.models.drafters import convert as drafter_convert
+from bonsai_launch.models.drafters.convert import convert_drafter, plan_conversion, read_provenance, stale_reasons
+from bonsai_launch.models.gguf import check_pair, inspect_gguf
 from cli_runner import run_cli
 from legacy_dspark_gguf import patch_tensor_type, with_key, write_legacy_drafter
 
@@ -332,8 +332,8 @@ def test_quantized_with_llama_quantize_keeps_provenance(files, tmp_path, capsys,
 def test_llama_quantize_is_found_in_another_installed_build(tmp_path, monkeypatch):
     """The newest build may lack llama-quantize (built before it was a target); any installed
     build's copy will do, since quantizing depends on neither our patches nor the backend."""
-    from bonsai_launch.build.install import write_manifest
-    from bonsai_launch.paths import builds_dir
+    from bonsai_launch.core.paths import builds_dir
+    from bonsai_launch.llamacpp.builds.install import write_manifest
 
     for key, tools in (("cpu-old", ("llama-server", "llama-quantize")), ("cpu-new", ("llama-server",))):
         bin_dir = builds_dir() / key / "bin"
@@ -346,7 +346,7 @@ def test_llama_quantize_is_found_in_another_installed_build(tmp_path, monkeypatc
             {"schema": 1, "backend": "cpu", "built_at": built_at, "binaries": {t: str(bin_dir / t) for t in tools}},
         )
     monkeypatch.setattr(
-        "bonsai_launch.server_choice.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server"
+        "bonsai_launch.llamacpp.choice.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server"
     )
     assert drafter_convert.find_quantize() == builds_dir() / "cpu-old" / "bin" / "llama-quantize"
 

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 import tiny_gguf
-from bonsai_launch import drafter_cache, drafter_convert, model_store
-from bonsai_launch.drafter_convert import read_provenance
-from bonsai_launch.profiles import get_profile
-from bonsai_launch.pull import ensure_profile_files
+from bonsai_launch.config.profiles import get_profile
+from bonsai_launch.models import store as model_store
+from bonsai_launch.models.drafters import cache as drafter_cache
+from bonsai_launch.models.drafters import convert as drafter_convert
+from bonsai_launch.models.drafters.convert import read_provenance
+from bonsai_launch.models.pull import ensure_profile_files
 from cli_runner import run_cli
 from fake_hub import TERNARY_27B
 from legacy_dspark_gguf import write_legacy_drafter
@@ -129,7 +131,7 @@ def test_dry_run_refuses_a_legacy_drafter_with_the_exact_command(pair, capsys):
 
 
 def _start_live(args, server, **env):
-    from bonsai_launch.server_process import free_port
+    from bonsai_launch.server.process import free_port
     from start_helpers import bonsai_env
 
     done = bonsai(
@@ -163,7 +165,7 @@ def test_done_when_log_snr_drafter_converted_and_live(pair, with_build, tmp_path
     done = bonsai(["convert-drafter", pair["legacy_snr"], "--target", pair["target"], "-o", out], server=with_build)
     assert done.returncode == 0, done.stderr
     assert read_provenance(out).quantization == "Q4_0"
-    from bonsai_launch.server_process import free_port
+    from bonsai_launch.server.process import free_port
     from start_helpers import bonsai_env
 
     done = bonsai(
@@ -188,8 +190,8 @@ def test_done_when_log_snr_drafter_converted_and_live(pair, with_build, tmp_path
     ],
 )
 def test_profile_convert_field_is_checked(entry, words):
-    from bonsai_launch.errors import BonsaiError
-    from bonsai_launch.profiles import parse_profile
+    from bonsai_launch.config.profiles import parse_profile
+    from bonsai_launch.core.errors import BonsaiError
 
     data = {
         "name": "p",

@@ -95,7 +95,7 @@ def load_with_a_kill(url: str, key: str, model: str, victim: int) -> tuple[list[
 
 
 def proxy_log_errors() -> list[str]:
-    from bonsai_launch.paths import logs_dir
+    from bonsai_launch.core.paths import logs_dir
 
     try:
         lines = (logs_dir() / "fleet-proxy.log").read_text(errors="replace").splitlines()

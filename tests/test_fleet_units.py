@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bonsai_launch.errors import BonsaiError
+from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.fleet import configs, export, hosts, proxy
 from bonsai_launch.fleet.configs import Member
 from real_parts import require_litellm

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import tiny_gguf
-from bonsai_launch.build import BuildRequest, build, builder, ensure_server, find_installed
-from bonsai_launch.build import source as source_module
-from bonsai_launch.build.pin import load_pin
-from bonsai_launch.errors import ActionFailed, BonsaiError
-from bonsai_launch.paths import builds_dir, sources_dir
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
+from bonsai_launch.core.paths import builds_dir, sources_dir
+from bonsai_launch.llamacpp.builds import BuildRequest, build, builder, ensure_server, find_installed
+from bonsai_launch.llamacpp.builds import source as source_module
+from bonsai_launch.llamacpp.builds.pin import load_pin
 from build_helpers import fake_tree, file_index, help_patch, make_sdist, use_index, use_pin
 
 TAG = "prism-b10743-abcdef0"
@@ -162,9 +162,9 @@ def test_build_keys_stay_apart_and_patches_stay_on_the_pin(tmp_path, fork_repo, 
 def test_start_bonsai2_uses_the_fork_build_and_its_files(tmp_path, fork_repo, monkeypatch):
     """With both builds installed, bonsai2-27b plans on the fork with PQ2_0 and ternary-27b on
     mainline with g64; BONSAI_LAYOUT=fork moves ternary-27b to the fork and its PQ2_0 file."""
-    from bonsai_launch.launch_inputs import gather_plan, select
-    from bonsai_launch.paths import profile_models_dir
-    from bonsai_launch.server_choice import choose_server
+    from bonsai_launch.core.paths import profile_models_dir
+    from bonsai_launch.llamacpp.choice import choose_server
+    from bonsai_launch.server.inputs import gather_plan, select
 
     repo, commit = fork_repo
     archive, sha = make_sdist(tmp_path / "dist")
@@ -245,9 +245,9 @@ def test_doctor_lists_every_build_with_the_profiles_it_runs(isolated_home, tmp_p
 def test_start_bonsai2_builds_the_pinned_fork_when_it_can_be_fetched(tmp_path, fork_repo, monkeypatch):
     """No fork build yet, the fork reachable (here: the local fixture): `bonsai start` builds it,
     then plans on it. Downloads are left out (the file is already in place)."""
-    from bonsai_launch import prepare
     from bonsai_launch.cli._launch import LaunchOptions
-    from bonsai_launch.paths import profile_models_dir
+    from bonsai_launch.core.paths import profile_models_dir
+    from bonsai_launch.server import prepare
 
     repo, commit = fork_repo
     use_pin(monkeypatch, fork_pin(tmp_path / "vendor", repo.as_uri(), commit))

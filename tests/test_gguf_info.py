@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tiny_gguf
-from bonsai_launch.gguf_info import check_pair, inspect_gguf
+from bonsai_launch.models.gguf import check_pair, inspect_gguf
 
 
 def test_demo_model_header(demo_gguf):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import sys
 
-from bonsai_launch import hardware
+from bonsai_launch.core import hardware
 
 
 def test_detect_on_this_machine():

@@ -17,11 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import tiny_gguf
-from bonsai_launch import speculation_probe
-from bonsai_launch.plan import SpecPlan
-from bonsai_launch.server_process import free_port
-from bonsai_launch.supervisor import prove_speculation
-from bonsai_launch.verify import verify
+from bonsai_launch.server import liveness as speculation_probe
+from bonsai_launch.server.plan import SpecPlan
+from bonsai_launch.server.process import free_port
+from bonsai_launch.server.supervisor import prove_speculation
+from bonsai_launch.server.verify import verify
 from start_helpers import bonsai, json_out, stop_all
 
 
@@ -252,7 +252,7 @@ def test_block_7_drafter_sets_n_max_7_and_drafts(llama_server, tiny, cleanup, tm
 def test_bench_refuses_to_measure_a_speculative_configuration_that_does_not_draft(llama_server, tiny, tmp_path):
     from bonsai_launch.bench.pipeline import Target, run_bench
     from bonsai_launch.bench.runner import BenchOptions
-    from bonsai_launch.errors import ActionFailed
+    from bonsai_launch.core.errors import ActionFailed
 
     options = BenchOptions(
         configs=("plain", "ngram-simple"),

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from bonsai_launch import log_files
+from bonsai_launch.core import log_files
 
 
 def fake_windows(calls: list):

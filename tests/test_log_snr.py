@@ -23,12 +23,12 @@ import pytest
 import log_snr_ref as R
 import test_plan
 import tiny_gguf
-from bonsai_launch import client
-from bonsai_launch.binaries import implements_log_snr, probe
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.gguf_info import LOG_SNR_TENSORS, check_pair, inspect_gguf
-from bonsai_launch.paths import logs_dir
-from bonsai_launch.server_process import free_port
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.core.paths import logs_dir
+from bonsai_launch.llamacpp.binaries import implements_log_snr, probe
+from bonsai_launch.models.gguf import LOG_SNR_TENSORS, check_pair, inspect_gguf
+from bonsai_launch.server import client
+from bonsai_launch.server.process import free_port
 from start_helpers import bonsai, json_out, stop_all
 
 T = 7  # what the tiny constant target always predicts

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bonsai_launch import client, instances
-from bonsai_launch.paths import logs_dir
-from bonsai_launch.server_process import free_port
-from bonsai_launch.supervisor import PROOF_PROMPT
+from bonsai_launch.core.paths import logs_dir
+from bonsai_launch.server import client, instances
+from bonsai_launch.server.process import free_port
+from bonsai_launch.server.supervisor import PROOF_PROMPT
 from start_helpers import bonsai, bonsai_env, gone, json_out, no_server_left, stop_all, with_pair
 
 pytestmark = pytest.mark.server

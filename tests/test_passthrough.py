@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.llama_options import PINNED_TABLE, parse_option_table, pinned_table
-from bonsai_launch.passthrough import parse
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp.options import PINNED_TABLE, parse_option_table, pinned_table
+from bonsai_launch.server.passthrough import parse
 from test_plan import arg, drafter, plan_for, target
 
 HELP = (Path(__file__).parent / "data" / "llama-server-b11434-help.txt").read_text()
@@ -23,7 +23,7 @@ TABLE = parse_option_table(HELP)
 
 
 def test_shipped_table_is_generated_from_the_pinned_help():
-    assert PINNED_TABLE.read_text() == TABLE.to_text(), "run: python -m bonsai_launch.llama_options"
+    assert PINNED_TABLE.read_text() == TABLE.to_text(), "run: python -m bonsai_launch.llamacpp.options"
 
 
 @pytest.mark.parametrize(
@@ -263,7 +263,7 @@ def test_pinned_table_loads():
 
 
 def test_llama_server_variables_that_bypass_the_plan_are_warned_about():
-    from bonsai_launch.passthrough import inherited_env_warnings
+    from bonsai_launch.server.passthrough import inherited_env_warnings
 
     found = inherited_env_warnings({"LLAMA_ARG_UBATCH": "4", "LLAMA_API_KEY": "x", "LLAMA_ARG_THREADS": "2"}, TABLE)
     assert len(found) == 2

@@ -7,9 +7,9 @@ import httpx
 import psutil
 import pytest
 
-from bonsai_launch import client, instances
-from bonsai_launch.paths import logs_dir
-from bonsai_launch.server_process import free_port
+from bonsai_launch.core.paths import logs_dir
+from bonsai_launch.server import client, instances
+from bonsai_launch.server.process import free_port
 from start_helpers import bonsai, bonsai_env, json_out, stop_all, with_pair
 
 pytestmark = pytest.mark.server

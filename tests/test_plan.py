@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from bonsai_launch.capabilities import Capabilities
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.gguf_info import DrafterInfo, GGUFInfo
-from bonsai_launch.hardware import GPU, Hardware
-from bonsai_launch.llama_options import pinned_table
-from bonsai_launch.passthrough import parse as parse_passthrough
-from bonsai_launch.plan import PlanInputs, build_plan, render_command
-from bonsai_launch.profiles import load_all
-from bonsai_launch.settings import resolve
+from bonsai_launch.config.profiles import load_all
+from bonsai_launch.config.settings import resolve
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.core.hardware import GPU, Hardware
+from bonsai_launch.llamacpp.capabilities import Capabilities
+from bonsai_launch.llamacpp.options import pinned_table
+from bonsai_launch.models.gguf import DrafterInfo, GGUFInfo
+from bonsai_launch.server.passthrough import parse as parse_passthrough
+from bonsai_launch.server.plan import PlanInputs, build_plan, render_command
 
 GB = 2**30
 PROFILES = load_all()

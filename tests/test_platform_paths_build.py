@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from bonsai_launch import binaries, paths
-from bonsai_launch.build import builder, toolchain
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.hardware import GPU, Hardware
+from bonsai_launch.core import paths
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.core.hardware import GPU, Hardware
+from bonsai_launch.llamacpp import binaries
+from bonsai_launch.llamacpp.builds import builder, toolchain
 
 DATA = Path(__file__).parent / "data"
 # The stand-ins for cl.exe and llama-server.exe are #! scripts: they run on Linux and macOS.
@@ -77,8 +78,8 @@ def test_bonsai_llama_server_may_leave_out_exe_on_windows(tmp_path):
 def test_start_reads_both_windows_spellings(tmp_path, monkeypatch):
     """What `bonsai start` uses (server_choice): BONSAI_LLAMA_SERVER without .exe on Windows,
     BONSAI_LLAMA_BIN holding llama-server.exe."""
-    from bonsai_launch import server_choice
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.llamacpp import choice as server_choice
 
     exe = executable(tmp_path / "bin" / "llama-server.exe", "")
     monkeypatch.setattr(sys, "platform", "win32")
@@ -121,7 +122,7 @@ def test_probe_reads_a_windows_llama_server_exe(tmp_path):
 def test_metal_devices_make_a_metal_backend():
     """A macOS build lists `MTL0: Apple M2 Pro (...)`: no "metal" in it (ggml-metal names its
     devices MTL<n>). Taking it for CPU would plan -ngl 0 on a Mac."""
-    from bonsai_launch.capabilities import backend_from_devices, parse_devices
+    from bonsai_launch.llamacpp.capabilities import backend_from_devices, parse_devices
 
     devices = parse_devices("Available devices:\n  MTL0: Apple M2 Pro (21845 MiB, 21844 MiB free)\n")
     assert backend_from_devices(devices) == "metal"
@@ -357,8 +358,8 @@ def test_linux_flags_are_unchanged():
 
 def test_installing_over_a_running_windows_binary_says_what_to_do(monkeypatch, tmp_path):
     """Windows will not rename a bin/ folder whose llama-server.exe is running."""
-    from bonsai_launch.build import install
-    from bonsai_launch.errors import ActionFailed
+    from bonsai_launch.core.errors import ActionFailed
+    from bonsai_launch.llamacpp.builds import install
 
     work = tmp_path / "work" / "bin"
     executable(work / "llama-server.exe", "")

@@ -20,11 +20,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bonsai_launch import process_control as pc
-from bonsai_launch import server_process
-from bonsai_launch.build import cmake_build
-from bonsai_launch.process_control import exit_hint
-from bonsai_launch.server_process import ServerProcess, free_port
+from bonsai_launch.core import process_control as pc
+from bonsai_launch.core.process_control import exit_hint
+from bonsai_launch.llamacpp.builds import cmake as cmake_build
+from bonsai_launch.server import process as server_process
+from bonsai_launch.server.process import ServerProcess, free_port
 from start_helpers import gone
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def test_windows_sends_no_console_event_to_a_group_outside_its_console():
 
 
 def test_bonsai_stop_on_windows_terminates_at_once(monkeypatch, isolated_home):
-    from bonsai_launch import instances
+    from bonsai_launch.server import instances
 
     rec = Recorder()
     win = pc.for_platform("win32", rec.syscalls(with_killpg=False))
@@ -316,8 +316,8 @@ def test_posix_stop_of_a_real_group():
 WATCHED_PARENT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from bonsai_launch import process_control
-    from bonsai_launch.server_process import ServerProcess
+    from bonsai_launch.core import process_control
+    from bonsai_launch.server.process import ServerProcess
     control = process_control.for_platform(sys.argv[1])
     child = ServerProcess.spawn([sys.executable, "-c", "import time; time.sleep(120)"], env=None,
                                 log_path=Path(sys.argv[2]), base_url="http://127.0.0.1:1", control=control)
@@ -347,7 +347,7 @@ def test_killing_bonsai_takes_the_child_along(tmp_path, platform):
     parent, child = _watched_parent(tmp_path, platform, "wait")
     try:
         watchers = [
-            p for p in psutil.process_iter(["cmdline"]) if "bonsai_launch.watchdog" in (p.info["cmdline"] or ())
+            p for p in psutil.process_iter(["cmdline"]) if "bonsai_launch.core.watchdog" in (p.info["cmdline"] or ())
         ]
         assert bool(watchers) == (platform == "darwin")
         parent.kill()  # SIGKILL (TerminateProcess on Windows): no cleanup code of bonsai runs
@@ -385,7 +385,7 @@ def test_a_normal_stop_sends_the_watchdog_home(tmp_path):
         assert not [
             p
             for p in psutil.Process(parent.pid).children(recursive=True)
-            if "bonsai_launch.watchdog" in " ".join(p.cmdline())
+            if "bonsai_launch.core.watchdog" in " ".join(p.cmdline())
         ]
     finally:
         parent.kill()
@@ -394,7 +394,7 @@ def test_a_normal_stop_sends_the_watchdog_home(tmp_path):
 
 @posix_only
 def test_watchdog_ignores_a_reused_pid():
-    from bonsai_launch import watchdog
+    from bonsai_launch.core import watchdog
 
     proc = sleeper()
     try:
@@ -461,7 +461,7 @@ def test_real_server_dies_with_bonsai_through_the_macos_watchdog(llama_server, t
     """The macOS path end to end with the real llama-server: `bonsai start` runs with the
     watchdog control (no PDEATHSIG), is killed with SIGKILL, and the server must go."""
     import tiny_gguf
-    from bonsai_launch import instances
+    from bonsai_launch.server import instances
     from start_helpers import bonsai_env, no_server_left
 
     model = tiny_gguf.write_target(tmp_path / "target.gguf")

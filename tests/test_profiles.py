@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.profiles import get_profile, load_all, parse_profile
+from bonsai_launch.config.profiles import get_profile, load_all, parse_profile
+from bonsai_launch.core.errors import BonsaiError
 
 
 def test_catalog_has_eight_bonsai_models_and_demo():

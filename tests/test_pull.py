@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from bonsai_launch import model_store
-from bonsai_launch.download_progress import RecordingReporter
-from bonsai_launch.errors import ActionFailed, BonsaiError
-from bonsai_launch.profiles import get_profile
-from bonsai_launch.pull import ensure_profile_files, pull_profile, wanted_files
+from bonsai_launch.config.profiles import get_profile
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
+from bonsai_launch.models import store as model_store
+from bonsai_launch.models.progress import RecordingReporter
+from bonsai_launch.models.pull import ensure_profile_files, pull_profile, wanted_files
 from cli_runner import run_cli as bonsai
 from fake_hub import BONSAI_8B, GOOD_TOKEN, TERNARY_27B
 

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from bonsai_launch import model_store
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.profiles import get_profile
-from bonsai_launch.pull import ensure_profile_files, pull_profile
+from bonsai_launch.config.profiles import get_profile
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.models import store as model_store
+from bonsai_launch.models.pull import ensure_profile_files, pull_profile
 from cli_runner import run_cli as bonsai
 
 DEMO_FILE = "gemma-3-270m-q4_k_m.gguf"

@@ -55,8 +55,8 @@ def test_missing_fails_or_skips(monkeypatch):
 
 def _fake_build(tmp_path: Path, **source: object) -> Path:
     """A build folder laid out like `bonsai build` makes it, with a manifest saying `source`."""
-    from bonsai_launch.build.patches import load_series, series_hash
-    from bonsai_launch.build.pin import load_pin
+    from bonsai_launch.llamacpp.builds.patches import load_series, series_hash
+    from bonsai_launch.llamacpp.builds.pin import load_pin
 
     key = tmp_path / "builds" / "cpu-old"
     (key / "bin").mkdir(parents=True)

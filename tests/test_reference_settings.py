@@ -252,7 +252,7 @@ def test_explicit_settings_that_lose_are_said(files, monkeypatch, capsys, tmp_pa
 def test_pull_bonsai2_fetches_pq2_and_the_q8_projector_only(hub, tmp_path, capsys):
     """Through the real huggingface_hub client against the fake hub: the fork files by manifest,
     never the PTQ1_0 alternative, the BF16 projector or the F16 weights."""
-    from bonsai_launch import model_store
+    from bonsai_launch.models import store as model_store
 
     target = tiny_gguf.write_target(tmp_path / "b2.gguf").read_bytes()
     repo = hub.add_repo("prism-ml/Ternary-Bonsai-2-27B-gguf")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import tiny_gguf
-from bonsai_launch import instances
-from bonsai_launch.server_process import free_port
+from bonsai_launch.server import instances
+from bonsai_launch.server.process import free_port
 from start_helpers import ROOT, bonsai, bonsai_env, gone, json_out, no_server_left, stop_all
 
 README_PROMPT = "Copy this line twice: the quick brown fox jumps over the lazy dog"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bonsai_launch import instances
-from bonsai_launch.server_process import free_port
+from bonsai_launch.server import instances
+from bonsai_launch.server.process import free_port
 from start_helpers import gone, no_server_left
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.settings import BY_ENV, SETTINGS, parse_value, resolve
+from bonsai_launch.config.settings import BY_ENV, SETTINGS, parse_value, resolve
+from bonsai_launch.core.errors import BonsaiError
 
 
 @pytest.mark.parametrize("word", ["1", "true", "TRUE", "Yes", "on", "ON"])

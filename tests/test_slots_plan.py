@@ -7,9 +7,15 @@ import dataclasses
 
 import pytest
 
-from bonsai_launch.capabilities import parse_shared_drafting
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.slots import LLAMA_BATCH_DEFAULT, LLAMA_UBATCH_DEFAULT, context_for_slots, draft_length, size_batches
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp.capabilities import parse_shared_drafting
+from bonsai_launch.server.slots import (
+    LLAMA_BATCH_DEFAULT,
+    LLAMA_UBATCH_DEFAULT,
+    context_for_slots,
+    draft_length,
+    size_batches,
+)
 from test_plan import CAPS, HW, arg, drafter, plan_for, target
 
 DEMO = dict(
@@ -287,7 +293,7 @@ def test_parallel_and_np_after_double_dash_must_agree():
 
 
 def test_slots_proof_needs_more_than_one_drafting_slot():
-    from bonsai_launch.slot_proof import SlotResult, SlotsProof
+    from bonsai_launch.server.liveness import SlotResult, SlotsProof
 
     every = SlotsProof("draft-dspark", 4, tuple(SlotResult(i, 10, 5) for i in range(4)))
     assert every.live and every.summary().startswith(

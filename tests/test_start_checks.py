@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from bonsai_launch import client, instances
-from bonsai_launch.errors import ActionFailed, BonsaiError
-from bonsai_launch.paths import run_dir
-from bonsai_launch.server_process import ServerProcess, free_port
-from bonsai_launch.supervisor import SpecProof, check_port_free, follow, speculation_failure_reason
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
+from bonsai_launch.core.paths import run_dir
+from bonsai_launch.server import client, instances
+from bonsai_launch.server.process import ServerProcess, free_port
+from bonsai_launch.server.supervisor import SpecProof, check_port_free, follow, speculation_failure_reason
 from start_helpers import bonsai
 
 REFUSED_LOG = """\
@@ -103,7 +103,7 @@ def test_remote_host_gets_an_api_key_through_the_environment(llama_server, tmp_p
     # Planning only: nothing binds a non-loopback address in tests.
     import tiny_gguf
     from bonsai_launch.cli._launch import LaunchOptions
-    from bonsai_launch.prepare import prepare_plan
+    from bonsai_launch.server.prepare import prepare_plan
 
     model = str(tiny_gguf.write_target(tmp_path / "t.gguf"))
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))
@@ -267,7 +267,7 @@ def test_header_cache_never_hides_a_changed_file(tmp_path):
     import os
 
     import tiny_gguf
-    from bonsai_launch.gguf_info import inspect_gguf
+    from bonsai_launch.models.gguf import inspect_gguf
 
     model = tiny_gguf.write_target(tmp_path / "t.gguf", layers=2)
     first = inspect_gguf(model)

@@ -20,9 +20,9 @@ import psutil
 import pytest
 
 import tiny_gguf
-from bonsai_launch import client, instances
-from bonsai_launch.paths import logs_dir, run_dir
-from bonsai_launch.server_process import free_port
+from bonsai_launch.core.paths import logs_dir, run_dir
+from bonsai_launch.server import client, instances
+from bonsai_launch.server.process import free_port
 from start_helpers import Foreground, bonsai, gone, json_out, no_server_left, processes_naming, stop_all
 
 pytestmark = pytest.mark.server

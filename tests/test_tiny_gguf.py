@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import tiny_gguf as tg
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.gguf_info import check_pair, inspect_gguf
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.models.gguf import check_pair, inspect_gguf
 
 SPEC_FAILED = "failed to initialize speculative decoding context"
 

@@ -19,13 +19,13 @@ from bonsai_launch.bench import prompts as suite
 from bonsai_launch.bench.measure import RequestResult
 from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec
 from bonsai_launch.bench.summary import summarize
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.settings import resolve
+from bonsai_launch.config.settings import resolve
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.decisions import identity, store
+from bonsai_launch.decisions.identity import TuneKey
+from bonsai_launch.decisions.store import Choice, Decision
 from bonsai_launch.tune import candidates as cands
-from bonsai_launch.tune import identity, store
 from bonsai_launch.tune.decide import decide, format_rows
-from bonsai_launch.tune.identity import TuneKey
-from bonsai_launch.tune.store import Choice, Decision
 
 
 def key(**changes) -> TuneKey:
@@ -120,8 +120,8 @@ def test_other_server_settings_make_a_decision_stale_and_say_both():
 
 
 def _conditions(words: list[str], env: dict[str, str] | None = None, **flags) -> str:
-    from bonsai_launch.llama_options import pinned_table
-    from bonsai_launch.passthrough import fold_settings, parse
+    from bonsai_launch.llamacpp.options import pinned_table
+    from bonsai_launch.server.passthrough import fold_settings, parse
 
     args = parse(words, pinned_table())
     return identity.server_conditions(fold_settings(resolve(flags, env or {}), args), args)
@@ -185,7 +185,7 @@ def test_build_id_names_the_bonsai_build_and_the_binary(tmp_path):
 
 
 def test_machine_id_names_cpu_cores_and_gpus():
-    from bonsai_launch.hardware import GPU, Hardware
+    from bonsai_launch.core.hardware import GPU, Hardware
 
     hw = Hardware("Linux", "x86_64", 8, 16, 64 * 2**30, gpus=(GPU(0, "NVIDIA H200", 1, 1),))
     text = identity.machine_id(hw)
@@ -343,7 +343,7 @@ def test_speculative_auto_argument_rewrite():
 
 
 def test_ngram_draft_length_uses_the_types_own_flags():
-    from bonsai_launch.plan import ngram_length_flags
+    from bonsai_launch.server.plan import ngram_length_flags
 
     assert ngram_length_flags("ngram-mod", 16) == [("--spec-ngram-mod-n-max", 16), ("--spec-ngram-mod-n-min", 16)]
     assert ngram_length_flags("ngram-mod", 100) == [("--spec-ngram-mod-n-max", 100), ("--spec-ngram-mod-n-min", 48)]
@@ -371,8 +371,8 @@ def _dry(capsys, *args: str, server_args: tuple[str, ...] = ()) -> tuple[int, di
 def test_stored_decision_becomes_the_plan_and_a_changed_drafter_turns_it_off(
     llama_server, tiny_files, capsys, monkeypatch
 ):
-    from bonsai_launch.launch_inputs import model_files, select
-    from bonsai_launch.tune.auto import launch_key
+    from bonsai_launch.decisions.auto import launch_key
+    from bonsai_launch.server.inputs import model_files, select
 
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))
     target, drafter = tiny_files
@@ -421,8 +421,8 @@ def test_a_decision_applies_only_with_the_server_settings_it_was_measured_with(
     llama_server, tiny_files, capsys, monkeypatch
 ):
     """Tuned with one slot, started with four (or other threads): plain and a re-tune hint."""
-    from bonsai_launch.launch_inputs import model_files, select
-    from bonsai_launch.tune.auto import launch_key
+    from bonsai_launch.decisions.auto import launch_key
+    from bonsai_launch.server.inputs import model_files, select
 
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))
     target, _drafter = tiny_files
@@ -478,7 +478,7 @@ def test_the_decision_table_shows_its_server_settings_and_notes_wherever_it_is_p
     from rich.console import Console
 
     from bonsai_launch.cli._decision import print_decision
-    from bonsai_launch.tune.auto import decision_info
+    from bonsai_launch.decisions.auto import decision_info
 
     busy = "the machine was busy (load average up to 3.1 on 2 logical cores)"
     row = {"config": "plain", "label": "plain", "status": "baseline"}
@@ -500,7 +500,7 @@ def test_bench_save_refuses_what_cannot_decide(capsys):
 
 
 def test_a_pulled_file_uses_its_verification_record(monkeypatch):
-    from bonsai_launch import model_store
+    from bonsai_launch.models import store as model_store
 
     folder = model_store.folder("demo")
     folder.mkdir(parents=True)

@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bonsai_launch.server_process import free_port
-from bonsai_launch.verify import verify
+from bonsai_launch.server.process import free_port
+from bonsai_launch.server.verify import verify
 from start_helpers import bonsai, json_out, stop_all
 
 

@@ -8,7 +8,7 @@ and src/llama-vocab.cpp of that build (the project's reference notes on the draf
 Vocabulary: the `"test"` tokenizer (hash tokenizer, no BOS/EOS, so generation runs to
 n_predict; a token detokenizes to its id in hex). Token texts are f"{token_prefix}{i}", so a
 target and a drafter built with the same vocab size and prefix have the same token list (same
-fingerprint for `bonsai_launch.gguf_info.check_pair`); another prefix gives a same-size list
+fingerprint for `bonsai_launch.models.gguf.check_pair`); another prefix gives a same-size list
 with different texts, for mismatch tests.
 
 Deterministic pairs: `constant_token=k` makes a model always predict k. Every token embeds to

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from bonsai_launch.client import base, parse_metrics, sse_chunks
-from bonsai_launch.errors import ActionFailed
+from bonsai_launch.core.errors import ActionFailed
+from bonsai_launch.server.client import base, parse_metrics, sse_chunks
 
 REQUEST_TIMEOUT = 600.0
 

@@ -14,7 +14,7 @@ from typing import Any
 from bonsai_launch.bench import prompts as suite
 from bonsai_launch.bench import report, runner, summary
 from bonsai_launch.bench.runner import QUICK, BenchOptions, Listener
-from bonsai_launch.errors import BonsaiError
+from bonsai_launch.core.errors import BonsaiError
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def run_bench(
             target.binary,
             options.parallel,
         )
-        from bonsai_launch.paths import logs_dir
+        from bonsai_launch.core.paths import logs_dir
 
         log_dir = logs_dir() / "bench" / time.strftime("%Y%m%d-%H%M%S")
         data = runner.run_launch(options, configs, prompts, all_prompts, log_dir, listener)

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from bonsai_launch.errors import BonsaiError
+from bonsai_launch.core.errors import BonsaiError
 
 BUNDLED_CATEGORIES = ("code", "math", "reasoning", "chat", "code-edit")
 # The warm-up request: not in any suite, so it seeds no cache the measured prompts could hit.

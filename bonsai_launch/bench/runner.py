@@ -44,7 +44,7 @@ from bonsai_launch.bench.measure import (
     spec_counters,
     stream_request,
 )
-from bonsai_launch.errors import ActionFailed, BonsaiError
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
 
 SPECIAL_CONFIGS = ("plain", "speculative", "auto")  # auto: the stored tuning decision (bonsai tune)
 SPEC_CONFIG_TYPES = (
@@ -284,7 +284,7 @@ def plan_configs(
     """A LaunchPlan per configuration (and, with `parallel`, per slot count), with one context
     size for all of them: the largest any of them asks for, so the KV cache (and its memory) is
     the same on every side."""
-    from bonsai_launch.launch_inputs import gather_plan
+    from bonsai_launch.server.inputs import gather_plan
 
     def build(ctx: int | None) -> list[ConfigSpec]:
         specs = []
@@ -341,7 +341,7 @@ def launched(
 ) -> Iterator[Endpoint]:
     """Start the configuration's server (for `run.slots` slots when --parallel planned them) on
     a free port, wait until ready, sample its memory, and always stop it."""
-    from bonsai_launch.server_process import ServerProcess, free_port
+    from bonsai_launch.server.process import ServerProcess, free_port
 
     base_plan = spec.plan_for_slots(run.slots)
     if run.slots is None:
@@ -390,7 +390,7 @@ def launched(
 def _prove_live(spec: ConfigSpec, run: ServerRun, plan, proc, log: Path, listener: Listener) -> None:
     """The rule `bonsai start` applies (live only when the probe drafted tokens): measuring a
     speculative configuration that does not speculate would report plain speed as its own."""
-    from bonsai_launch import speculation_probe
+    from bonsai_launch.server import liveness as speculation_probe
 
     listener.step(f"{spec.label}: checking speculative decoding")
     try:
@@ -749,7 +749,8 @@ def _loadavg() -> list[float] | None:
 
 def environment(binary: str | None) -> dict[str, Any]:
     """What the numbers were measured on, so a reader can compare like with like."""
-    from bonsai_launch import __version__, hardware
+    from bonsai_launch import __version__
+    from bonsai_launch.core import hardware
 
     hw = hardware.detect()
     env: dict[str, Any] = {
@@ -759,7 +760,7 @@ def environment(binary: str | None) -> dict[str, Any]:
         "load_average_start": _loadavg(),
     }
     if binary:
-        from bonsai_launch.binaries import probe
+        from bonsai_launch.llamacpp.binaries import probe
 
         try:
             caps = probe(Path(binary))

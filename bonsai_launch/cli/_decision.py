@@ -21,7 +21,7 @@ def tune_now(
 ):
     """Fetch what is missing (model, drafter, llama-server), then measure with a progress bar."""
     from bonsai_launch.cli._progress import ProgressListener
-    from bonsai_launch.prepare import prepare_launch
+    from bonsai_launch.server.prepare import prepare_launch
     from bonsai_launch.tune.session import TuneOptions, TuneRequest, check_options, run_tune
 
     options = TuneOptions(

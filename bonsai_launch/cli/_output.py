@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from bonsai_launch.console import console
+from bonsai_launch.core.console import console
 
 __all__ = ["console", "emit_json", "error_line", "warn"]
 

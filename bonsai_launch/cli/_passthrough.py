@@ -5,7 +5,7 @@ options (`-np 2` became `-n` plus `-p 2`, the profile). So before Click parses, 
 is not one of the command's own options is checked against llama-server's option table: a
 known option is taken out, with exactly as many values as llama-server reads, and joins the
 arguments after `--`; anything else stops with "unknown option X (did you mean Y?)".
-The command reads the result with `passthrough_args(ctx)`; bonsai_launch.passthrough then
+The command reads the result with `passthrough_args(ctx)`; bonsai_launch.server.passthrough then
 folds it into the plan.
 """
 
@@ -39,8 +39,8 @@ def own_options(command: Any, ctx: Any) -> dict[str, bool]:
 
 def split_foreign(words: list[str], own: dict[str, bool]) -> tuple[list[str], list[str]]:
     """(words for Click, llama-server arguments) from the words before `--`."""
-    from bonsai_launch.errors import BonsaiError
-    from bonsai_launch.llama_options import closest, pinned_table
+    from bonsai_launch.core.errors import BonsaiError
+    from bonsai_launch.llamacpp.options import closest, pinned_table
 
     keep: list[str] = []
     foreign: list[str] = []

@@ -20,7 +20,7 @@ class ProgressListener:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            from bonsai_launch.console import console
+            from bonsai_launch.core.console import console
 
             progress = Progress(
                 TextColumn("{task.description}"),

@@ -46,19 +46,19 @@ def server_for(
     With speculation asked for, the answer never comes from a server that does not speculate:
     a --url server must pass the liveness probe (else the command stops with the fix), and a
     running plain server of the profile is passed over for a temporary speculative one."""
-    from bonsai_launch import instances, supervisor
-    from bonsai_launch.client import first_key
-    from bonsai_launch.launch_inputs import explicit_model, select
-    from bonsai_launch.prepare import launch_settings, prepare_plan
-    from bonsai_launch.server_process import free_port
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.server import instances, supervisor
+    from bonsai_launch.server.client import first_key
+    from bonsai_launch.server.inputs import explicit_model, select
+    from bonsai_launch.server.prepare import launch_settings, prepare_plan
+    from bonsai_launch.server.process import free_port
 
     flags, model, drafter = launch.flags(), launch.model, launch.drafter
     settings = resolve(flags)
     key = first_key(api_key or settings.get("api_key"))
     wants_spec = bool(settings.get("speculative"))
     if url:
-        from bonsai_launch import client
+        from bonsai_launch.server import client
 
         client.health(url, key)  # a dead URL fails here, before chat opens its prompt
         if wants_spec:
@@ -108,8 +108,8 @@ def server_for(
 def require_speculating(url: str, api_key: str | None) -> None:
     """Speculation was asked for and the user named a server: it must pass the same probe
     `bonsai start` and `bonsai verify` use (live only when it drafted tokens)."""
-    from bonsai_launch import speculation_probe
-    from bonsai_launch.errors import ActionFailed
+    from bonsai_launch.core.errors import ActionFailed
+    from bonsai_launch.server import liveness as speculation_probe
 
     result = speculation_probe.probe(url, api_key)
     if not speculation_probe.is_live(result):
@@ -124,7 +124,7 @@ def require_speculating(url: str, api_key: str | None) -> None:
 def stats_line(result, speculative: bool = False) -> str:
     """`32 tokens, 41.3 tokens/s; speculative: drafted 46, accepted 46 (100.0%)`. On a
     speculating server an answer that drafted nothing says so, rather than looking plain."""
-    from bonsai_launch.client import acceptance
+    from bonsai_launch.server.client import acceptance
 
     t = result.timings or {}
     parts = []
@@ -144,7 +144,7 @@ def stats_line(result, speculative: bool = False) -> str:
 def stream_answer(target: Target, messages, *, max_tokens: int, temperature: float | None, on_reasoning, echo: bool):
     """One streamed answer from `target`: pieces to stdout as they come (when `echo`), the
     reasoning to `on_reasoning`; returns the StreamResult (text, timings)."""
-    from bonsai_launch import client
+    from bonsai_launch.server import client
 
     result = client.StreamResult()
     for piece in client.stream_chat(

@@ -102,7 +102,7 @@ SaveOpt = Annotated[
 
 
 def _floats(text: str, option: str) -> tuple[float, ...]:
-    from bonsai_launch.errors import BonsaiError
+    from bonsai_launch.core.errors import BonsaiError
 
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
@@ -111,7 +111,7 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
-    from bonsai_launch.errors import BonsaiError
+    from bonsai_launch.core.errors import BonsaiError
 
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -169,11 +169,11 @@ def command(
     from bonsai_launch.bench.runner import BenchOptions, parse_config_names
     from bonsai_launch.cli._output import emit_json
     from bonsai_launch.cli._progress import ProgressListener
-    from bonsai_launch.client import first_key
-    from bonsai_launch.errors import BonsaiError
-    from bonsai_launch.paths import bonsai_home
-    from bonsai_launch.prepare import prepare_launch
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.core.errors import BonsaiError
+    from bonsai_launch.core.paths import bonsai_home
+    from bonsai_launch.server.client import first_key
+    from bonsai_launch.server.prepare import prepare_launch
 
     given: dict = {}
     if configs is not None:
@@ -231,7 +231,7 @@ def command(
         if drafter:  # a legacy `dspark` drafter is measured as its cached conversion, like `bonsai start` runs it
             import os
 
-            from bonsai_launch.prepare import usable_for_start
+            from bonsai_launch.server.prepare import usable_for_start
 
             drafter = usable_for_start(flags, os.environ, model, drafter)
         target = Target(flags=flags, model=model, drafter=drafter, passthrough=passthrough_args(ctx), binary=binary)
@@ -256,8 +256,8 @@ def command(
 def save_decision(doc: dict, options, target, paths: dict):
     """`--save`: the tuning rule over this run, stored like a `bonsai tune` decision."""
     from bonsai_launch.bench import prompts as suite
+    from bonsai_launch.decisions.store import save
     from bonsai_launch.tune.session import decision_from_bench, with_report
-    from bonsai_launch.tune.store import save
 
     chosen = suite.select(
         suite.load_prompts(options.prompts_path),

@@ -48,8 +48,8 @@ def command(
     json_output: JsonOpt = False,
 ) -> None:
     """Build llama-server, llama-speculative-simple, llama-bench and llama-quantize; print the server's path."""
-    from bonsai_launch.build import BuildRequest, build
     from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.llamacpp.builds import BuildRequest, build
 
     err = console(stderr=True)
     request = BuildRequest(

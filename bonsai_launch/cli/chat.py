@@ -41,14 +41,14 @@ def command(
     system: SystemOpt = None,
 ) -> None:
     """Chat in the terminal; each answer ends with its decode speed and acceptance."""
-    from bonsai_launch import supervisor
     from bonsai_launch.cli._output import console
+    from bonsai_launch.server import supervisor
 
     err = console(stderr=True)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     # Ctrl+C interrupts an answer (KeyboardInterrupt); the system's other stop signals
     # (SIGTERM/SIGHUP, or Ctrl+Break on Windows) end the session cleanly.
-    from bonsai_launch import process_control
+    from bonsai_launch.core import process_control
 
     stop_signals = tuple(s for s in process_control.current().stop_signals() if s != signal.SIGINT)
     with supervisor.SignalForwarder(stop_signals) as forwarder:

@@ -15,8 +15,8 @@ def command(
 ) -> None:
     """Show each BONSAI_* setting's value and its source (flag, env, profile, default)."""
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.launch_inputs import select
-    from bonsai_launch.settings import SETTINGS
+    from bonsai_launch.config.settings import SETTINGS
+    from bonsai_launch.server.inputs import select
 
     selection = select({"profile": profile, "family": family, "size": size})
     rows = []
@@ -28,7 +28,7 @@ def command(
         if value is None:
             value = setting.default_text or None
         rows.append({"env": setting.env, "value": value, "source": resolved.source, "description": setting.description})
-    from bonsai_launch.prepare import describe_for_config
+    from bonsai_launch.server.prepare import describe_for_config
 
     tuning = describe_for_config(selection)
     if json_output:

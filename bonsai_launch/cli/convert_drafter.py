@@ -45,9 +45,9 @@ def command(
     from pathlib import Path
 
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.download_progress import RichReporter
-    from bonsai_launch.drafter_convert import convert_drafter
-    from bonsai_launch.model_store import human
+    from bonsai_launch.models.drafters.convert import convert_drafter
+    from bonsai_launch.models.progress import RichReporter
+    from bonsai_launch.models.store import human
 
     err = console(stderr=True)
     try:
@@ -64,7 +64,7 @@ def command(
     except KeyboardInterrupt:
         err.print("interrupted: nothing was written", markup=False)
         raise typer.Exit(130) from None
-    from bonsai_launch.drafter_cache import remember_sha256
+    from bonsai_launch.models.drafters.cache import remember_sha256
 
     remember_sha256(result.source, result.provenance.source_sha256)  # later checks need no re-hash
     if json_output:

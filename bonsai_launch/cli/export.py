@@ -37,7 +37,7 @@ def command(
     """Print the vLLM/SGLang command for a profile's AWQ or unpacked checkpoint."""
     from bonsai_launch.cli._output import console, emit_json, warn
     from bonsai_launch.fleet.export import WARNING, build_export
-    from bonsai_launch.launch_inputs import select
+    from bonsai_launch.server.inputs import select
 
     name = profile or select({}).profile.name  # BONSAI_PROFILE, else the default profile
     result = build_export(

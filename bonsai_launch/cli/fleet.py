@@ -124,7 +124,7 @@ def up(
             sys.stderr.write(f"fleet: {text}\n")
             sys.stderr.flush()
 
-    from bonsai_launch.supervisor import StopRequested
+    from bonsai_launch.server.supervisor import StopRequested
 
     try:
         result = fleet_up(opts, status)

@@ -24,12 +24,12 @@ def command(
 ) -> None:
     """Show architecture, sizes, vocabulary fingerprint and drafter details of a GGUF file."""
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.errors import BonsaiError
-    from bonsai_launch.gguf_info import check_pair, inspect_gguf
+    from bonsai_launch.core.errors import BonsaiError
+    from bonsai_launch.models.gguf import check_pair, inspect_gguf
 
     info = inspect_gguf(file)
     problems = check_pair(inspect_gguf(target), info) if target else []
-    from bonsai_launch.drafter_convert import read_provenance
+    from bonsai_launch.models.drafters.convert import read_provenance
 
     conversion = read_provenance(file) if info.architecture == "dflash" else None  # bonsai convert-drafter's record
     if json_output:
@@ -94,7 +94,7 @@ def command(
 
 
 def _log_snr_row(d) -> str:
-    from bonsai_launch.gguf_info import LOG_SNR_TENSORS
+    from bonsai_launch.models.gguf import LOG_SNR_TENSORS
 
     tensors = f"{len(d.log_snr_tensors)}/{len(LOG_SNR_TENSORS)} tensors"
     if d.log_snr:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from bonsai_launch.instances import Instance
+    from bonsai_launch.server.instances import Instance
 
 NameArg = Annotated[str | None, typer.Argument(help="Server name, port or pid (see `bonsai ps`).")]
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the server stops.")]
@@ -23,9 +23,9 @@ LinesOpt = Annotated[int, typer.Option("--lines", "-n", help="How many lines fro
 
 def _log_for(name: str | None) -> tuple[Path, Instance | None]:
     """The log of a running server, else of a server that ran under that name before."""
-    from bonsai_launch import instances
-    from bonsai_launch.errors import BonsaiError
-    from bonsai_launch.paths import logs_dir
+    from bonsai_launch.core.errors import BonsaiError
+    from bonsai_launch.core.paths import logs_dir
+    from bonsai_launch.server import instances
 
     live = instances.running()
     if live and (name is not None or len(live) == 1):
@@ -53,8 +53,8 @@ def command(name: NameArg = None, follow: FollowOpt = False, lines: LinesOpt = 1
     import sys
     from collections import deque
 
-    from bonsai_launch import instances
-    from bonsai_launch.supervisor import follow as follow_lines
+    from bonsai_launch.server import instances
+    from bonsai_launch.server.supervisor import follow as follow_lines
 
     path, inst = _log_for(name)
     with open(path, "rb") as f:

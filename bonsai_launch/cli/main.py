@@ -33,7 +33,7 @@ from bonsai_launch.cli import stop as stop_cmd
 from bonsai_launch.cli import tune as tune_cmd
 from bonsai_launch.cli import verify as verify_cmd
 from bonsai_launch.cli._passthrough import PassthroughCommand
-from bonsai_launch.errors import BonsaiError
+from bonsai_launch.core.errors import BonsaiError
 
 
 def speculative_auto_args(args: list[str]) -> list[str]:

@@ -16,9 +16,9 @@ from bonsai_launch.cli._options import JsonOpt
 
 
 def catalog() -> list[dict]:
-    from bonsai_launch import model_store
-    from bonsai_launch.build_choice import builds_text
-    from bonsai_launch.profiles import load_all
+    from bonsai_launch.config.profiles import load_all
+    from bonsai_launch.llamacpp.flavours import builds_text
+    from bonsai_launch.models import store as model_store
 
     entries = []
     for profile in load_all().values():
@@ -65,7 +65,7 @@ def catalog() -> list[dict]:
 def _drafter_state(profile, files: list[dict]) -> dict | None:
     """absent, downloaded, converted (stale: with the reasons) or current, for the drafter that
     needs conversion; absent or downloaded for a drafter used as published."""
-    from bonsai_launch import drafter_cache
+    from bonsai_launch.models.drafters import cache as drafter_cache
 
     entry = next((f for f in profile.files if f.role == "drafter" and drafter_cache.needs_conversion(f)), None)
     if entry is None:
@@ -92,7 +92,7 @@ def _drafter_state(profile, files: list[dict]) -> dict | None:
 
 
 def model_store_path(profile, name: str):
-    from bonsai_launch import model_store
+    from bonsai_launch.models import store as model_store
 
     return model_store.folder(profile.name) / name
 
@@ -100,7 +100,7 @@ def model_store_path(profile, name: str):
 def command(json_output: JsonOpt = False) -> None:
     """List every profile: family, size, files (present, size, verified), drafter."""
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.model_store import human
+    from bonsai_launch.models.store import human
 
     entries = catalog()
     if json_output:

@@ -26,8 +26,8 @@ def command(json_output: JsonOpt = False) -> None:
     uptime, whether speculation is live.
 
     State files of servers that are gone are removed, never trusted."""
-    from bonsai_launch import instances
     from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.server import instances
 
     live = instances.running()
     if json_output:

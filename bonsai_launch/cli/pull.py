@@ -54,9 +54,9 @@ def command(
 ) -> None:
     """Download the files a profile names, verify their sha256 and record it."""
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.download_progress import RichReporter
-    from bonsai_launch.launch_inputs import select
-    from bonsai_launch.pull import pull_profile
+    from bonsai_launch.models.progress import RichReporter
+    from bonsai_launch.models.pull import pull_profile
+    from bonsai_launch.server.inputs import select
 
     selection = select({"profile": profile, "family": family, "size": size, "layout": layout})
     settings = selection.settings
@@ -88,7 +88,7 @@ def command(
 def show(result, out) -> None:
     from rich.table import Table
 
-    from bonsai_launch.model_store import human
+    from bonsai_launch.models.store import human
 
     where = result.source.removeprefix("hf:")
     if result.commit:

@@ -28,10 +28,10 @@ def command(
     json_output: JsonOpt = False,
 ) -> None:
     """Delete the downloaded files of a profile."""
-    from bonsai_launch import model_store
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.errors import BonsaiError
-    from bonsai_launch.profiles import load_all
+    from bonsai_launch.config.profiles import load_all
+    from bonsai_launch.core.errors import BonsaiError
+    from bonsai_launch.models import store as model_store
 
     known = load_all()
     stored = model_store.stored_profiles()

@@ -47,8 +47,8 @@ def command(
     json_output: JsonOpt = False,
 ) -> None:
     """Stream one answer to PROMPT, then print decode speed and speculative acceptance."""
-    from bonsai_launch import client, supervisor
     from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.server import client, supervisor
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     err = console(stderr=True)

@@ -18,16 +18,7 @@ from typing import Annotated
 import typer
 
 from bonsai_launch.cli._launch import LaunchOptions, launch_options
-from bonsai_launch.cli._options import (
-    DetachOpt,
-    DryRunOpt,
-    FormatOpt,
-    HostOpt,
-    JsonOpt,
-    Kv4Opt,
-    MmprojOpt,
-    PortOpt,
-)
+from bonsai_launch.cli._options import DetachOpt, DryRunOpt, FormatOpt, HostOpt, JsonOpt, Kv4Opt, MmprojOpt, PortOpt
 from bonsai_launch.cli._passthrough import passthrough_args
 
 NoTuneOpt = Annotated[
@@ -57,7 +48,7 @@ def command(
     Waits until it serves, proves speculative decoding is live when it is on, and stops the
     server on Ctrl+C. Arguments after -- go to llama-server, read as it reads them: those bonsai
     plans (--host, --port, -c, -np, -ub, -b, --spec-*, --api-key) count as the matching setting."""
-    from bonsai_launch.errors import BonsaiError
+    from bonsai_launch.core.errors import BonsaiError
 
     if shell_format not in ("posix", "powershell"):
         raise BonsaiError(f"--format={shell_format!r} is not known", "allowed: posix, powershell")
@@ -84,11 +75,11 @@ def command(
 
 
 def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_output: bool) -> None:
-    from bonsai_launch.build_choice import FORK, FORK_BUILD_COMMAND
     from bonsai_launch.cli._output import emit_json, warn
-    from bonsai_launch.launch_inputs import gather_plan, select
-    from bonsai_launch.plan import render_command
-    from bonsai_launch.server_choice import choose_server
+    from bonsai_launch.llamacpp.choice import choose_server
+    from bonsai_launch.llamacpp.flavours import FORK, FORK_BUILD_COMMAND
+    from bonsai_launch.server.inputs import gather_plan, select
+    from bonsai_launch.server.plan import render_command
 
     selection = select(flags)
     choice = choose_server(selection.settings, selection.flavour)
@@ -296,7 +287,7 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
 
 
 def _default_n_max(spec_type: str) -> str:
-    from bonsai_launch.speculation_probe import default_n_max
+    from bonsai_launch.server.liveness import default_n_max
 
     return f"{default_n_max(spec_type)} (llama.cpp default)"
 
@@ -324,10 +315,10 @@ def start_server(
     flags, model, drafter, passthrough, *, detach: bool, spec_fallback: bool, json_output: bool, tune: bool = True
 ) -> int:
     """`bonsai start` without --dry-run. Returns the exit code (0 when the user stopped it)."""
-    from bonsai_launch import supervisor
     from bonsai_launch.cli._output import emit_json, warn
-    from bonsai_launch.prepare import prepare_plan
-    from bonsai_launch.tune.auto import needs_tuning
+    from bonsai_launch.decisions.auto import needs_tuning
+    from bonsai_launch.server import supervisor
+    from bonsai_launch.server.prepare import prepare_plan
 
     with supervisor.SignalForwarder() as forwarder:
         try:

@@ -18,9 +18,9 @@ AllOpt = Annotated[bool, typer.Option("--all", "-a", help="Stop every running se
 
 def command(name: NameArg = None, all_servers: AllOpt = False) -> None:
     """Stop a running server: SIGTERM, a bounded wait, then SIGKILL."""
-    from bonsai_launch import instances
     from bonsai_launch.cli._output import console
-    from bonsai_launch.errors import ActionFailed, BonsaiError
+    from bonsai_launch.core.errors import ActionFailed, BonsaiError
+    from bonsai_launch.server import instances
 
     if all_servers and name:
         raise BonsaiError("give a server name or --all, not both", "drop one of them")

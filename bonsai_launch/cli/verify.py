@@ -21,8 +21,8 @@ ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", help="API key for th
 
 def default_url() -> tuple[str, str]:
     """The server to check when --url is not given, and why that one."""
-    from bonsai_launch import instances
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.server import instances
 
     live = instances.running()
     if len(live) == 1:
@@ -44,12 +44,12 @@ def command(
     from rich.markup import escape
 
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.settings import resolve
-    from bonsai_launch.verify import verify
+    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.server.verify import verify
 
     if url is None:
         url, _why = default_url()
-    from bonsai_launch.client import first_key
+    from bonsai_launch.server.client import first_key
 
     key = first_key(api_key or resolve({}).get("api_key"))
     report = verify(url, api_key=key, expect_speculative=expect_speculative)

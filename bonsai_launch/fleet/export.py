@@ -13,7 +13,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from bonsai_launch.errors import BonsaiError
+from bonsai_launch.core.errors import BonsaiError
 
 ENGINES = ("vllm", "sglang")
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bonsai_launch.errors import BonsaiError
+from bonsai_launch.core.errors import BonsaiError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMBER_KEYS = {"url", "name", "api_key_env", "parallel"}

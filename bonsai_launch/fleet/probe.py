@@ -44,7 +44,7 @@ def probe(url: str, api_key: str | None) -> MemberProbe:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    from bonsai_launch.client import parse_metrics
+    from bonsai_launch.server.client import parse_metrics
 
     with httpx.Client(timeout=PROBE_TIMEOUT, trust_env=False, headers=headers) as http:
         try:

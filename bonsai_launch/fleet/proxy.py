@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from bonsai_launch.errors import ActionFailed, BonsaiError
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.fleet.configs import MASTER_KEY_ENV
 from bonsai_launch.fleet.state import ProxyState
-from bonsai_launch.server_process import ServerProcess
+from bonsai_launch.server.process import ServerProcess
 
 INSTALL_HINT = (
     "pip install 'bonsai-launch[fleet]' (in a checkout: pip install -e '.[fleet]'); "
@@ -110,7 +110,7 @@ def stop(state: ProxyState, timeout: float = 15.0) -> bool:
     True when nothing of it is left."""
     import psutil
 
-    from bonsai_launch import process_control
+    from bonsai_launch.core import process_control
 
     proc = _process(state)
     if proc is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bonsai_launch.errors import ActionFailed, BonsaiError
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.fleet import configs, hosts, probe, proxy
 from bonsai_launch.fleet import state as fleet_state
 from bonsai_launch.fleet.state import FleetState, MemberState, ProxyState
@@ -82,8 +82,8 @@ def _quiet(_: str) -> None:
 
 def _launch_replica(member: MemberState, status: Status):
     """Start one local replica as `bonsai start --detach` does. Returns supervisor.Launched."""
-    from bonsai_launch import supervisor
-    from bonsai_launch.prepare import prepare_plan
+    from bonsai_launch.server import supervisor
+    from bonsai_launch.server.prepare import prepare_plan
 
     plan, _ = prepare_plan(member.flags, None, None, tuple(member.args))
     if member.env:
@@ -114,7 +114,7 @@ def _slots(argv) -> int:
 
 
 def _local_alive(member: MemberState) -> bool:
-    from bonsai_launch import instances
+    from bonsai_launch.server import instances
 
     return any(i.name == member.instance and i.pid == member.pid for i in instances.running())
 
@@ -152,7 +152,7 @@ def _backend(opts: UpOptions) -> str:
     """The llama.cpp backend the replicas will run on (decides GPUs versus a CPU split). The
     first replica's plan, as `bonsai start` makes it: this also builds llama-server and fetches
     the profile's files when they are missing, once, before any replica starts."""
-    from bonsai_launch.prepare import prepare_plan
+    from bonsai_launch.server.prepare import prepare_plan
 
     plan, _ = prepare_plan({**opts.flags, "port": opts.port + 1, "host": "127.0.0.1"}, None, None, opts.passthrough)
     return plan.backend
@@ -212,7 +212,7 @@ def _write_configs(model: str, members: list[MemberState]) -> tuple[Path, Path]:
 
 
 def _master_key() -> tuple[str, str]:
-    from bonsai_launch.settings import resolve
+    from bonsai_launch.config.settings import resolve
 
     given = (resolve({}).get("api_key") or "").strip()  # BONSAI_API_KEY, through the settings registry
     if given:
@@ -221,8 +221,8 @@ def _master_key() -> tuple[str, str]:
 
 
 def _start_proxy(model: str, config: Path, port: int, status: Status) -> tuple[ProxyState, str, str]:
-    from bonsai_launch import instances
-    from bonsai_launch.supervisor import check_port_free, log_path_for
+    from bonsai_launch.server import instances
+    from bonsai_launch.server.supervisor import check_port_free, log_path_for
 
     exe = proxy.require_litellm()
     check_port_free("127.0.0.1", port)
@@ -311,8 +311,8 @@ def _refuse_a_different_fleet(st: FleetState, opts: UpOptions) -> None:
 
 
 def _fresh(opts: UpOptions, status: Status) -> UpResult:
-    from bonsai_launch import instances
-    from bonsai_launch.supervisor import SignalForwarder
+    from bonsai_launch.server import instances
+    from bonsai_launch.server.supervisor import SignalForwarder
 
     remote = _remote_members(opts.hosts_file)  # a bad fleet file fails before anything starts
     if opts.replicas is None:
@@ -370,7 +370,7 @@ def _model_name(opts: UpOptions) -> str:
     profile = opts.flags.get("profile")
     if profile:
         return str(profile)
-    from bonsai_launch.launch_inputs import select
+    from bonsai_launch.server.inputs import select
 
     return select(opts.flags).profile.name
 
@@ -452,7 +452,7 @@ def ps() -> dict[str, Any]:
 
 def down() -> dict[str, Any]:
     """Stop the proxy and every local replica; raise if any process is left."""
-    from bonsai_launch import instances
+    from bonsai_launch.server import instances
 
     st = fleet_state.load()
     if st is None:

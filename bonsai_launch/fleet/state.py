@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bonsai_launch.paths import bonsai_home
+from bonsai_launch.core.paths import bonsai_home
 
 
 def fleet_dir() -> Path:

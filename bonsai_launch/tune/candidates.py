@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from bonsai_launch.errors import BonsaiError
+from bonsai_launch.core.errors import BonsaiError
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-map-k4v", "ngram-cache")
 # Draft lengths tried besides each type's default (ngram-mod 64, the map/simple types 48):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bonsai_launch.tune.store import Choice
+from bonsai_launch.decisions.store import Choice
 
 RULE = (
     "speculation is chosen only when its pooled decode speed is 'faster' than plain under the bench's noise "

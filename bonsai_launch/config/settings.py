@@ -1,0 +1,480 @@
+"""The settings registry: every BONSAI_* variable, its type, default and meaning.
+
+One table drives parsing, `bonsai config`, the environment_variables.md check and the
+error messages. Precedence, highest first: CLI flag > environment > profile > detected
+default. A value that cannot be parsed is never ignored: it raises BonsaiError naming the
+variable, the value and what is allowed (exit code 2).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bonsai_launch.core.errors import BonsaiError
+
+Kind = Literal["bool", "int", "str", "choice", "path", "secret"]
+Source = Literal["flag", "passthrough", "env", "profile", "default", "detected"]  # passthrough: after `--`
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+SPEC_TYPES = (
+    "none",
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+    "draft-dflash",
+    "draft-dspark",
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One BONSAI_* variable. `key` is the name used by flags, profiles and the plan."""
+
+    env: str
+    key: str
+    kind: Kind
+    description: str
+    commands: tuple[str, ...]
+    default: Any = None
+    choices: tuple[str, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    default_text: str = ""  # how the default reads in docs when it is detected, not fixed
+    auto: bool = False  # a bool that also accepts "auto" (decided later, e.g. from measurements)
+    refused: tuple[tuple[str, str], ...] = ()  # (value, why): known values that are refused, with the reason
+
+    def allowed(self) -> str:
+        """What values are accepted, in words, for error messages and the docs."""
+        if self.kind == "bool":
+            return "1/0, true/false, yes/no, on/off (any case)" + (", or auto" if self.auto else "")
+        if self.kind == "int":
+            return f"a whole number from {self.minimum} to {self.maximum}"
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
+        if self.kind == "path":
+            return "a file or folder path"
+        return "any text"
+
+
+_START = ("start", "run", "bench", "config")
+_SLOTS = ("start", "run", "chat", "bench", "config")
+_PULL = ("pull", "start", "run", "models")
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "BONSAI_PROFILE",
+        "profile",
+        "str",
+        "Profile to use (overrides BONSAI_FAMILY/BONSAI_MODEL), e.g. ternary-27b, bonsai-8b, demo.",
+        _START + ("pull", "models", "rm"),
+        default_text="<family>-<size>",
+    ),
+    Setting(
+        "BONSAI_FAMILY",
+        "family",
+        "choice",
+        "Bonsai model family: ternary (2-bit ternary weights), bonsai (1-bit) or bonsai2 (Bonsai 2, needs a PrismML fork build). With --model/BONSAI_GGUF it still picks the profile's sampling.",
+        _START + ("pull",),
+        default="ternary",
+        choices=("ternary", "bonsai", "bonsai2"),
+    ),
+    Setting(
+        "BONSAI_MODEL",
+        "size",
+        "choice",
+        "Bonsai model size within the family (bonsai2 comes only in 27B).",
+        _START + ("pull",),
+        default="27B",
+        choices=("27B", "8B", "4B", "1.7B"),
+    ),
+    Setting(
+        "BONSAI_LAYOUT",
+        "layout",
+        "choice",
+        "Which llama.cpp build to run, and so which weight files: mainline (upstream, the pinned build) or fork (PrismML's fork, `bonsai build --source prismml`).",
+        _START + _PULL,
+        choices=("mainline", "fork"),
+        default_text="auto: mainline, or fork when the profile's weights need it",
+    ),
+    Setting(
+        "BONSAI_LLAMA_BIN",
+        "llama_bin",
+        "path",
+        "A folder holding llama-server (as the reference launcher's BONSAI_LLAMA_BIN); set it or BONSAI_LLAMA_SERVER, not both.",
+        ("start", "run", "bench", "doctor", "config"),
+        default_text="none",
+    ),
+    Setting(
+        "BONSAI_GGUF",
+        "gguf",
+        "path",
+        "Run this local GGUF, like --model (the flag wins); BONSAI_FAMILY/BONSAI_MODEL/BONSAI_PROFILE still choose the sampling.",
+        _START,
+        default_text="the profile's weights",
+    ),
+    Setting(
+        "BONSAI_MMPROJ",
+        "mmproj",
+        "path",
+        "Use this local vision projector GGUF, like --mmproj (the flag wins).",
+        _START,
+        default_text="the profile's projector",
+    ),
+    Setting(
+        "BONSAI_REASONING_EFFORT",
+        "reasoning_effort",
+        "choice",
+        "Reasoning effort passed through the chat template (--chat-template-kwargs) for profiles that take one (bonsai2-27b); medium is fastest, unset keeps the template's default (xhigh).",
+        _START,
+        choices=("medium", "high", "xhigh"),
+        default_text="the template's (xhigh)",
+        refused=(("low", "Bonsai 2 does not support low reasoning effort; medium is the fastest supported"),),
+    ),
+    Setting(
+        "BONSAI_TOKEN",
+        "token",
+        "secret",
+        "Hugging Face read token for private repos (else .bonsai_token, then HF_TOKEN/login).",
+        _PULL,
+    ),
+    Setting(
+        "BONSAI_HOST",
+        "host",
+        "str",
+        "Address llama-server binds; anything but loopback needs BONSAI_ALLOW_REMOTE=1.",
+        _START,
+        default="127.0.0.1",
+    ),
+    Setting(
+        "BONSAI_PORT",
+        "port",
+        "int",
+        "Port llama-server listens on. PORT (the reference launcher's name) is read when BONSAI_PORT is unset.",
+        _START,
+        default=8080,
+        minimum=1,
+        maximum=65535,
+    ),
+    Setting(
+        "BONSAI_CTX",
+        "ctx",
+        "int",
+        "Context size in tokens; 0 or unset sizes it from RAM and free GPU memory (never -c 0).",
+        _START,
+        default=0,
+        minimum=0,
+        maximum=1_048_576,
+        default_text="0 (auto)",
+    ),
+    Setting(
+        "BONSAI_NGL",
+        "ngl",
+        "int",
+        "Layers offloaded to the GPU; unset means 99 with a usable GPU, 0 on CPU.",
+        _START,
+        minimum=0,
+        maximum=999,
+        default_text="auto (99 with a GPU, 0 on CPU)",
+    ),
+    Setting(
+        "BONSAI_IMAGE_MAX_TOKENS",
+        "image_max_tokens",
+        "int",
+        "Cap on image tokens for the vision projector; unset means 1024 on Metal/Vulkan/CPU, uncapped on CUDA/ROCm.",
+        _START,
+        minimum=1,
+        maximum=1_048_576,
+        default_text="auto",
+    ),
+    Setting(
+        "BONSAI_MMPROJ_CPU",
+        "mmproj_cpu",
+        "bool",
+        "Keep the vision projector on the CPU (--no-mmproj-offload).",
+        _START,
+        default=False,
+    ),
+    Setting(
+        "BONSAI_VISION",
+        "vision",
+        "bool",
+        "Load the vision projector when the profile has one.",
+        _START + ("pull",),
+        default=True,
+    ),
+    Setting(
+        "BONSAI_SPECULATIVE",
+        "speculative",
+        "bool",
+        "Turn on speculative decoding (drafter, or the profile's draft-free n-gram mode); auto: what `bonsai tune` measured to pay on this machine, else plain.",
+        _START + ("chat",),
+        default=False,
+        auto=True,
+    ),
+    Setting(
+        "BONSAI_SPEC_TYPE",
+        "spec_type",
+        "choice",
+        "Speculative type; unset means what the drafter needs, or the profile's draft-free type.",
+        _START,
+        choices=SPEC_TYPES,
+        default_text="auto",
+    ),
+    Setting(
+        "BONSAI_SPEC_NMAX",
+        "spec_nmax",
+        "int",
+        "Draft length; with a drafter it must equal the drafter's block size (read from the GGUF).",
+        _START,
+        minimum=1,
+        maximum=64,
+        default_text="the drafter's block size",
+    ),
+    Setting(
+        "BONSAI_KV4",
+        "kv4",
+        "bool",
+        "4-bit KV cache (q4_0) for the target and, with speculation, the drafter.",
+        _START,
+        default=False,
+    ),
+    # Slots and the prompt cache (bonsai_launch/server/slots.py, bonsai_launch/server/prompt_cache.py).
+    Setting(
+        "BONSAI_PARALLEL",
+        "parallel",
+        "int",
+        "Server slots (-np): requests served at once. Unset: 1 with speculation; "
+        "without, llama-server's own default (4 slots sharing one KV pool). With speculation and more than 1, "
+        "-ub/-b and the context are sized for every slot.",
+        _SLOTS,
+        minimum=1,
+        maximum=256,
+        default_text="1 with speculation, else llama-server's auto (4)",
+    ),
+    Setting(
+        "BONSAI_KV_UNIFIED",
+        "kv_unified",
+        "bool",
+        "With several slots, one shared KV pool (-kvu): a slot may use the "
+        "whole context, all slots together cannot exceed it. Off: -c is split evenly, each slot keeps its share.",
+        _SLOTS,
+        default=False,
+    ),
+    Setting(
+        "BONSAI_CACHE_RAM",
+        "cache_ram",
+        "int",
+        "Prompt cache in RAM, MiB (--cache-ram): earlier conversations are "
+        "restored instead of re-read; -1 no limit, 0 off. Unset: llama-server's default (8192 in b11434).",
+        _SLOTS,
+        minimum=-1,
+        maximum=1_048_576,
+        default_text="llama-server's (8192)",
+    ),
+    Setting(
+        "BONSAI_CTX_CHECKPOINTS",
+        "ctx_checkpoints",
+        "int",
+        "Context checkpoints per slot (--ctx-checkpoints): prefix "
+        "reuse for hybrid/SWA models, whose cache cannot be trimmed; 0 off. Unset: llama-server's default (32).",
+        _SLOTS,
+        minimum=0,
+        maximum=4096,
+        default_text="llama-server's (32)",
+    ),
+    Setting(
+        "BONSAI_CACHE_IDLE_SLOTS",
+        "cache_idle_slots",
+        "bool",
+        "Save an idle slot's conversation to the prompt cache "
+        "when a new one takes the slot (--cache-idle-slots; needs the RAM cache). Unset: llama-server's default (on).",
+        _SLOTS,
+        default_text="llama-server's (on)",
+    ),
+    Setting("BONSAI_LLAMA_VERBOSE", "verbose", "bool", "Pass --verbose to llama-server.", _START, default=False),
+    Setting(
+        "BONSAI_ALLOW_REMOTE",
+        "allow_remote",
+        "bool",
+        "Allow a non-loopback BONSAI_HOST (an API key is then required).",
+        _START,
+        default=False,
+    ),
+    Setting(
+        "BONSAI_API_KEY",
+        "api_key",
+        "secret",
+        "API key llama-server requires from clients, on loopback too (several: comma-separated; bonsai's clients send the first); generated and printed once when a remote host is allowed and none is set.",
+        _START + ("verify", "chat"),
+    ),
+    Setting(
+        "BONSAI_HOME",
+        "home",
+        "path",
+        "Root of bonsai's caches: sources, builds, models, logs.",
+        ("build", "pull", "start", "run", "doctor", "models", "config"),
+        default_text="~/.cache/bonsai (%LOCALAPPDATA%\\bonsai on Windows)",
+    ),
+    Setting(
+        "BONSAI_MODELS_DIR",
+        "models_dir",
+        "path",
+        "Where models are stored (default BONSAI_HOME/models).",
+        _PULL + ("rm",),
+        default_text="$BONSAI_HOME/models",
+    ),
+    Setting(
+        "BONSAI_PROFILES_DIR",
+        "profiles_dir",
+        "path",
+        "An extra folder of profile YAML files; its profiles override built-in ones of the same name.",
+        _START + ("pull", "models"),
+        default_text="none",
+    ),
+    Setting(
+        "BONSAI_LLAMA_SERVER",
+        "llama_server",
+        "path",
+        "Use this existing llama-server binary (on Windows .exe may be left out) instead of one built by `bonsai build`.",
+        ("start", "run", "bench", "doctor", "config"),
+        default_text="the build for the detected backend",
+    ),
+)
+
+BY_ENV: dict[str, Setting] = {s.env: s for s in SETTINGS}
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+def parse_value(setting: Setting, raw: Any, origin: str) -> Any:
+    """Turn a raw value (string from env/profile, or a typed flag) into the setting's type.
+
+    `origin` names where it came from (`BONSAI_CTX`, `--ctx`, `profiles/x.yaml: ctx`) so the
+    error message points at the right place.
+    """
+    text = str(raw).strip() if not isinstance(raw, bool) else ("1" if raw else "0")
+
+    def refuse(problem: str) -> BonsaiError:
+        return BonsaiError(f"{origin}={raw!r} {problem}; allowed: {setting.allowed()}")
+
+    for value, why in setting.refused:
+        if text.lower() == value:
+            raise refuse(f"is refused ({why})")
+
+    if setting.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        word = text.lower()
+        if setting.auto and word == "auto":
+            return "auto"
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise refuse("is not a boolean")
+    if setting.kind == "int":
+        if isinstance(raw, bool):
+            raise refuse("is not a whole number")
+        try:
+            number = int(text, 10) if not isinstance(raw, int) else raw
+        except ValueError:
+            raise refuse("is not a whole number") from None
+        if setting.minimum is not None and number < setting.minimum:
+            raise refuse("is too small")
+        if setting.maximum is not None and number > setting.maximum:
+            raise refuse("is too large")
+        return number
+    if setting.kind == "choice":
+        for choice in setting.choices:
+            if text.lower() == choice.lower():
+                return choice
+        raise refuse("is not a known value")
+    if not text:
+        raise refuse("is empty")
+    return text
+
+
+@dataclass(frozen=True)
+class Resolved:
+    value: Any
+    source: Source
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective value of every setting and where it came from."""
+
+    values: Mapping[str, Resolved] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key].value
+
+    def get(self, key: str) -> Any:
+        found = self.values.get(key)
+        return found.value if found else None
+
+    def source(self, key: str) -> Source:
+        return self.values[key].source
+
+    def is_explicit(self, key: str) -> bool:
+        """Set by the user (flag, passthrough or environment), not by a profile or a default."""
+        return key in self.values and self.values[key].source in ("flag", "passthrough", "env")
+
+
+def read_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Parse every BONSAI_* variable that is set and non-empty. Unknown BONSAI_* names are
+    left alone (other tools may use the prefix)."""
+    env = os.environ if env is None else env
+    parsed: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = env.get(setting.env)
+        if raw is None or raw.strip() == "":
+            continue
+        parsed[setting.key] = parse_value(setting, raw, setting.env)
+    # The reference launcher reads PORT; BONSAI_PORT wins when both are set.
+    if "port" not in parsed and (env.get("PORT") or "").strip():
+        parsed["port"] = parse_value(BY_KEY["port"], env["PORT"], "PORT")
+    return parsed
+
+
+def parse_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate typed CLI flag values (None means not given) with the same rules as env."""
+    parsed: dict[str, Any] = {}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        setting = BY_KEY[key]
+        parsed[key] = parse_value(setting, value, "--" + key.replace("_", "-"))
+    return parsed
+
+
+def resolve(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    profile_values: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge the layers. Detected defaults (context, GPU layers) are filled in by the plan,
+    which knows the hardware; here a setting without a fixed default stays None."""
+    layers: list[tuple[Source, Mapping[str, Any]]] = [
+        ("flag", parse_flags(flags or {})),
+        ("env", read_env(env)),
+        ("profile", dict(profile_values or {})),
+    ]
+    values: dict[str, Resolved] = {}
+    for setting in SETTINGS:
+        for source, layer in layers:
+            if setting.key in layer:
+                values[setting.key] = Resolved(layer[setting.key], source)
+                break
+        else:
+            values[setting.key] = Resolved(setting.default, "default")
+    return Settings(values)

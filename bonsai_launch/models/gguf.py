@@ -1,0 +1,493 @@
+"""Read what the launcher needs from a GGUF header, and check a drafter against its target.
+
+We read only the header (key/values and tensor index) through a memory map, using the `gguf`
+package's type tables. `gguf.GGUFReader` itself parses every array value into numpy objects,
+which takes ~24 s for a 262k-token vocabulary; walking the header ourselves takes
+milliseconds, so inspecting a 10 GB file is instant and never touches the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import mmap
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bonsai_launch.core.errors import BonsaiError
+
+GGUF_MAGIC = b"GGUF"
+# Target architectures whose graphs expose per-layer inputs to a DFlash/DSpark drafter.
+LAYER_INPUT_ARCHS = frozenset({"llama", "qwen3", "qwen35", "qwen3moe", "gemma4", "lfm2"})
+LEGACY_BLOCK_SIZE_KEYS = ("dspark.dspark.block_size", "dspark.block_size")
+# DSpark log-SNR conditioning (PrismML's GIDD-trained Bonsai drafters): the flag, its bounds and
+# four tensors, all required together by our patched llama.cpp (vendor/llama.cpp/patches/0002-*).
+LOG_SNR_TENSORS = ("log_snr_fc1.weight", "log_snr_fc1.bias", "log_snr_fc2.weight", "log_snr_fc2.bias")
+
+# GGUF value types (see gguf.constants.GGUFValueType): id -> struct format, or None.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
+
+
+class _Truncated(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class DrafterInfo:
+    """What a DSpark/DFlash drafter declares about itself."""
+
+    kind: str  # "dspark", "dflash" or "legacy-dspark" (the PrismML fork's format)
+    block_size: int | None
+    target_layers: tuple[int, ...]
+    mask_token_id: int | None
+    draft_layers: int | None
+    has_confidence_head: bool
+    log_snr: bool = False  # dflash.log_snr_conditioning
+    log_snr_min: float | None = None  # dflash.min_log_snr
+    log_snr_max: float | None = None  # dflash.max_log_snr
+    log_snr_tensors: tuple[str, ...] = ()  # which of LOG_SNR_TENSORS the file holds
+
+    def log_snr_problems(self, name: str) -> list[str]:
+        """Why our patched llama-server would refuse this drafter's log-SNR part (empty if none)."""
+        if self.kind == "legacy-dspark":
+            return []  # refused as a whole already
+        fix = "convert it again from the *-dspark-bf16.gguf with `bonsai convert-drafter`"
+        present = set(self.log_snr_tensors)
+        if not self.log_snr:
+            if present:
+                return [
+                    (
+                        f"{name} holds the log-SNR tensors ({', '.join(sorted(present))}) but does not set "
+                        f"dflash.log_snr_conditioning = true, so llama-server refuses it (wrong number of tensors); {fix}"
+                    )
+                ]
+            return []
+        problems = []
+        missing = [t for t in LOG_SNR_TENSORS if t not in present]
+        if missing:
+            problems.append(
+                f"{name} declares log-SNR conditioning (dflash.log_snr_conditioning = true) but lacks "
+                f"the tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)}: the file is incomplete; {fix}"
+            )
+        lo, hi = self.log_snr_min, self.log_snr_max
+        if lo is None or hi is None:
+            absent = [k for k, v in (("dflash.min_log_snr", lo), ("dflash.max_log_snr", hi)) if v is None]
+            problems.append(f"{name} declares log-SNR conditioning but lacks {' and '.join(absent)}; {fix}")
+        elif not (math.isfinite(lo) and math.isfinite(hi)):
+            problems.append(f"{name} has log-SNR bounds that are not finite (min {lo}, max {hi}); {fix}")
+        elif not hi > lo:
+            problems.append(f"{name} has dflash.max_log_snr {hi} not greater than dflash.min_log_snr {lo}; {fix}")
+        return problems
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    path: Path
+    file_size: int
+    version: int
+    architecture: str
+    name: str | None
+    layers: int | None
+    embedding: int | None
+    context_length: int | None
+    head_count: int | None
+    head_count_kv: int | None
+    key_length: int | None
+    value_length: int | None
+    vocab_size: int | None
+    vocab_fingerprint: str | None  # sha256 (first 16 hex digits) of the token list
+    tokenizer_model: str | None
+    has_chat_template: bool
+    block_size: int | None
+    tensor_count: int
+    tensor_types: dict[str, int]
+    data_bytes: int  # bytes the tensors need after the header
+    drafter: DrafterInfo | None = None
+    keys: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def is_drafter(self) -> bool:
+        return self.drafter is not None
+
+    def kv_bytes_per_token(self, bytes_per_value: float = 2.0) -> int | None:
+        """KV cache cost of one token of context (f16 by default), for context sizing."""
+        if not (self.layers and self.head_count_kv and (self.key_length or self.head_count)):
+            return None
+        head_dim = self.key_length or (self.embedding or 0) // (self.head_count or 1)
+        value_dim = self.value_length or head_dim
+        return int(self.layers * self.head_count_kv * (head_dim + value_dim) * bytes_per_value)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "file_size",
+                "version",
+                "architecture",
+                "name",
+                "layers",
+                "embedding",
+                "context_length",
+                "head_count",
+                "head_count_kv",
+                "vocab_size",
+                "vocab_fingerprint",
+                "tokenizer_model",
+                "has_chat_template",
+                "tensor_count",
+                "tensor_types",
+            )
+        }
+        out["path"] = str(self.path)
+        out["drafter"] = (
+            None
+            if self.drafter is None
+            else {
+                "kind": self.drafter.kind,
+                "block_size": self.drafter.block_size,
+                "target_layers": list(self.drafter.target_layers),
+                "mask_token_id": self.drafter.mask_token_id,
+                "draft_layers": self.drafter.draft_layers,
+                "has_confidence_head": self.drafter.has_confidence_head,
+                "log_snr": self.drafter.log_snr,
+                "log_snr_min": self.drafter.log_snr_min,
+                "log_snr_max": self.drafter.log_snr_max,
+                "log_snr_tensors": list(self.drafter.log_snr_tensors),
+            }
+        )
+        return out
+
+
+class _HeaderReader:
+    """A cursor over the memory-mapped file that refuses to read past its end."""
+
+    def __init__(self, buf: mmap.mmap | bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise _Truncated
+        chunk = self.buf[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def scalar(self, fmt: str) -> Any:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        return self.take(self.scalar("<Q")).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, keep_arrays: bool) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            item_type = self.scalar("<I")
+            count = self.scalar("<Q")
+            start = self.pos
+            if item_type in _SCALARS and not keep_arrays:
+                self.pos += count * struct.calcsize(_SCALARS[item_type])
+                if self.pos > len(self.buf):
+                    raise _Truncated
+                return _ArrayRef(item_type, count, start, self.pos)
+            if item_type == _STRING and not keep_arrays:
+                # A tight loop: vocabularies hold 150-262k strings, and method calls per item
+                # cost ~0.3 s of `bonsai start` time.
+                buf, pos, end, unpack = self.buf, self.pos, len(self.buf), _U64.unpack_from
+                for _ in range(count):
+                    if pos + 8 > end:
+                        raise _Truncated
+                    pos += 8 + unpack(buf, pos)[0]
+                if pos > end:
+                    raise _Truncated
+                self.pos = pos
+                return _ArrayRef(item_type, count, start, self.pos)
+            return [self.value(item_type, keep_arrays) for _ in range(count)]
+        raise BonsaiError(f"unknown GGUF value type {vtype}")
+
+
+@dataclass(frozen=True)
+class _ArrayRef:
+    """A large array we skipped over; we keep where its bytes are, to hash them."""
+
+    item_type: int
+    count: int
+    start: int
+    end: int
+
+
+def _small_array_keys(key: str) -> bool:
+    return key.endswith("target_layers") or key == "general.tags"
+
+
+def inspect_gguf(path: str | Path) -> GGUFInfo:
+    """Read a GGUF file's header. Raises BonsaiError for a missing, non-GGUF or truncated file."""
+    path = Path(path)
+    if not path.is_file():
+        raise BonsaiError(f"{path}: file not found", "check the path, or run `bonsai pull`")
+    stat = path.stat()
+    size = stat.st_size
+    if size < 24:
+        raise BonsaiError(f"{path.name} is not a GGUF file ({size} bytes)", "point at a .gguf model file")
+    cached = _cache_get(path, stat)
+    if cached is not None:
+        return cached
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != GGUF_MAGIC:
+            raise BonsaiError(
+                f"{path.name} is not a GGUF file (it does not start with 'GGUF')", "point at a .gguf model file"
+            )
+        try:
+            info = _parse(path, size, buf)
+            _cache_put(path, stat, info)
+            return info
+        except _Truncated:
+            raise BonsaiError(
+                f"{path.name} is truncated: the file ends inside its header ({size} bytes)",
+                "download it again (`bonsai pull` resumes and verifies)",
+            ) from None
+
+
+# Header facts are cached by path, size and mtime: walking a 262k-token vocabulary costs
+# ~0.1 s, and `bonsai start` reads the target and the drafter on every launch. Only successful
+# reads are cached; any change to the file (a truncation, a new download) misses the cache.
+_CACHE_VERSION = 2  # 2: DrafterInfo gained the log-SNR fields
+
+
+def _cache_file(path: Path) -> Path:
+    from bonsai_launch.core.paths import bonsai_home
+
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
+    return bonsai_home() / "cache" / "gguf" / f"{key}.json"
+
+
+def _cache_get(path: Path, stat) -> GGUFInfo | None:
+    import json
+
+    try:
+        data = json.loads(_cache_file(path).read_text(encoding="utf-8"))
+        if data.pop("_stamp") != [_CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns]:
+            return None
+        drafter = data.pop("drafter")
+        if drafter is not None:
+            drafter = DrafterInfo(
+                **{
+                    **drafter,
+                    "target_layers": tuple(drafter["target_layers"]),
+                    "log_snr_tensors": tuple(drafter["log_snr_tensors"]),
+                }
+            )
+        return GGUFInfo(**{**data, "path": path, "drafter": drafter, "keys": tuple(data["keys"])})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _cache_put(path: Path, stat, info: GGUFInfo) -> None:
+    import dataclasses
+    import json
+    import os
+
+    try:
+        data = dataclasses.asdict(info)
+        data["path"] = str(info.path)
+        data["_stamp"] = [_CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+        target = _cache_file(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, target)
+    except (OSError, TypeError, ValueError):
+        pass  # a cache that cannot be written only costs time
+
+
+def _type_tables():
+    """gguf's type tables, without importing the gguf package: its __init__ imports numpy
+    (~0.15 s on every `bonsai start`), while gguf/constants.py needs only the standard library."""
+    import importlib.util
+    import sys
+
+    loaded = sys.modules.get("gguf.constants")
+    if loaded is None:
+        try:
+            spec = importlib.util.find_spec("gguf")  # locates the package without running it
+            origin = Path(spec.origin).parent / "constants.py" if spec and spec.origin else None
+            file_spec = importlib.util.spec_from_file_location("_bonsai_gguf_constants", origin) if origin else None
+            if file_spec is not None and file_spec.loader is not None:
+                loaded = importlib.util.module_from_spec(file_spec)
+                file_spec.loader.exec_module(loaded)
+        except Exception:  # any surprise: the ordinary import below
+            loaded = None
+    if loaded is None:
+        import gguf.constants
+
+        loaded = gguf.constants
+    return loaded.GGML_QUANT_SIZES, loaded.GGMLQuantizationType
+
+
+def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
+    GGML_QUANT_SIZES, GGMLQuantizationType = _type_tables()
+
+    r = _HeaderReader(buf)
+    r.take(4)
+    version = r.scalar("<I")
+    if version not in (2, 3):
+        raise BonsaiError(
+            f"{path.name}: GGUF version {version} is not supported", "convert it with a current llama.cpp"
+        )
+    n_tensors = r.scalar("<Q")
+    n_kv = r.scalar("<Q")
+    kv: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.string()
+        vtype = r.scalar("<I")
+        kv[key] = r.value(vtype, keep_arrays=_small_array_keys(key))
+
+    alignment = int(kv.get("general.alignment", 32))
+    types: Counter[str] = Counter()
+    tensor_names: set[str] = set()
+    data_bytes = 0
+    for _ in range(n_tensors):
+        name = r.string()
+        n_dims = r.scalar("<I")
+        dims = [r.scalar("<Q") for _ in range(n_dims)]
+        ttype = r.scalar("<I")
+        offset = r.scalar("<Q")
+        tensor_names.add(name)
+        try:
+            qtype = GGMLQuantizationType(ttype)
+            type_name = qtype.name
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            type_name, block, type_size = f"type{ttype}", 1, 0  # newer than our gguf package
+        types[type_name] += 1
+        elements = 1
+        for d in dims:
+            elements *= d
+        data_bytes = max(data_bytes, offset + elements * type_size // block)
+    data_start = (r.pos + alignment - 1) // alignment * alignment
+    if data_start + data_bytes > size:
+        raise BonsaiError(
+            f"{path.name} is truncated: its tensors need {data_start + data_bytes:,} bytes but the file has {size:,}",
+            "download it again (`bonsai pull` resumes and verifies)",
+        )
+
+    arch = str(kv.get("general.architecture", "?"))
+
+    def arch_key(suffix: str) -> Any:
+        value = kv.get(f"{arch}.{suffix}")
+        return None if isinstance(value, _ArrayRef) else value
+
+    tokens = kv.get("tokenizer.ggml.tokens")
+    vocab_size = fingerprint = None
+    if isinstance(tokens, _ArrayRef):
+        vocab_size = tokens.count
+        fingerprint = hashlib.sha256(buf[tokens.start : tokens.end]).hexdigest()[:16]
+
+    block_size = arch_key("block_size")
+    if block_size is None:
+        for legacy in LEGACY_BLOCK_SIZE_KEYS:
+            if legacy in kv:
+                block_size = kv[legacy]
+                break
+
+    drafter = None
+    if arch in ("dflash", "dspark"):
+        kind = "legacy-dspark" if arch == "dspark" else ("dspark" if "markov_w1.weight" in tensor_names else "dflash")
+        target_layers = arch_key("target_layers")
+        if target_layers is None and arch == "dspark":
+            target_layers = kv.get("dspark.dspark.target_layers")
+        mask = kv.get("tokenizer.ggml.mask_token_id")
+        # the legacy layout keeps these keys under "dspark.dspark." and the tensors under "dspark."
+        snr_prefix = "dspark.dspark" if arch == "dspark" else "dflash"
+        snr_min, snr_max = kv.get(f"{snr_prefix}.min_log_snr"), kv.get(f"{snr_prefix}.max_log_snr")
+        drafter = DrafterInfo(
+            kind=kind,
+            block_size=int(block_size) if block_size is not None else None,
+            target_layers=tuple(int(x) for x in (target_layers or ())),
+            mask_token_id=int(mask) if mask is not None else None,
+            draft_layers=arch_key("block_count"),
+            has_confidence_head="conf_proj.weight" in tensor_names,
+            log_snr=kv.get(f"{snr_prefix}.log_snr_conditioning") is True,
+            log_snr_min=float(snr_min) if isinstance(snr_min, (int, float)) else None,
+            log_snr_max=float(snr_max) if isinstance(snr_max, (int, float)) else None,
+            log_snr_tensors=tuple(t for t in LOG_SNR_TENSORS if t in tensor_names or f"dspark.{t}" in tensor_names),
+        )
+
+    tokenizer_model = kv.get("tokenizer.ggml.model")
+    return GGUFInfo(
+        path=path,
+        file_size=size,
+        version=version,
+        architecture=arch,
+        name=kv.get("general.name") if isinstance(kv.get("general.name"), str) else None,
+        layers=arch_key("block_count"),
+        embedding=arch_key("embedding_length"),
+        context_length=arch_key("context_length"),
+        head_count=arch_key("attention.head_count"),
+        head_count_kv=arch_key("attention.head_count_kv"),
+        key_length=arch_key("attention.key_length"),
+        value_length=arch_key("attention.value_length"),
+        vocab_size=vocab_size,
+        vocab_fingerprint=fingerprint,
+        tokenizer_model=tokenizer_model if isinstance(tokenizer_model, str) else None,
+        has_chat_template="tokenizer.chat_template" in kv,
+        block_size=int(block_size) if block_size is not None else None,
+        tensor_count=n_tensors,
+        tensor_types=dict(sorted(types.items())),
+        data_bytes=data_bytes,
+        drafter=drafter,
+        keys=tuple(kv),
+    )
+
+
+def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> list[str]:
+    """Every reason this drafter cannot serve this target (empty when the pair fits).
+
+    These are the checks llama-server itself does not make for dflash/dspark drafters: it
+    would load the pair and then fail, or quietly serve without speculation.
+    """
+    d, t = drafter.drafter, target
+    name, tname = drafter.path.name, target.path.name
+    if d is None:
+        return [f"{name} is not a DSpark/DFlash drafter (architecture {drafter.architecture!r})"]
+    problems: list[str] = []
+    if d.kind == "legacy-dspark":
+        problems.append(
+            f"{name} is a legacy 'dspark' drafter that upstream llama.cpp cannot load; "
+            "use the PrismML fork (bonsai build --source git:...) or a dflash conversion"
+        )
+    problems += d.log_snr_problems(name)
+    if d.block_size is None:
+        problems.append(f"{name} has no block size (dflash.block_size); it cannot be used, and guessing one is unsafe")
+    if drafter.embedding != t.embedding:
+        problems.append(f"{name} has embedding size {drafter.embedding} but {tname} has {t.embedding}")
+    bad_layers = [i for i in d.target_layers if t.layers is None or not 0 <= i < t.layers]
+    if bad_layers:
+        problems.append(f"{name} reads target layers {bad_layers} but {tname} has {t.layers} layers")
+    if d.mask_token_id is None:
+        problems.append(f"{name} has no mask token id (tokenizer.ggml.mask_token_id)")
+    elif t.vocab_size is not None and d.mask_token_id >= t.vocab_size:
+        problems.append(f"{name} has mask token id {d.mask_token_id}, outside the vocabulary of {t.vocab_size}")
+    if drafter.vocab_size != t.vocab_size:
+        problems.append(
+            f"{name} has {drafter.vocab_size} tokens but {tname} has {t.vocab_size}: not the same vocabulary"
+        )
+    elif drafter.vocab_fingerprint != t.vocab_fingerprint:
+        problems.append(
+            f"{name} and {tname} have different token lists (fingerprints "
+            f"{drafter.vocab_fingerprint} vs {t.vocab_fingerprint})"
+        )
+    if t.architecture not in LAYER_INPUT_ARCHS:
+        problems.append(
+            f"{tname} has architecture {t.architecture!r}, which does not expose layer inputs to a drafter "
+            f"(supported: {', '.join(sorted(LAYER_INPUT_ARCHS))})"
+        )
+    return problems

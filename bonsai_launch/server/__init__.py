@@ -1,0 +1,15 @@
+"""One llama-server: from settings to a plan, from the plan to a supervised process.
+
+inputs.py        the edge between the user's world and the plan: selection, files, hardware, binary
+prepare.py       before a launch (start, run, chat, bench, tune, fleet): fetch, convert, build, plan
+passthrough.py   llama-server arguments given after `--`, read with the binary's own option table
+slots.py         how many requests run at once, and what each slot needs (ub/b sizing)
+prompt_cache.py  prompt-cache flags for long, repeated chats
+plan.py          the launch plan: a pure function from what we know to the exact command, with reasons
+process.py       one llama-server child: spawn, wait until it serves, stop, read its log
+supervisor.py    running a plan: checks before spawning, readiness, proof of speculation, signals
+instances.py     running servers bonsai knows about (`bonsai ps`), one state file each
+liveness.py      is speculation live? one probe and one rule for every command, on one slot or several
+client.py        a small client for llama-server and OpenAI-compatible servers
+verify.py        checking any running server: health, model, speed, speculation
+"""

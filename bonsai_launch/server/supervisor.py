@@ -1,0 +1,290 @@
+"""Running a LaunchPlan: checks before spawning, readiness, proof of speculation, signals.
+
+The plan says what to run; this module runs it and watches it:
+- `preflight` makes the last checks the plan cannot (the port is free right now);
+- `launch` spawns llama-server, registers it for `bonsai ps`, waits for /health with a live
+  status, and, with speculation on, proves it is live with one real completion;
+- `serve` waits for the server while forwarding Ctrl+C/SIGTERM/SIGHUP, and always leaves no
+  process behind.
+llama-server keeps serving without speculation when its drafter fails to initialise, so a
+request is the only way to know; `prove_speculation` makes that request.
+"""
+
+from __future__ import annotations
+
+import errno
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bonsai_launch.core import process_control
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
+from bonsai_launch.core.log_files import open_read_shared
+from bonsai_launch.core.paths import logs_dir
+from bonsai_launch.server import instances
+from bonsai_launch.server import liveness as speculation_probe
+from bonsai_launch.server.liveness import PROOF_PROMPT, PROOF_TOKENS, SpecProof, speculation_failure_reason  # noqa: F401 - re-exported
+from bonsai_launch.server.plan import LaunchPlan, SpecPlan
+from bonsai_launch.server.process import ServerProcess
+
+if TYPE_CHECKING:
+    from bonsai_launch.server.liveness import SlotsProof
+
+STOP_TIMEOUT = 10.0
+_HANDLED_SIGNALS = process_control.current().stop_signals()  # SIGINT/SIGTERM/SIGHUP; SIGINT/SIGBREAK on Windows
+
+
+# -- before spawning ---------------------------------------------------------------------------
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind the address for a moment: the only reliable test that llama-server can bind it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # Match llama-server's own socket options so a port in TIME_WAIT is not reported busy.
+        if sys.platform != "win32":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1)):
+                holder = _port_holder(port)
+                raise BonsaiError(
+                    f"port {port} on {host} is already in use{holder}",
+                    "stop that server (`bonsai ps`, `bonsai stop`) or pick another with --port / BONSAI_PORT",
+                ) from None
+            raise BonsaiError(
+                f"cannot bind {host}:{port}: {exc.strerror or exc}",
+                "use another --host/BONSAI_HOST or --port/BONSAI_PORT",
+            ) from None
+
+
+def _port_holder(port: int) -> str:
+    for inst in instances.running():
+        if inst.port == port:
+            return f" by bonsai server {inst.name!r} (pid {inst.pid})"
+    return ""
+
+
+def preflight(plan: LaunchPlan) -> None:
+    """Checks the pure plan cannot make. Model, drafter and capability checks already ran in
+    gather_plan; each failure here is one message with the fix, in milliseconds."""
+    check_port_free(plan.host, plan.port)
+
+
+# -- speculation proof ---------------------------------------------------------------------------
+
+
+def prove_speculation(
+    base_url: str, spec: SpecPlan, log_path: Path | None = None, api_key: str | None = None
+) -> SpecProof:
+    """Probe a freshly started server; live only when the probe drafted tokens (the one
+    rule of bonsai_launch.server.liveness, shared with verify and bench)."""
+    return speculation_probe.prove(base_url, spec.spec_type, spec.n_max, log_path, api_key)
+
+
+# -- signals -------------------------------------------------------------------------------------
+
+
+class StopRequested(BaseException):
+    """The user (or the system) asked bonsai to stop: Ctrl+C, SIGTERM or SIGHUP. A
+    BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class SignalForwarder:
+    """Turns the first stop signal into StopRequested in the main thread; a second one while
+    stopping kills the server at once (the user is impatient, and no orphan is left)."""
+
+    def __init__(self, signals: tuple[int, ...] = _HANDLED_SIGNALS) -> None:
+        self.server: ServerProcess | None = None
+        self.received: int | None = None
+        self._signals = signals
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:  # signal handler signature
+        if self.received is None:
+            self.received = signum
+            raise StopRequested(signum)
+        if self.server is not None:
+            self.server.kill()
+
+    def __enter__(self) -> SignalForwarder:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self._signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+
+# -- launching -----------------------------------------------------------------------------------
+
+
+def log_path_for(name: str) -> Path:
+    """logs/<name>.log; the previous run's log is kept as <name>.log.1."""
+    path = logs_dir() / f"{name}.log"
+    if path.exists():
+        try:
+            path.replace(path.with_name(path.name + ".1"))
+        except OSError:
+            pass
+    return path
+
+
+@dataclass
+class Launched:
+    server: ServerProcess
+    instance: instances.Instance
+    ready_s: float  # from spawn to /health 200
+    proof: SpecProof | None
+    slots_proof: SlotsProof | None = None  # with several slots: concurrent requests, each drafted
+
+
+def launch(
+    plan: LaunchPlan,
+    *,
+    detach: bool = False,
+    spec_fallback: bool = False,
+    on_status: Callable[[str], None] | None = None,
+    forwarder: SignalForwarder | None = None,
+    ready_timeout: float = 600.0,
+) -> Launched:
+    """Spawn, register, wait until ready, prove speculation. On any failure the server is
+    stopped and unregistered before the error propagates."""
+    preflight(plan)
+    name = instances.unique_name(plan.profile or Path(plan.model).stem, plan.port)
+    log_path = log_path_for(name)
+    started = time.monotonic()
+    server = ServerProcess.spawn(
+        plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url, die_with_parent=not detach
+    )
+    if forwarder is not None:
+        forwarder.server = server
+    ok = False
+    try:
+        inst = instances.Instance(
+            name=name,
+            pid=server.pid,
+            create_time=instances.process_create_time(server.pid) or time.time(),
+            host=plan.host,
+            port=plan.port,
+            base_url=plan.base_url,
+            profile=plan.profile,
+            model=plan.model,
+            log_path=str(log_path),
+            started_at=time.time(),
+            detached=detach,
+            speculative=False,
+            spec_type=plan.speculative.spec_type if plan.speculative else None,
+            supervisor_pid=None if detach else _own_pid(),
+            api_key_required=bool(plan.env.get("LLAMA_API_KEY")),
+            argv=plan.argv,
+            tuning=getattr(plan, "tuning", None),
+        )
+        instances.register(inst)
+        server.wait_ready(ready_timeout, on_status)
+        ready_s = time.monotonic() - started
+        proof = slots_proof = None
+        if plan.speculative is not None:
+            if on_status:
+                on_status("checking speculative decoding")
+            proof = prove_speculation(plan.base_url, plan.speculative, log_path, plan.api_key)
+            if not proof.live and not spec_fallback:
+                raise ActionFailed(
+                    proof.summary(),
+                    "fix the drafter or its settings, or pass --spec-fallback to serve without speculation",
+                )
+            slots_proof = _prove_slots(plan, proof, spec_fallback)
+            if proof.live:
+                instances.update(name, speculative=True)
+                inst = instances.load(instances.state_path(name)) or inst
+        ok = True
+        return Launched(server, inst, ready_s, proof, slots_proof)
+    finally:
+        if not ok:
+            _stop(server)
+            instances.unregister(name, server.pid)
+
+
+def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> SlotsProof | None:
+    """With several slots, speculation must draft on more than one of them at once."""
+    from bonsai_launch.server.liveness import prove_slots
+
+    count = plan.slots.count if plan.slots is not None else None
+    if not proof.live or plan.speculative is None or not count or count < 2:
+        return None
+    result = prove_slots(plan.base_url, plan.speculative, count, PROOF_TOKENS, plan.env.get("LLAMA_API_KEY"))
+    if not result.live and not spec_fallback:
+        raise ActionFailed(
+            result.summary(), "use one slot (BONSAI_PARALLEL=1), or pass --spec-fallback to serve anyway"
+        )
+    return result
+
+
+def _stop(server: ServerProcess) -> None:
+    """Stop even when the one StopRequested arrives in the middle of stopping."""
+    try:
+        server.stop(STOP_TIMEOUT)
+    except StopRequested:
+        server.stop(STOP_TIMEOUT)
+
+
+def _own_pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def serve(launched: Launched, *, poll: float = 0.25) -> int:
+    """Wait while the server runs. Returns 0 when the user stopped it (StopRequested is
+    caught here); raises ActionFailed with the log tail when it dies on its own."""
+    server = launched.server
+    try:
+        while True:
+            code = server.wait(poll)
+            if code is not None:
+                raise ActionFailed(server.exit_message("while serving"), f"full log: {server.log_path}")
+    except StopRequested:
+        return 0
+    finally:
+        shutdown(launched)
+
+
+def shutdown(launched: Launched) -> None:
+    """Stop a launched server and forget it."""
+    _stop(launched.server)
+    instances.unregister(launched.instance.name, launched.server.pid)
+
+
+def follow(path: Path, *, offset: int = 0, alive: Callable[[], bool] | None = None, poll: float = 0.2) -> Iterator[str]:
+    """Yield lines of a growing log file from byte `offset` (like `tail -f`) until `alive()`
+    turns false; then the rest of the file is yielded."""
+    with open_read_shared(path) as f:  # Windows: the next start may still rotate the log
+        f.seek(offset)
+        buffer = b""
+        while True:
+            chunk = f.read()
+            if chunk:
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+                continue
+            if alive is not None and not alive():
+                if buffer:
+                    yield buffer.decode("utf-8", "replace")
+                return
+            time.sleep(poll)
