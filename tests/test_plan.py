@@ -10,11 +10,12 @@ from bonsai_launch.config.profiles import load_all
 from bonsai_launch.config.settings import resolve
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.core.hardware import GPU, Hardware
+from bonsai_launch.core.shell import render_command
 from bonsai_launch.llamacpp.capabilities import Capabilities
 from bonsai_launch.llamacpp.options import pinned_table
 from bonsai_launch.models.gguf import DrafterInfo, GGUFInfo
 from bonsai_launch.server.passthrough import parse as parse_passthrough
-from bonsai_launch.server.plan import PlanInputs, build_plan, render_command
+from bonsai_launch.server.plan import PlanInputs, build_plan
 
 GB = 2**30
 PROFILES = load_all()

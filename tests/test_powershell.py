@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bonsai_launch.config import settings
-from bonsai_launch.server.plan import render_command
+from bonsai_launch.core.shell import render_command
 from cli_runner import run_cli
 from powershell_syntax import (
     argument_value,

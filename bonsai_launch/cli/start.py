@@ -76,10 +76,10 @@ def command(
 
 def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_output: bool) -> None:
     from bonsai_launch.cli._output import emit_json, warn
+    from bonsai_launch.core.shell import render_command
     from bonsai_launch.llamacpp.choice import choose_server
     from bonsai_launch.llamacpp.flavours import FORK, FORK_BUILD_COMMAND
     from bonsai_launch.server.inputs import gather_plan, select
-    from bonsai_launch.server.plan import render_command
 
     selection = select(flags)
     choice = choose_server(selection.settings, selection.flavour)

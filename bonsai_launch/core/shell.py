@@ -17,6 +17,7 @@ passing); `bonsai start` itself never depends on the shell, since it passes argv
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 
 _PLAIN_FLAG = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*")
@@ -47,3 +48,11 @@ def render(argv: Iterable[str], env: Mapping[str, str] | None = None) -> str:
     argv = list(argv)
     prefix = "".join(env_assignment(k, v) for k, v in (env or {}).items())
     return prefix + "& " + " ".join([quote_always(argv[0]), *(quote(a) for a in argv[1:])])
+
+
+def render_command(argv: tuple[str, ...] | list[str], shell: str = "posix", env: dict[str, str] | None = None) -> str:
+    """The command line to paste into a shell: POSIX sh or PowerShell."""
+    if shell == "powershell":
+        return render(argv, env)
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return prefix + shlex.join(argv)

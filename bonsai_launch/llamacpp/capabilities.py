@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp.options import OptionTable
 
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
@@ -161,3 +162,12 @@ def backend_from_devices(devices: tuple[str, ...]) -> str:
         if needle != "mtl" and needle in joined:
             return backend
     return "cpu"
+
+
+def require_flag(caps: Capabilities | None, flag: str, setting: str) -> None:
+    """A setting that needs `flag` is refused on a binary that does not accept it."""
+    if caps is not None and not caps.accepts(flag):
+        raise BonsaiError(
+            f"{setting} needs {flag}, which {caps.binary} does not accept",
+            "rebuild with `bonsai build --force`, or unset the setting",
+        )

@@ -1,0 +1,123 @@
+"""Speculation in the plan: a drafter's flags (block size = n-max, always), or a draft-free n-gram
+type with its own length flags; what the binary must support for either."""
+
+from __future__ import annotations
+
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp.capabilities import Capabilities, require_flag
+from bonsai_launch.models.gguf import GGUFInfo, check_pair
+from bonsai_launch.server import slots as slot_rules
+from bonsai_launch.server.plan.types import ArgvBuilder, PlanInputs, SpecPlan
+
+
+def require_spec_type(caps: Capabilities | None, spec_type: str) -> None:
+    if caps is not None and caps.spec_types and spec_type not in caps.spec_types:
+        raise BonsaiError(
+            f"speculative type {spec_type} is not supported by {caps.binary} (it knows {', '.join(sorted(caps.spec_types))})",
+            "run `bonsai build` to build the pinned llama.cpp, or point BONSAI_LLAMA_SERVER at a newer binary",
+        )
+
+
+def require_log_snr(caps: Capabilities | None, drafter: GGUFInfo) -> None:
+    if caps is not None and drafter.drafter is not None and drafter.drafter.log_snr and not caps.dspark_log_snr:
+        raise BonsaiError(
+            f"{drafter.path.name} uses log-SNR conditioning, which {caps.binary} does not implement "
+            "(it would refuse the file: wrong number of tensors)",
+            "run `bonsai build` to build the pinned llama.cpp with bonsai's log-SNR patch, or unset BONSAI_LLAMA_SERVER",
+        )
+
+
+def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan | None:
+    s = inputs.settings
+    if not s["speculative"]:
+        for key, env in (("spec_type", "BONSAI_SPEC_TYPE"), ("spec_nmax", "BONSAI_SPEC_NMAX")):
+            if s.is_explicit(key):
+                b.warnings.append(f"{env} is set but speculation is off; it has no effect (set BONSAI_SPECULATIVE=1)")
+        if inputs.drafter is not None:
+            b.warnings.append(
+                f"drafter {inputs.drafter.path.name} is given but speculation is off; "
+                "it is not loaded (set BONSAI_SPECULATIVE=1 or --speculative)"
+            )
+        return None
+
+    wanted_type = s.get("spec_type")
+    drafter = inputs.drafter
+    if wanted_type and wanted_type.startswith("ngram"):
+        drafter = None  # an explicit draft-free type needs no drafter
+    if wanted_type == "none":
+        raise BonsaiError("BONSAI_SPEC_TYPE='none' contradicts BONSAI_SPECULATIVE=1", "unset one of them")
+
+    if drafter is not None:
+        problems = check_pair(inputs.model, drafter)
+        if problems:
+            raise BonsaiError(
+                "drafter does not fit the target: " + "; ".join(problems),
+                f"replace {drafter.path.name} with the drafter made for {inputs.model.path.name}",
+            )
+        assert drafter.drafter is not None and drafter.drafter.block_size is not None
+        needed = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
+        if wanted_type and wanted_type != needed:
+            raise BonsaiError(
+                f"BONSAI_SPEC_TYPE={wanted_type!r} does not match the drafter {drafter.path.name}, which needs {needed}",
+                f"unset BONSAI_SPEC_TYPE or set it to {needed}",
+            )
+        require_spec_type(inputs.capabilities, needed)
+        require_log_snr(inputs.capabilities, drafter)
+        block = drafter.drafter.block_size
+        if s.get("spec_nmax") is not None and s["spec_nmax"] != block:
+            raise BonsaiError(
+                f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} "
+                f"({drafter.path.name})",
+                "unset BONSAI_SPEC_NMAX: n-max always equals the block size",
+            )
+        if inputs.profile and inputs.profile.drafter_warning:
+            b.warnings.append(inputs.profile.drafter_warning)
+        b.add("-md", drafter.path, "speculation: the drafter")
+        b.add("--spec-type", needed, f"the drafter is a {drafter.drafter.kind} model")
+        b.add("--spec-draft-n-max", block, f"the drafter's block size, read from {drafter.path.name}")
+        b.add("-ngld", ngl, "drafter GPU layers follow the target's" + (" (CPU)" if ngl == 0 else ""))
+        return SpecPlan(needed, block, str(drafter.path), ngl)
+
+    draft_free = wanted_type or (inputs.profile.draft_free_type if inputs.profile else None)
+    if not draft_free:
+        name = inputs.profile.name if inputs.profile else "this model"
+        why = f" ({inputs.drafter_unavailable})" if inputs.drafter_unavailable else ""
+        raise BonsaiError(
+            f"BONSAI_SPECULATIVE=1 but {name} has no usable drafter and no draft-free mode{why}",
+            "pass --drafter PATH, or set BONSAI_SPEC_TYPE=ngram-mod for draft-free n-gram speculation",
+        )
+    if not draft_free.startswith("ngram"):
+        raise BonsaiError(f"BONSAI_SPEC_TYPE={draft_free!r} needs a drafter model", "pass --drafter PATH")
+    require_spec_type(inputs.capabilities, draft_free)
+    b.add(
+        "--spec-type", draft_free, "draft-free n-gram speculation" + (" (profile default)" if not wanted_type else "")
+    )
+    n_max = s.get("spec_nmax")
+    if n_max is not None:
+        for flag, value in ngram_length_flags(draft_free, n_max):
+            require_flag(inputs.capabilities, flag, "BONSAI_SPEC_NMAX")
+            b.add(
+                flag, value, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')}): {draft_free} drafts at most {n_max} tokens"
+            )
+        if draft_free not in NGRAM_LENGTH_FLAGS:
+            b.warnings.append(f"BONSAI_SPEC_NMAX has no effect on {draft_free}, whose draft length is fixed")
+    return SpecPlan(draft_free, n_max)
+
+
+# The n-gram types ignore --spec-draft-n-max (b11434 reads it for draft models only): each has
+# its own length flag. ngram-mod also drops drafts shorter than its n-min (default 48).
+NGRAM_LENGTH_FLAGS = {t: option for t, (option, _default) in slot_rules.NGRAM_DRAFT_LENGTH.items() if option}
+
+
+NGRAM_MOD_DEFAULT_N_MIN = 48
+
+
+def ngram_length_flags(spec_type: str, n_max: int) -> list[tuple[str, int]]:
+    """The flags that cap an n-gram type's draft length at n_max."""
+    flag = NGRAM_LENGTH_FLAGS.get(spec_type)
+    if flag is None:
+        return []
+    flags = [(flag, n_max)]
+    if spec_type == "ngram-mod":
+        flags.append(("--spec-ngram-mod-n-min", min(n_max, NGRAM_MOD_DEFAULT_N_MIN)))
+    return flags
