@@ -12,8 +12,8 @@ import openai
 import pytest
 
 import tiny_gguf
+from bonsai_launch.bench.data import BenchOptions
 from bonsai_launch.bench.pipeline import Target, run_bench
-from bonsai_launch.bench.runner import BenchOptions
 from bonsai_launch.server import client
 from bonsai_launch.server.process import free_port
 from start_helpers import ROOT, bonsai, bonsai_env, json_out, stop_all

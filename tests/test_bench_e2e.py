@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import tiny_gguf as tg
+from bonsai_launch.bench.data import BenchOptions
 from bonsai_launch.bench.pipeline import Target, run_bench
-from bonsai_launch.bench.runner import BenchOptions
 from bonsai_launch.bench.schema import validate
 
 pytestmark = pytest.mark.server

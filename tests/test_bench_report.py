@@ -9,8 +9,8 @@ import pytest
 
 from bonsai_launch.bench import prompts as suite
 from bonsai_launch.bench import report
+from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, LoadRun, ServerRun
 from bonsai_launch.bench.measure import RequestResult
-from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec, LoadRun, ServerRun
 from bonsai_launch.bench.schema import load_schema, validate
 from bonsai_launch.bench.summary import summarize
 

@@ -10,8 +10,8 @@ import pytest
 
 from bonsai_launch.bench import prompts as suite
 from bonsai_launch.bench import report
+from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, LoadRun
 from bonsai_launch.bench.measure import RequestResult
-from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec, LoadRun
 from bonsai_launch.bench.schema import validate
 from bonsai_launch.bench.summary import percentile, summarize, users_verdicts
 
@@ -207,7 +207,8 @@ def test_launch_mode_runs_every_slot_count(llama_server, tmp_path):
 
 
 def test_interleaved_conversations_take_turns(monkeypatch):
-    from bonsai_launch.bench import runner
+    from bonsai_launch.bench import requests
+    from bonsai_launch.bench.data import SilentListener
 
     sent = []
 
@@ -227,8 +228,8 @@ def test_interleaved_conversations_take_turns(monkeypatch):
     ):
         sent.clear()
         data = BenchData("launch", BenchOptions(turns=3, interleave=interleave), [spec], [])
-        monkeypatch.setattr(runner, "_send", fake_send)
-        runner.run_multi_turn(Http(), None, spec, data.options, convs, 0, data, runner.SilentListener())
+        monkeypatch.setattr(requests, "_send", fake_send)
+        requests.run_multi_turn(Http(), None, spec, data.options, convs, 0, data, SilentListener())
         assert [f"{p}{t}" for p, t, _ in sent] == expected
         assert [n for p, t, n in sent if p == "b"] == [1, 3, 5]  # each turn carries its own history
 

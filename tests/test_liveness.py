@@ -250,8 +250,8 @@ def test_block_7_drafter_sets_n_max_7_and_drafts(llama_server, tiny, cleanup, tm
 
 @pytest.mark.server
 def test_bench_refuses_to_measure_a_speculative_configuration_that_does_not_draft(llama_server, tiny, tmp_path):
+    from bonsai_launch.bench.data import BenchOptions
     from bonsai_launch.bench.pipeline import Target, run_bench
-    from bonsai_launch.bench.runner import BenchOptions
     from bonsai_launch.core.errors import ActionFailed
 
     options = BenchOptions(

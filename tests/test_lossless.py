@@ -122,8 +122,8 @@ def test_equality_check_compares_prompt_by_prompt():
 def test_bench_equality_on_a_random_pair_is_real(llama_server, tmp_path):
     """Launch-mode bench on a random pair: the answers differ from prompt to prompt, drafts are
     rejected, and the equality check still reports every answer identical to plain."""
+    from bonsai_launch.bench.data import BenchOptions
     from bonsai_launch.bench.pipeline import Target, run_bench
-    from bonsai_launch.bench.runner import BenchOptions
 
     target = tiny_gguf.write_target(tmp_path / "target.gguf", seed=5, layer_scale=1.0)
     drafter = tiny_gguf.write_dspark_drafter(tmp_path / "drafter.gguf", seed=7, block_size=7)
@@ -154,7 +154,7 @@ def test_bench_equality_on_a_random_pair_is_real(llama_server, tmp_path):
 
 
 def test_url_mode_notes_a_server_that_never_drafted():
-    from bonsai_launch.bench.runner import not_drafting_note
+    from bonsai_launch.bench.data import not_drafting_note
 
     plain = [RequestResult("server", f"p{i}", "code", 0.0, 0, drafted=0) for i in range(3)]
     assert "server drafted no tokens in any of its 3 requests" in not_drafting_note(plain, "server")

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import tiny_gguf as tg
 from bonsai_launch.bench import prompts as suite
+from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec
 from bonsai_launch.bench.measure import RequestResult
-from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec
 from bonsai_launch.bench.summary import summarize
 from bonsai_launch.config.settings import resolve
 from bonsai_launch.core.errors import BonsaiError

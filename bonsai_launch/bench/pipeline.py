@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from bonsai_launch.bench import prompts as suite
-from bonsai_launch.bench import report, runner, summary
-from bonsai_launch.bench.runner import QUICK, BenchOptions, Listener
+from bonsai_launch.bench import report, runner, servers, summary
+from bonsai_launch.bench.data import QUICK, BenchOptions, Listener
 from bonsai_launch.core.errors import BonsaiError
 
 
@@ -94,7 +94,7 @@ def run_bench(
             raise BonsaiError(
                 "no llama-server to benchmark", "run `bonsai build`, set BONSAI_LLAMA_SERVER, or pass --url"
             )
-        configs = runner.plan_configs(
+        configs = servers.plan_configs(
             options.configs,
             target.flags,
             target.model,

@@ -14,8 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from bonsai_launch.bench.data import BenchData
 from bonsai_launch.bench.measure import RequestResult
-from bonsai_launch.bench.runner import BenchData
 from bonsai_launch.bench.stats import NOISE_RULE, first_difference, paired_ratios, piece_index, spread, verdict
 
 SCHEMA_ID = "bonsai-bench/1"

@@ -165,8 +165,8 @@ def command(
     """
     import dataclasses
 
+    from bonsai_launch.bench.data import BenchOptions, parse_config_names
     from bonsai_launch.bench.pipeline import Target, quick_options, run_bench
-    from bonsai_launch.bench.runner import BenchOptions, parse_config_names
     from bonsai_launch.cli._output import emit_json
     from bonsai_launch.cli._progress import ProgressListener
     from bonsai_launch.config.settings import resolve

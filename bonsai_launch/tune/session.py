@@ -1,7 +1,7 @@
 """`bonsai tune`: a short, bounded measurement of plain against the speculative configurations
 this build and model allow, ending in a stored decision.
 
-It measures with the bench's own machinery (bench/runner.py: a fresh llama-server per run, one
+It measures with the bench's own machinery (bench/servers.py and requests.py: a fresh llama-server per run, one
 discarded warm-up request, server-side decode timings; bench/summary.py: paired ratios and the
 noise rule), in three rounds that fit a time budget:
 
@@ -28,9 +28,10 @@ from typing import Any
 
 import httpx
 
+from bonsai_launch.bench import data as bench_data
 from bonsai_launch.bench import prompts as suite
-from bonsai_launch.bench import runner, summary
-from bonsai_launch.bench.runner import BenchData, BenchOptions, ConfigSpec, Listener, ServerRun, SilentListener
+from bonsai_launch.bench import requests, servers, summary
+from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, Listener, ServerRun, SilentListener
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.decisions.identity import (
     TuneKey,
@@ -323,7 +324,7 @@ def run_tune(
         per_category=None,
     )
     data = BenchData("launch", bench_options, specs, prompts)
-    data.environment = runner.environment(str(request.binary))
+    data.environment = bench_data.environment(str(request.binary))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = log_dir or (logs_dir() / "tune" / stamp)
     clock = _Clock(options.budget_s)
@@ -335,13 +336,13 @@ def run_tune(
         run = ServerRun(spec.name, repeat, f"temp={options.temperature:g}")
         data.servers.append(run)
         t0, done_before = time.monotonic(), len(data.requests)
-        with runner.launched(spec, run, log_dir, listener) as endpoint, httpx.Client(trust_env=False) as http:
-            runner.warm_up(http, endpoint, spec, bench_options)
+        with servers.launched(spec, run, log_dir, listener) as endpoint, httpx.Client(trust_env=False) as http:
+            requests.warm_up(http, endpoint, spec, bench_options)
             for prompt in prompts:
                 if clock.over():
                     del data.requests[done_before:]
                     raise _OutOfTime(spec.name)
-                runner.run_suite(
+                requests.run_suite(
                     http, endpoint, spec, bench_options, [prompt], options.temperature, repeat, data, listener
                 )
         clock.runs.append(time.monotonic() - t0)
@@ -364,7 +365,7 @@ def run_tune(
             if not measured.get(spec.name):
                 skipped.setdefault(spec.name, f"budget ({clock.budget_s:.0f} s; raise --budget)")
     data.finished = time.time()
-    data.environment["load_average_end"] = runner._loadavg()
+    data.environment["load_average_end"] = bench_data.loadavg()
     busy = busy_note(data.environment)
     if busy:
         notes.append(busy)

@@ -1,0 +1,202 @@
+"""The servers a bench run measures: one planned per configuration and launched (then proven
+live), or running ones attached by URL."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+
+from bonsai_launch.bench.data import (
+    READY_TIMEOUT,
+    ConfigSpec,
+    Listener,
+    ServerRun,
+    effective_slots,
+)
+from bonsai_launch.bench.measure import (
+    Endpoint,
+    MemorySampler,
+    pid_listening_on,
+    served_model,
+)
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
+
+
+def config_flags(name: str, base_flags: dict[str, Any]) -> dict[str, Any]:
+    """The settings flags of one configuration: the user's flags with only the speculative
+    settings replaced."""
+    flags = dict(base_flags)
+    if name == "plain":
+        flags.update(speculative=False, spec_type=None, spec_nmax=None)
+    elif name == "speculative":
+        flags.update(speculative=True)
+    elif name == "auto":
+        flags.update(speculative="auto", spec_type=None, spec_nmax=None)
+    else:
+        flags.update(speculative=True, spec_type=name)
+    return flags
+
+
+def plan_configs(
+    names: Sequence[str],
+    base_flags: dict[str, Any],
+    model: str | None,
+    drafter: str | None,
+    passthrough: tuple[str, ...],
+    binary: Path,
+    parallel: Sequence[int] | None = None,
+) -> list[ConfigSpec]:
+    """A LaunchPlan per configuration (and, with `parallel`, per slot count), with one context
+    size for all of them: the largest any of them asks for, so the KV cache (and its memory) is
+    the same on every side."""
+    from bonsai_launch.server.inputs import gather_plan
+
+    def build(ctx: int | None) -> list[ConfigSpec]:
+        specs = []
+        for name in names:
+            flags = config_flags(name, base_flags)
+            flags["port"] = 8080  # replaced by a free port for every server
+            if ctx is not None:
+                flags["ctx"] = ctx
+            plan = gather_plan(flags, model, drafter, passthrough, binary)
+            spec_type = plan.speculative.spec_type if plan.speculative else None
+            slot_plans = {
+                n: gather_plan({**flags, "parallel": n}, model, drafter, passthrough, binary) for n in parallel or ()
+            }
+            specs.append(ConfigSpec(name, name == "plain", spec_type, flags, plan=plan, slot_plans=slot_plans))
+        return specs
+
+    specs = build(base_flags.get("ctx") or None)
+    ctxs = {p.ctx for s in specs for p in (s.plan, *s.slot_plans.values())}
+    if len(ctxs) > 1:
+        specs = build(max(ctxs))
+    if not any(s.baseline for s in specs):
+        specs[0].baseline = True
+    for s in specs:
+        if s.name == "auto":
+            tuning = s.plan.tuning or {}
+            if tuning.get("status") != "found":
+                raise BonsaiError(
+                    "configuration auto has no tuning decision to run: "
+                    + tuning.get("message", "").removeprefix("BONSAI_SPECULATIVE=auto: "),
+                    f"run `{tuning.get('hint', 'bonsai tune')}` first",
+                )
+            continue
+        if s.name != "plain" and s.spec_type is None:
+            raise BonsaiError(
+                f"configuration {s.name} would run without speculation", "check the profile and --drafter"
+            )
+    return specs
+
+
+def _with_port(plan, port: int):
+    argv = list(plan.argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--port":
+            argv[i + 1] = str(port)
+    return dataclasses.replace(plan, argv=tuple(argv), port=port)
+
+
+@contextmanager
+def launched(
+    spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener, api: str = "chat"
+) -> Iterator[Endpoint]:
+    """Start the configuration's server (for `run.slots` slots when --parallel planned them) on
+    a free port, wait until ready, sample its memory, and always stop it."""
+    from bonsai_launch.server.process import ServerProcess, free_port
+
+    base_plan = spec.plan_for_slots(run.slots)
+    if run.slots is None:
+        run.slots = effective_slots(base_plan)
+    attempts = 2  # a free port can be taken by someone else between our check and the bind
+    for attempt in range(attempts):
+        plan = _with_port(base_plan, free_port())
+        slots_tag = f"-np{run.slots}" if spec.slot_plans else ""
+        log = log_dir / f"{spec.name}-r{run.repeat + 1}-{run.purpose.replace('=', '')}{slots_tag}.log"
+        listener.step(f"{spec.label}: starting llama-server ({run.purpose}, repeat {run.repeat + 1})")
+        t0 = time.perf_counter()
+        proc = ServerProcess.spawn(plan.argv, env=plan.env, log_path=log, base_url=plan.base_url)
+        try:
+            proc.wait_ready(READY_TIMEOUT)
+        except ActionFailed as exc:
+            proc.stop()
+            bind_failed = any("couldn't bind" in line for line in proc.log_tail(20))
+            if bind_failed and attempt + 1 < attempts:
+                continue
+            if proc.returncode == -signal.SIGILL:
+                # Seen with an unpatched b11434 built by GCC 12 on an AMX CPU: the AMX kernels of
+                # the repacked weights crash on the first matrix multiply (bonsai build patches it).
+                raise ActionFailed(
+                    exc.message,
+                    "llama-server hit an illegal CPU instruction; rebuild with "
+                    "`bonsai build --force`, or skip weight repacking with "
+                    f"`bonsai bench ... -- --no-repack`; full log: {log}",
+                ) from None
+            raise
+        run.startup_s = time.perf_counter() - t0
+        run.pid, run.log = proc.pid, str(log)
+        if plan.speculative is not None:
+            _prove_live(spec, run, plan, proc, log, listener)
+        try:
+            with MemorySampler(proc.pid) as sampler:
+                yield Endpoint(plan.base_url, api=api, api_key=plan.api_key)  # a key the user set is enforced
+        finally:
+            run.peak_rss_bytes, run.peak_gpu_bytes = sampler.peak_rss, sampler.peak_gpu
+            if not proc.alive():
+                proc.stop()
+                raise ActionFailed(proc.exit_message("during the benchmark"), f"full log: {log}")
+            proc.stop()
+        return
+
+
+def _prove_live(spec: ConfigSpec, run: ServerRun, plan, proc, log: Path, listener: Listener) -> None:
+    """The rule `bonsai start` applies (live only when the probe drafted tokens): measuring a
+    speculative configuration that does not speculate would report plain speed as its own."""
+    from bonsai_launch.server import liveness as speculation_probe
+
+    listener.step(f"{spec.label}: checking speculative decoding")
+    try:
+        proof = speculation_probe.prove(
+            plan.base_url, plan.speculative.spec_type, plan.speculative.n_max, log, plan.env.get("LLAMA_API_KEY")
+        )
+    except BaseException:
+        proc.stop()
+        raise
+    run.spec_proof = proof.to_json()
+    if not proof.live:
+        proc.stop()
+        raise ActionFailed(
+            f"{spec.label}: {proof.summary()}",
+            f"fix the drafter or its settings, or leave this configuration out of --configs; full log: {log}",
+        )
+
+
+@contextmanager
+def attached(spec: ConfigSpec, run: ServerRun, api: str, api_key: str | None) -> Iterator[Endpoint]:
+    """URL mode: measure a running server; its memory only when it listens on this machine
+    and the OS lets us see the process."""
+    assert spec.url is not None
+    parsed = urlparse(spec.url)
+    pid = None
+    if parsed.hostname in ("127.0.0.1", "localhost", "::1") and parsed.port:
+        pid = pid_listening_on(parsed.port)
+    run.pid = pid
+    with httpx.Client(trust_env=False) as http:
+        model = served_model(http, Endpoint(spec.url, api_key=api_key))
+    endpoint = Endpoint(spec.url, api=api, model=model, api_key=api_key)
+    if pid is None:
+        yield endpoint
+        return
+    with MemorySampler(pid) as sampler:
+        try:
+            yield endpoint
+        finally:
+            run.peak_rss_bytes, run.peak_gpu_bytes = sampler.peak_rss, sampler.peak_gpu
