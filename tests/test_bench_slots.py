@@ -13,7 +13,9 @@ from bonsai_launch.bench import report
 from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, LoadRun
 from bonsai_launch.bench.measure import RequestResult
 from bonsai_launch.bench.schema import validate
-from bonsai_launch.bench.summary import percentile, summarize, users_verdicts
+from bonsai_launch.bench.stats import percentile
+from bonsai_launch.bench.summary import summarize
+from bonsai_launch.bench.verdicts import users_verdicts
 
 # (config, slots) -> aggregate tok/s with 1 and 4 clients (the demo numbers)
 TOTALS = {("plain", 4): {1: 46.4, 4: 82.6}, ("ngram-mod", 1): {1: 54.6, 4: 46.9}, ("ngram-mod", 4): {1: 54.0, 4: 73.1}}

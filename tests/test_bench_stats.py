@@ -7,7 +7,7 @@ import pytest
 
 from bonsai_launch.bench import stats
 from bonsai_launch.bench.measure import RequestResult, SpecCounters, counter_delta, spec_counters
-from bonsai_launch.bench.summary import aggregate
+from bonsai_launch.bench.stats import aggregate
 from bonsai_launch.server.client import parse_metrics
 
 

@@ -15,7 +15,7 @@ import pytest
 
 import tiny_gguf
 from bonsai_launch.bench.measure import RequestResult
-from bonsai_launch.bench.summary import _equality
+from bonsai_launch.bench.verdicts import equality
 
 THREADS = ["-t", "1"]  # ggml's spinning threads slow tiny models badly on a busy 2-core machine
 N_PREDICT = 64
@@ -102,17 +102,17 @@ def _results(config: str, texts: dict[str, str], repeat: int = 0) -> list[Reques
 
 def test_equality_check_compares_prompt_by_prompt():
     answers = {"p1": "def add(a, b):\n    return a + b\n", "p2": "SELECT * FROM t;", "p3": "fn main() {}"}
-    same = _equality(_results("plain", answers) + _results("spec", answers), "spec", "plain", "all")
+    same = equality(_results("plain", answers) + _results("spec", answers), "spec", "plain", "all")
     assert same["compared"] == 3 and same["identical"] == 3 and same["first_diff_char"] is None
 
     # the same texts under the wrong prompts are all different
     shuffled = dict(zip(answers, [answers["p2"], answers["p3"], answers["p1"]], strict=True))
-    wrong = _equality(_results("plain", answers) + _results("spec", shuffled), "spec", "plain", "all")
+    wrong = equality(_results("plain", answers) + _results("spec", shuffled), "spec", "plain", "all")
     assert wrong["identical"] == 0
 
     # one answer diverging at character 22 is found, with where
     diverged = {**answers, "p1": "def add(a, b):\n    return b + a\n"}
-    one = _equality(_results("plain", answers) + _results("spec", diverged), "spec", "plain", "all")
+    one = equality(_results("plain", answers) + _results("spec", diverged), "spec", "plain", "all")
     assert one["identical"] == 2
     assert one["first_diff_char"]["median"] == answers["p1"].index("a + b")
     assert one["baseline_self_consistent"] is True

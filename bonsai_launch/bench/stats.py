@@ -1,7 +1,7 @@
 """Statistics and verdicts: medians with min-max, paired ratios, and the noise rule.
 
-Pure functions over numbers, so the rules that decide "turn it on" are unit-tested without
-any server.
+Pure functions over numbers (and over lists of request results: aggregate, group_by,
+percentile), so the rules that decide "turn it on" are unit-tested without any server.
 
 The noise rule (also written into every report):
   A configuration is compared with the baseline run by run: repeat r of the candidate with
@@ -16,9 +16,14 @@ The noise rule (also written into every report):
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
+
+from bonsai_launch.bench.measure import RequestResult
 
 MIN_REPEATS = 3
 MIN_BAND = 0.05
@@ -162,3 +167,74 @@ def fmt_spread(s: Spread | None, digits: int = 1, unit: str = "") -> str:
     if s.n == 1 or s.min == s.max:
         return f"{s.median:.{digits}f}{unit}"
     return f"{s.median:.{digits}f}{unit} ({s.min:.{digits}f}-{s.max:.{digits}f})"
+
+
+def _sum(values: Iterable[float | int | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(sum(vals)) if vals else None
+
+
+def _ok(requests: Iterable[RequestResult]) -> list[RequestResult]:
+    return [r for r in requests if not r.error]
+
+
+def aggregate(requests: list[RequestResult]) -> dict[str, Any]:
+    """One repeat of one (configuration, category, temperature): token-weighted rates."""
+    ok = _ok(requests)
+    out: dict[str, Any] = {"requests": len(requests), "errors": len(requests) - len(ok)}
+    tokens = _sum(r.completion_tokens if r.completion_tokens is not None else len(r.pieces) for r in ok) or 0
+    out["tokens"] = int(tokens)
+    timed = [r for r in ok if r.predicted_n is not None and r.predicted_ms]
+    server = (
+        sum(r.predicted_n or 0 for r in timed) / (sum(r.predicted_ms or 0.0 for r in timed) / 1000.0)
+        if timed and len(timed) == len(ok)
+        else None
+    )
+    decoded = [(r.completion_tokens or len(r.pieces)) - 1 for r in ok if r.client_decode_tps]
+    decode_time = [
+        ((r.completion_tokens or len(r.pieces)) - 1) / r.client_decode_tps for r in ok if r.client_decode_tps
+    ]
+    client = sum(decoded) / sum(decode_time) if decode_time and sum(decode_time) > 0 else None
+    prefill = [r for r in ok if r.prompt_n and r.prompt_ms]
+    out["server_decode_tps"] = server
+    out["client_decode_tps"] = client
+    out["decode_tps"] = server if server is not None else client
+    out["prefill_tps"] = (
+        (sum(r.prompt_n or 0 for r in prefill) / (sum(r.prompt_ms or 0.0 for r in prefill) / 1000.0))
+        if prefill
+        else None
+    )
+    walls = _sum(r.wall_s for r in ok)
+    out["e2e_tps"] = tokens / walls if walls else None
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    out["ttft_s"] = statistics.median(ttfts) if ttfts else None
+    drafted = _sum(r.drafted for r in ok)
+    accepted = _sum(r.accepted for r in ok)
+    steps = _sum(r.verify_steps for r in ok)
+    out["drafted"] = int(drafted) if drafted is not None else None
+    out["accepted"] = int(accepted) if accepted is not None else None
+    out["verify_steps"] = int(steps) if steps is not None else None
+    out["acceptance_rate"] = accepted / drafted if drafted and accepted is not None else None
+    out["mean_acceptance_length"] = 1 + accepted / steps if steps and accepted is not None else None
+    return out
+
+
+def spread_json(values: Iterable[float | None]) -> dict | None:
+    s = spread(values)
+    return s.to_json() if s else None
+
+
+def group_by(requests: Iterable[RequestResult], *keys: str) -> dict[tuple, list[RequestResult]]:
+    groups: dict[tuple, list[RequestResult]] = defaultdict(list)
+    for r in requests:
+        groups[tuple(getattr(r, k) for k in keys)].append(r)
+    return groups
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """Nearest-rank percentile (p95 of 20 values is the 19th smallest); None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
