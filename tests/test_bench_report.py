@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bonsai_launch.bench import prompts as suite
-from bonsai_launch.bench import report
+from bonsai_launch.bench import report, terminal
 from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, LoadRun, ServerRun
 from bonsai_launch.bench.measure import RequestResult
 from bonsai_launch.bench.schema import load_schema, validate
@@ -169,7 +169,7 @@ def test_markdown_and_terminal(doc):
     from rich.console import Console
 
     console = Console(record=True, width=200)
-    report.print_terminal(doc, console, {"json": "/x/bench.json"})
+    terminal.print_terminal(doc, console, {"json": "/x/bench.json"})
     text = console.export_text()
     assert "Verdicts" in text and "code-edit (T=0)" in text and "/x/bench.json" in text
 
@@ -197,7 +197,7 @@ def test_terminal_notes_keep_their_brackets(doc):
 
     doc = dict(doc, notes=["install it with pip install 'bonsai-launch[demo]'"])
     console = Console(record=True, width=200)
-    report.print_terminal(doc, console, {})
+    terminal.print_terminal(doc, console, {})
     assert "pip install 'bonsai-launch[demo]'" in console.export_text()
 
 

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from bonsai_launch.bench import format as report_format
 from bonsai_launch.bench import prompts as suite
-from bonsai_launch.bench import report
+from bonsai_launch.bench import report, terminal
 from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, LoadRun
 from bonsai_launch.bench.measure import RequestResult
 from bonsai_launch.bench.schema import validate
@@ -132,7 +133,7 @@ def test_terminal_markdown_and_chart(doc, tmp_path):
     from rich.console import Console
 
     console = Console(record=True, width=200)
-    report.print_terminal(doc, console)
+    terminal.print_terminal(doc, console)
     text = console.export_text()
     assert "Slots x clients" in text and "TTFT p95 s" in text and "per user tok/s" in text
     assert "for 4 simultaneous users, use plain with 4 slots" in text
@@ -246,5 +247,5 @@ def test_without_parallel_each_side_keeps_its_own_slots():
     row = next(r for r in doc["concurrency"] if r["config"] == "ngram-mod" and r["level"] == 4)
     assert row["baseline_slots"] == 4 and row["verdict"]["kind"] == "slower"
     assert row["ratios"] == pytest.approx([46.9 / 82.6] * 3, rel=1e-3)
-    _header, rows = report.concurrency_rows(doc)
+    _header, rows = report_format.concurrency_rows(doc)
     assert any(cell.endswith("(baseline on 4)") for r in rows for cell in r)

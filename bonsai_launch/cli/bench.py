@@ -243,7 +243,7 @@ def command(
     if json_output:
         emit_json(doc)
         return
-    from bonsai_launch.bench.report import print_terminal
+    from bonsai_launch.bench.terminal import print_terminal
     from bonsai_launch.cli._output import console
 
     print_terminal(doc, console(), paths)
