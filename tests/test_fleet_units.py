@@ -289,6 +289,7 @@ def test_proxy_latency_report_pairs_the_two_paths():
 
 def test_running_fleet_refuses_a_different_ask(monkeypatch):
     from bonsai_launch.fleet import service
+    from bonsai_launch.fleet.members import UpOptions
     from bonsai_launch.fleet.state import FleetState, MemberState
 
     st = FleetState(
@@ -299,25 +300,25 @@ def test_running_fleet_refuses_a_different_ask(monkeypatch):
         None,
         [{"name": "replica-2", "url": "http://127.0.0.1:2", "why": "died"}],
     )
-    service._refuse_a_different_fleet(st, service.UpOptions(flags={}, replicas=None))
-    service._refuse_a_different_fleet(st, service.UpOptions(flags={"profile": "demo"}, replicas=2))
+    service._refuse_a_different_fleet(st, UpOptions(flags={}, replicas=None))
+    service._refuse_a_different_fleet(st, UpOptions(flags={"profile": "demo"}, replicas=2))
     for opts in (
-        service.UpOptions(flags={"profile": "bonsai-8b"}, replicas=None),
-        service.UpOptions(flags={}, replicas=3),
+        UpOptions(flags={"profile": "bonsai-8b"}, replicas=None),
+        UpOptions(flags={}, replicas=3),
     ):
         with pytest.raises(BonsaiError, match="fleet down"):
             service._refuse_a_different_fleet(st, opts)
 
 
 def test_remote_member_without_its_key_is_left_out_with_the_reason(monkeypatch):
-    from bonsai_launch.fleet import service
+    from bonsai_launch.fleet import members
     from bonsai_launch.fleet.state import MemberState
 
     monkeypatch.delenv("GPU_BOX_KEY", raising=False)
     m = MemberState("gpu-box", "http://127.0.0.1:9", False, api_key_env="GPU_BOX_KEY")
-    assert service._wait_healthy(m, 0) == "its key variable GPU_BOX_KEY is not set"
+    assert members.wait_healthy(m, 0) == "its key variable GPU_BOX_KEY is not set"
     monkeypatch.setenv("GPU_BOX_KEY", "k")
-    assert service._wait_healthy(m, 0) == "/health is down after 0 s"  # nothing listens on port 9
+    assert members.wait_healthy(m, 0) == "/health is down after 0 s"  # nothing listens on port 9
 
 
 def test_master_key_is_bonsai_api_key_or_generated(monkeypatch):

@@ -93,7 +93,7 @@ def up(
 
     from bonsai_launch.cli._output import emit_json
     from bonsai_launch.fleet import hosts as fleet_hosts
-    from bonsai_launch.fleet.service import UpOptions
+    from bonsai_launch.fleet.members import UpOptions
     from bonsai_launch.fleet.service import up as fleet_up
 
     flags = {

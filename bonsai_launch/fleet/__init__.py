@@ -7,8 +7,9 @@ Modules, one job each:
 - state: what `fleet up` started, on disk, for `fleet ps` and `fleet down`;
 - proxy: the LiteLLM proxy process (spawn, wait ready, stop);
 - probe: one member's health, in-flight requests and speculative acceptance;
-- service: up, ps and down, over the existing supervisor (each replica is a detached
-  `bonsai start`, registered for `bonsai ps`);
+- members: what `fleet up` is asked for; local replicas (each a detached `bonsai start`,
+  registered for `bonsai ps`) and remote hosts, and waiting until each answers;
+- service: up, ps and down: members, configurations and the proxy together;
 - latency: what the proxy adds per request (run in a quiet window);
 - export: vLLM/SGLang command lines.
 """

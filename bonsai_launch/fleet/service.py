@@ -11,34 +11,28 @@ checks that nothing is left.
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
-from bonsai_launch.fleet import configs, hosts, probe, proxy
+from bonsai_launch.fleet import configs, probe, proxy
 from bonsai_launch.fleet import state as fleet_state
+from bonsai_launch.fleet.members import (
+    DEFAULT_PROXY_PORT,
+    Status,
+    UpOptions,
+    launch_replica,
+    local_alive,
+    quiet,
+    remote_members,
+    replica_backend,
+    replica_members,
+    wait_healthy,
+)
 from bonsai_launch.fleet.state import FleetState, MemberState, ProxyState
-
-DEFAULT_PROXY_PORT = 4000  # LiteLLM's own default
-REMOTE_WAIT_S = 60.0  # how long a remote member may take to answer /health 200
-
-
-@dataclass(frozen=True)
-class UpOptions:
-    flags: dict[str, Any]  # `bonsai start` flags (profile, speculative, ctx, ...); port is set per replica
-    replicas: int | None  # None: not given (2 for a new fleet; a running fleet keeps its own)
-    gpus: list[str] | None = None
-    threads: int | None = None
-    port: int = DEFAULT_PROXY_PORT
-    hosts_file: Path | None = None
-    passthrough: tuple[str, ...] = ()
-    remote_wait_s: float = REMOTE_WAIT_S
 
 
 @dataclass
@@ -70,118 +64,10 @@ class UpResult:
         }
 
 
-Status = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
 # -- local replicas --------------------------------------------------------------------------------
 
 
-def _launch_replica(member: MemberState, status: Status):
-    """Start one local replica as `bonsai start --detach` does. Returns supervisor.Launched."""
-    from bonsai_launch.server import supervisor
-    from bonsai_launch.server.prepare import prepare_plan
-
-    plan, _ = prepare_plan(member.flags, None, None, tuple(member.args))
-    if member.env:
-        plan = dataclasses.replace(plan, env={**plan.env, **member.env})
-    status(f"{member.name}: starting llama-server on port {plan.port} ({member.share})")
-    launched = supervisor.launch(
-        plan, detach=True, spec_fallback=False, on_status=lambda s: status(f"{member.name}: {s}")
-    )
-    if member.cores:
-        hosts.pin_threads(launched.server.pid, tuple(member.cores))
-    member.instance = launched.instance.name
-    member.pid = launched.server.pid
-    member.url = plan.base_url
-    member.argv = list(plan.argv)
-    member.parallel = _slots(plan.argv)
-    if plan.env.get("LLAMA_API_KEY"):
-        member.api_key_env = "BONSAI_API_KEY"  # the replicas' key is the user's BONSAI_API_KEY
-    return launched
-
-
-def _slots(argv) -> int:
-    """-np of a llama-server command line (the last one wins, as in llama-server)."""
-    n = 1
-    for flag, value in zip(argv, [*argv[1:], ""], strict=True):
-        if flag in ("-np", "--parallel") and value.isdigit():
-            n = int(value)
-    return max(1, n)
-
-
-def _local_alive(member: MemberState) -> bool:
-    from bonsai_launch.server import instances
-
-    return any(i.name == member.instance and i.pid == member.pid for i in instances.running())
-
-
-def _replica_members(opts: UpOptions, replicas: int, backend: str) -> list[MemberState]:
-    shares = hosts.replica_shares(
-        replicas,
-        backend,
-        gpus=opts.gpus,
-        threads=opts.threads,
-        cpus=hosts.usable_cpus(),
-        pin=sys.platform.startswith("linux"),
-    )
-    members = []
-    for i, share in enumerate(shares):
-        port = opts.port + 1 + i
-        flags = {**opts.flags, "port": port, "host": "127.0.0.1"}
-        args = [*share.args, *opts.passthrough]  # the plan adds --metrics, which `fleet ps` reads
-        members.append(
-            MemberState(
-                name=f"replica-{i + 1}",
-                url=f"http://127.0.0.1:{port}",
-                local=True,
-                flags=flags,
-                args=args,
-                env=dict(share.env),
-                share=share.label,
-                cores=list(share.cores),
-            )
-        )
-    return members
-
-
-def _backend(opts: UpOptions) -> str:
-    """The llama.cpp backend the replicas will run on (decides GPUs versus a CPU split). The
-    first replica's plan, as `bonsai start` makes it: this also builds llama-server and fetches
-    the profile's files when they are missing, once, before any replica starts."""
-    from bonsai_launch.server.prepare import prepare_plan
-
-    plan, _ = prepare_plan({**opts.flags, "port": opts.port + 1, "host": "127.0.0.1"}, None, None, opts.passthrough)
-    return plan.backend
-
-
 # -- remote members ----------------------------------------------------------------------------------
-
-
-def _remote_members(path: Path | None) -> list[MemberState]:
-    if path is None:
-        return []
-    return [
-        MemberState(name=m.name, url=m.url, local=False, api_key_env=m.api_key_env, parallel=m.parallel)
-        for m in hosts.parse_fleet_file(path)
-    ]
-
-
-def _wait_healthy(member: MemberState, wait_s: float) -> str | None:
-    """None once /health is 200; else why not, after `wait_s`."""
-    if member.api_key_env and not os.environ.get(member.api_key_env):
-        return f"its key variable {member.api_key_env} is not set"
-    deadline = time.monotonic() + wait_s
-    while True:
-        p = probe.probe(member.url, probe.member_key(member.api_key_env))
-        if p.healthy:
-            return None
-        if time.monotonic() >= deadline:
-            return f"/health is {p.health} after {wait_s:.0f} s"
-        time.sleep(1.0)
 
 
 # -- configs and the proxy -----------------------------------------------------------------------------
@@ -285,11 +171,11 @@ def _member_json(m: MemberState, healthy: bool | None = None, speculative: Any =
     return data
 
 
-def up(opts: UpOptions, status: Status = _quiet) -> UpResult:
+def up(opts: UpOptions, status: Status = quiet) -> UpResult:
     proxy.require_litellm()  # before anything starts: the one thing a fresh install may lack
     existing = fleet_state.load()
     if existing is not None and (
-        proxy.alive(existing.proxy) or any(_local_alive(m) for m in existing.members if m.local)
+        proxy.alive(existing.proxy) or any(local_alive(m) for m in existing.members if m.local)
     ):
         _refuse_a_different_fleet(existing, opts)
         return _reconcile(existing, status)
@@ -314,14 +200,14 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
     from bonsai_launch.server import instances
     from bonsai_launch.server.supervisor import SignalForwarder
 
-    remote = _remote_members(opts.hosts_file)  # a bad fleet file fails before anything starts
+    remote = remote_members(opts.hosts_file)  # a bad fleet file fails before anything starts
     if opts.replicas is None:
         opts = dataclasses.replace(opts, replicas=2)
     if opts.replicas == 0 and not remote:
         raise BonsaiError(
             "--replicas=0 and no --hosts: the fleet would be empty", "ask for replicas or give a fleet file"
         )
-    local = _replica_members(opts, opts.replicas, _backend(opts)) if opts.replicas else []
+    local = replica_members(opts, opts.replicas, replica_backend(opts)) if opts.replicas else []
     started: list[MemberState] = []
     excluded: list[dict[str, str]] = []
     proxy_st: ProxyState | None = None
@@ -330,7 +216,7 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
         try:
             for m in local:
                 try:
-                    launched = _launch_replica(m, status)
+                    launched = launch_replica(m, status)
                 except ActionFailed as exc:  # it died, never got ready, or speculation is not live
                     status(f"{m.name}: not healthy, left out: {exc.message}")
                     excluded.append({"name": m.name, "url": m.url, "why": str(exc)})
@@ -339,7 +225,7 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
                 started.append(m)
             for m in remote:
                 status(f"{m.name}: waiting for {m.url}/health")
-                why = _wait_healthy(m, opts.remote_wait_s)
+                why = wait_healthy(m, opts.remote_wait_s)
                 if why:
                     excluded.append({"name": m.name, "url": m.url, "why": why})
                     status(f"{m.name}: not healthy, left out: {why}")
@@ -380,9 +266,9 @@ def _reconcile(st: FleetState, status: Status) -> UpResult:
     restarted: list[str] = []
     proofs: dict[str, Any] = {}
     for m in st.members:
-        if m.local and not _local_alive(m):
+        if m.local and not local_alive(m):
             status(f"{m.name}: not running, starting it again")
-            launched = _launch_replica(m, status)
+            launched = launch_replica(m, status)
             proofs[m.name] = launched.proof.to_json() if launched.proof else None
             restarted.append(m.name)
     key, source = None, "unchanged"
@@ -422,7 +308,7 @@ def ps() -> dict[str, Any]:
     members = []
     for m in st.members:
         p = probe.probe(m.url, probe.member_key(m.api_key_env))
-        alive = _local_alive(m) if m.local else None
+        alive = local_alive(m) if m.local else None
         health = p.health if (alive is not False) else "dead"
         members.append(
             {
