@@ -46,6 +46,7 @@ def port_free(host: str, port: int) -> bool:
 
 def _toolchain(report: Report, hw) -> Any:
     from bonsai_launch.llamacpp.builds import toolchain
+    from bonsai_launch.llamacpp.builds.backend import choose_backend
 
     tools = toolchain.detect(versions=True)
     report.toolchain = tools.to_json()
@@ -71,7 +72,7 @@ def _toolchain(report: Report, hw) -> Any:
             )
         )
     try:
-        choice = toolchain.choose_backend("auto", hw, tools)
+        choice = choose_backend("auto", hw, tools)
         report.backend = {"backend": choice.backend, "reason": choice.reason, "cmake_flags": list(choice.cmake_flags)}
     except Exception as exc:  # a BonsaiError from a half-installed GPU toolchain
         report.backend = {"backend": "cpu", "reason": str(exc), "cmake_flags": []}

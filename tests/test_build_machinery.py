@@ -18,7 +18,15 @@ from rich.console import Console
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.hardware import GPU, Hardware
 from bonsai_launch.core.paths import builds_dir
-from bonsai_launch.llamacpp.builds import BuildRequest, build, builder, ensure_server, find_installed, toolchain
+from bonsai_launch.llamacpp.builds import (
+    BuildRequest,
+    backend,
+    build,
+    builder,
+    ensure_server,
+    find_installed,
+    toolchain,
+)
 from bonsai_launch.llamacpp.builds import cmake as cmake_build
 from build_helpers import fake_tree, file_index, help_patch, make_sdist, use_index, use_pin, write_pin
 
@@ -231,28 +239,28 @@ def _hw(gpus=(), os_name="Linux", arch="x86_64") -> Hardware:
 
 def test_choose_backend():
     h200 = GPU(0, "NVIDIA H200", 141 * 2**30, 140 * 2**30, "9.0")
-    auto = toolchain.choose_backend("auto", _hw([h200]), _tools(nvcc="/usr/bin/nvcc"))
+    auto = backend.choose_backend("auto", _hw([h200]), _tools(nvcc="/usr/bin/nvcc"))
     assert auto.backend == "cuda" and "-DCMAKE_CUDA_ARCHITECTURES=90" in auto.cmake_flags
-    assert toolchain.choose_backend("auto", _hw([h200]), _tools()).backend == "cpu"  # GPU but no nvcc
-    assert toolchain.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).backend == "cpu"  # nvcc, no GPU
-    assert toolchain.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).reason.startswith(
+    assert backend.choose_backend("auto", _hw([h200]), _tools()).backend == "cpu"  # GPU but no nvcc
+    assert backend.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).backend == "cpu"  # nvcc, no GPU
+    assert backend.choose_backend("auto", _hw(), _tools(nvcc="/usr/bin/nvcc")).reason.startswith(
         "nvcc found but no NVIDIA GPU"
     )
-    assert toolchain.choose_backend("auto", _hw(), _tools()).reason == "no GPU toolchain found"
-    explicit = toolchain.choose_backend("cuda", _hw(), _tools(nvcc="/usr/bin/nvcc"), cuda_archs="86,89")
+    assert backend.choose_backend("auto", _hw(), _tools()).reason == "no GPU toolchain found"
+    explicit = backend.choose_backend("cuda", _hw(), _tools(nvcc="/usr/bin/nvcc"), cuda_archs="86,89")
     assert "-DCMAKE_CUDA_ARCHITECTURES=86;89" in explicit.cmake_flags
     with pytest.raises(BonsaiError, match="--cuda-archs"):
-        toolchain.choose_backend("cuda", _hw(), _tools(nvcc="/usr/bin/nvcc"))
-    assert toolchain.cuda_archs_from_gpus(["12.0", "8.6", "8.6"]) == ["120a", "86"]
-    assert toolchain.choose_backend("auto", _hw(os_name="Darwin", arch="arm64"), _tools()).backend == "metal"
+        backend.choose_backend("cuda", _hw(), _tools(nvcc="/usr/bin/nvcc"))
+    assert backend.cuda_archs_from_gpus(["12.0", "8.6", "8.6"]) == ["120a", "86"]
+    assert backend.choose_backend("auto", _hw(os_name="Darwin", arch="arm64"), _tools()).backend == "metal"
     with pytest.raises(BonsaiError, match="macOS on Apple Silicon"):
-        toolchain.choose_backend("metal", _hw(), _tools())
+        backend.choose_backend("metal", _hw(), _tools())
     with pytest.raises(BonsaiError, match="ROCm"):
-        toolchain.choose_backend("hip", _hw(), _tools())
+        backend.choose_backend("hip", _hw(), _tools())
     with pytest.raises(BonsaiError, match="Vulkan SDK"):
-        toolchain.choose_backend("vulkan", _hw(), _tools())
+        backend.choose_backend("vulkan", _hw(), _tools())
     with pytest.raises(BonsaiError, match="not known"):
-        toolchain.choose_backend("opencl", _hw(), _tools())
+        backend.choose_backend("opencl", _hw(), _tools())
 
 
 def test_default_cpu_flags_are_the_warm_cache_flags():

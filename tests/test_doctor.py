@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from bonsai_launch import doctor
-from bonsai_launch.llamacpp.builds import toolchain
+from bonsai_launch.llamacpp.builds import backend, toolchain
 
 
 def test_report_sections_and_fixes(monkeypatch):
@@ -18,7 +18,7 @@ def test_report_sections_and_fixes(monkeypatch):
     for section in ("hardware", "toolchain", "backend", "builds", "models", "port", "problems", "ok"):
         assert section in data
     assert data["toolchain"]["cmake"]["path"] and data["toolchain"]["ninja"]["path"]  # the PyPI packages
-    assert data["backend"]["backend"] in toolchain.BACKENDS
+    assert data["backend"]["backend"] in backend.BACKENDS
     # A fresh BONSAI_HOME has no build: that is reported with the command that fixes it.
     missing = [p for p in report.problems if "no llama-server is built" in p.what]
     assert missing and "bonsai build" in missing[0].fix

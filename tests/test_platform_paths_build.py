@@ -19,7 +19,7 @@ from bonsai_launch.core import paths
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.core.hardware import GPU, Hardware
 from bonsai_launch.llamacpp import binaries
-from bonsai_launch.llamacpp.builds import builder, toolchain
+from bonsai_launch.llamacpp.builds import backend, builder, toolchain
 
 DATA = Path(__file__).parent / "data"
 # The stand-ins for cl.exe and llama-server.exe are #! scripts: they run on Linux and macOS.
@@ -274,22 +274,22 @@ RTX = GPU(0, "NVIDIA GeForce RTX 4090", 24 * 2**30, 22 * 2**30, "8.9")
 
 def test_windows_backends():
     msvc = _tools(cc="C:/VS/cl.exe", cxx="C:/VS/cl.exe", nvcc="C:/CUDA/bin/nvcc.exe")
-    auto = toolchain.choose_backend("auto", _hw("Windows", gpus=[RTX]), msvc)
+    auto = backend.choose_backend("auto", _hw("Windows", gpus=[RTX]), msvc)
     assert auto.backend == "cuda" and "-DCMAKE_CUDA_ARCHITECTURES=89" in auto.cmake_flags
     assert "-DGGML_METAL=OFF" not in auto.cmake_flags
     mingw = _tools(cc="C:/mingw/gcc.exe", cxx="C:/mingw/g++.exe", nvcc="C:/CUDA/bin/nvcc.exe")
     with pytest.raises(BonsaiError, match="needs MSVC") as err:
-        toolchain.choose_backend("cuda", _hw("Windows", gpus=[RTX]), mingw)
+        backend.choose_backend("cuda", _hw("Windows", gpus=[RTX]), mingw)
     assert "Desktop development with C++" in err.value.fix
     with pytest.raises(BonsaiError) as err:
-        toolchain.choose_backend("cuda", _hw("Windows", gpus=[RTX]), _tools(cxx="C:/VS/cl.exe"))
+        backend.choose_backend("cuda", _hw("Windows", gpus=[RTX]), _tools(cxx="C:/VS/cl.exe"))
     assert "CUDA_PATH" in err.value.fix and "apt" not in err.value.fix
     with pytest.raises(BonsaiError) as err:
-        toolchain.choose_backend("vulkan", _hw("Windows"), _tools(cxx="C:/VS/cl.exe"))
+        backend.choose_backend("vulkan", _hw("Windows"), _tools(cxx="C:/VS/cl.exe"))
     assert "VULKAN_SDK" in err.value.fix and "apt" not in err.value.fix
     with pytest.raises(BonsaiError, match="not supported on Windows"):
-        toolchain.choose_backend("hip", _hw("Windows"), _tools(hipconfig="C:/hip/hipconfig"))
-    assert toolchain.choose_backend("cpu", _hw("Windows"), msvc).cmake_flags == ()
+        backend.choose_backend("hip", _hw("Windows"), _tools(hipconfig="C:/hip/hipconfig"))
+    assert backend.choose_backend("cpu", _hw("Windows"), msvc).cmake_flags == ()
 
 
 @needs_sh
@@ -330,20 +330,20 @@ def test_xcode_select_answers():
 
 def test_macos_backends(monkeypatch):
     clang = _tools(cc="/usr/bin/cc", cxx="/usr/bin/c++")
-    metal = toolchain.choose_backend("auto", _hw("Darwin", "arm64"), clang)
+    metal = backend.choose_backend("auto", _hw("Darwin", "arm64"), clang)
     assert metal.backend == "metal" and metal.cmake_flags == ("-DGGML_METAL=ON",)
     # llama.cpp turns Metal on by default on every Mac: a CPU build must turn it off.
-    assert toolchain.choose_backend("cpu", _hw("Darwin", "arm64"), clang).cmake_flags == ("-DGGML_METAL=OFF",)
-    intel = toolchain.choose_backend("auto", _hw("Darwin", "x86_64"), clang)
+    assert backend.choose_backend("cpu", _hw("Darwin", "arm64"), clang).cmake_flags == ("-DGGML_METAL=OFF",)
+    intel = backend.choose_backend("auto", _hw("Darwin", "x86_64"), clang)
     assert intel.backend == "cpu" and intel.cmake_flags == ("-DGGML_METAL=OFF",)
     with pytest.raises(BonsaiError) as err:
-        toolchain.choose_backend("metal", _hw("Darwin", "x86_64"), clang)
+        backend.choose_backend("metal", _hw("Darwin", "x86_64"), clang)
     assert "Apple Silicon" in err.value.fix and "Intel Mac" in err.value.fix
     with pytest.raises(BonsaiError) as err:
-        toolchain.choose_backend("cuda", _hw("Darwin", "arm64"), clang)
+        backend.choose_backend("cuda", _hw("Darwin", "arm64"), clang)
     assert "does not exist on macOS" in err.value.fix
     monkeypatch.setenv("VULKAN_SDK", "/Users/ana/VulkanSDK/1.3.290.0/macOS")
-    vulkan = toolchain.choose_backend(
+    vulkan = backend.choose_backend(
         "vulkan", _hw("Darwin", "arm64"), _tools(cxx="/usr/bin/c++", glslc="/sdk/bin/glslc")
     )
     assert vulkan.cmake_flags == ("-DGGML_VULKAN=ON", "-DGGML_METAL=OFF")
@@ -352,7 +352,7 @@ def test_macos_backends(monkeypatch):
 def test_linux_flags_are_unchanged():
     """The build key of existing Linux builds depends on these: no new flags there."""
     gcc = _tools(cc="/usr/bin/cc", cxx="/usr/bin/c++")
-    assert toolchain.choose_backend("auto", _hw("Linux"), gcc).cmake_flags == ()
+    assert backend.choose_backend("auto", _hw("Linux"), gcc).cmake_flags == ()
     assert toolchain.hint("cuda", "Linux") == toolchain.INSTALL_HINTS["cuda"]
 
 

