@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
-import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.models.gguf_format import ArrayRef, HeaderReader, Truncated
 
 GGUF_MAGIC = b"GGUF"
 # Target architectures whose graphs expose per-layer inputs to a DFlash/DSpark drafter.
@@ -26,15 +26,6 @@ LEGACY_BLOCK_SIZE_KEYS = ("dspark.dspark.block_size", "dspark.block_size")
 # DSpark log-SNR conditioning (PrismML's GIDD-trained Bonsai drafters): the flag, its bounds and
 # four tensors, all required together by our patched llama.cpp (vendor/llama.cpp/patches/0002-*).
 LOG_SNR_TENSORS = ("log_snr_fc1.weight", "log_snr_fc1.bias", "log_snr_fc2.weight", "log_snr_fc2.bias")
-
-# GGUF value types (see gguf.constants.GGUFValueType): id -> struct format, or None.
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-_U64 = struct.Struct("<Q")
-
-
-class _Truncated(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -163,67 +154,6 @@ class GGUFInfo:
         return out
 
 
-class _HeaderReader:
-    """A cursor over the memory-mapped file that refuses to read past its end."""
-
-    def __init__(self, buf: mmap.mmap | bytes) -> None:
-        self.buf = buf
-        self.pos = 0
-
-    def take(self, n: int) -> bytes:
-        end = self.pos + n
-        if end > len(self.buf):
-            raise _Truncated
-        chunk = self.buf[self.pos : end]
-        self.pos = end
-        return chunk
-
-    def scalar(self, fmt: str) -> Any:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
-
-    def string(self) -> str:
-        return self.take(self.scalar("<Q")).decode("utf-8", errors="replace")
-
-    def value(self, vtype: int, keep_arrays: bool) -> Any:
-        if vtype in _SCALARS:
-            return self.scalar(_SCALARS[vtype])
-        if vtype == _STRING:
-            return self.string()
-        if vtype == _ARRAY:
-            item_type = self.scalar("<I")
-            count = self.scalar("<Q")
-            start = self.pos
-            if item_type in _SCALARS and not keep_arrays:
-                self.pos += count * struct.calcsize(_SCALARS[item_type])
-                if self.pos > len(self.buf):
-                    raise _Truncated
-                return _ArrayRef(item_type, count, start, self.pos)
-            if item_type == _STRING and not keep_arrays:
-                # A tight loop: vocabularies hold 150-262k strings, and method calls per item
-                # cost ~0.3 s of `bonsai start` time.
-                buf, pos, end, unpack = self.buf, self.pos, len(self.buf), _U64.unpack_from
-                for _ in range(count):
-                    if pos + 8 > end:
-                        raise _Truncated
-                    pos += 8 + unpack(buf, pos)[0]
-                if pos > end:
-                    raise _Truncated
-                self.pos = pos
-                return _ArrayRef(item_type, count, start, self.pos)
-            return [self.value(item_type, keep_arrays) for _ in range(count)]
-        raise BonsaiError(f"unknown GGUF value type {vtype}")
-
-
-@dataclass(frozen=True)
-class _ArrayRef:
-    """A large array we skipped over; we keep where its bytes are, to hash them."""
-
-    item_type: int
-    count: int
-    start: int
-    end: int
-
-
 def _small_array_keys(key: str) -> bool:
     return key.endswith("target_layers") or key == "general.tags"
 
@@ -249,7 +179,7 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
             info = _parse(path, size, buf)
             _cache_put(path, stat, info)
             return info
-        except _Truncated:
+        except Truncated:
             raise BonsaiError(
                 f"{path.name} is truncated: the file ends inside its header ({size} bytes)",
                 "download it again (`bonsai pull` resumes and verifies)",
@@ -335,7 +265,7 @@ def _type_tables():
 def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
     GGML_QUANT_SIZES, GGMLQuantizationType = _type_tables()
 
-    r = _HeaderReader(buf)
+    r = HeaderReader(buf)
     r.take(4)
     version = r.scalar("<I")
     if version not in (2, 3):
@@ -383,11 +313,11 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
 
     def arch_key(suffix: str) -> Any:
         value = kv.get(f"{arch}.{suffix}")
-        return None if isinstance(value, _ArrayRef) else value
+        return None if isinstance(value, ArrayRef) else value
 
     tokens = kv.get("tokenizer.ggml.tokens")
     vocab_size = fingerprint = None
-    if isinstance(tokens, _ArrayRef):
+    if isinstance(tokens, ArrayRef):
         vocab_size = tokens.count
         fingerprint = hashlib.sha256(buf[tokens.start : tokens.end]).hexdigest()[:16]
 

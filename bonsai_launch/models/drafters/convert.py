@@ -37,6 +37,7 @@ from typing import Any
 
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.models.gguf import GGUFInfo, inspect_gguf
+from bonsai_launch.models.gguf_format import ARRAY, NUMPY, SCALARS, STRING, HeaderReader, Truncated
 
 CONVERTER_VERSION = "1"
 QUANT_TYPES = ("Q4_0", "Q8_0", "none")
@@ -74,9 +75,6 @@ SIDECAR_FIX = (
 )
 
 # GGUF value types
-_STRING, _ARRAY = 8, 9
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
 class DrafterDoesNotFit(BonsaiError):
@@ -104,7 +102,7 @@ class Provenance:
 
     def key_values(self) -> list[KeyValue]:
         return [
-            KeyValue(k, _STRING, v.encode())
+            KeyValue(k, STRING, v.encode())
             for k, v in (
                 (SOURCE_SHA256_KEY, self.source_sha256),
                 (SOURCE_NAME_KEY, self.source_name),
@@ -178,25 +176,6 @@ class ConversionResult:
 # --- reading ------------------------------------------------------------------------------------
 
 
-class _Cursor:
-    def __init__(self, buf: mmap.mmap) -> None:
-        self.buf, self.pos = buf, 0
-
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.buf):
-            raise EOFError
-        chunk = self.buf[self.pos : self.pos + n]
-        self.pos += n
-        return chunk
-
-    def scalar(self, vtype: int) -> Any:
-        fmt = _SCALARS[vtype]
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
-
-    def string(self) -> bytes:
-        return self.take(self.scalar(10))
-
-
 def read_key_values(path: Path) -> list[KeyValue]:
     """The key/value section of a GGUF file, parsed by hand up to the tensor infos.
 
@@ -206,39 +185,39 @@ def read_key_values(path: Path) -> list[KeyValue]:
     import numpy as np
 
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        r = _Cursor(buf)
+        r = HeaderReader(buf)
         try:
             if r.take(4) != b"GGUF":
                 raise BonsaiError(f"{path.name} is not a GGUF file", "point at a .gguf model file")
-            r.scalar(4)  # version
-            r.scalar(10)  # tensor count
+            r.scalar("<I")  # version
+            r.scalar("<Q")  # tensor count
             out = []
-            for _ in range(r.scalar(10)):
-                key = r.string().decode("utf-8", errors="replace")
-                vtype = r.scalar(4)
-                if vtype == _STRING:
-                    out.append(KeyValue(key, vtype, r.string()))
-                elif vtype == _ARRAY:
-                    sub, count = r.scalar(4), r.scalar(10)
-                    if sub == _STRING:
-                        out.append(KeyValue(key, vtype, [r.string() for _ in range(count)], sub))
-                    elif sub in _NUMPY:
-                        raw = r.take(count * np.dtype(_NUMPY[sub]).itemsize)
-                        out.append(KeyValue(key, vtype, np.frombuffer(raw, _NUMPY[sub]).tolist(), sub))
+            for _ in range(r.scalar("<Q")):
+                key = r.string()
+                vtype = r.scalar("<I")
+                if vtype == STRING:
+                    out.append(KeyValue(key, vtype, r.raw_string()))
+                elif vtype == ARRAY:
+                    sub, count = r.scalar("<I"), r.scalar("<Q")
+                    if sub == STRING:
+                        out.append(KeyValue(key, vtype, [r.raw_string() for _ in range(count)], sub))
+                    elif sub in NUMPY:
+                        raw = r.take(count * np.dtype(NUMPY[sub]).itemsize)
+                        out.append(KeyValue(key, vtype, np.frombuffer(raw, NUMPY[sub]).tolist(), sub))
                     else:
                         raise BonsaiError(
                             f"{path.name}: key {key} holds an array of arrays, which bonsai cannot copy",
                             "use a target GGUF written by a current llama.cpp",
                         )
-                elif vtype in _SCALARS:
-                    out.append(KeyValue(key, vtype, r.scalar(vtype)))
+                elif vtype in SCALARS:
+                    out.append(KeyValue(key, vtype, r.scalar(SCALARS[vtype])))
                 else:
                     raise BonsaiError(
                         f"{path.name}: key {key} has unknown GGUF value type {vtype}",
                         "use a target GGUF written by a current llama.cpp",
                     )
             return out
-        except (EOFError, struct.error):
+        except (Truncated, struct.error):
             raise BonsaiError(
                 f"{path.name} is truncated inside its header", "download it again (`bonsai pull` resumes and verifies)"
             ) from None
@@ -251,11 +230,11 @@ def _legacy_key_values(reader) -> list[KeyValue]:
         if name.startswith("GGUF."):
             continue  # the reader's pseudo-fields: version and counts
         vtype = int(fld.types[0])
-        if vtype == _STRING:
+        if vtype == STRING:
             value: Any = bytes(fld.parts[fld.data[0]])
-        elif vtype == _ARRAY:
+        elif vtype == ARRAY:
             sub = int(fld.types[1]) if len(fld.types) > 1 else None
-            if sub == _STRING:
+            if sub == STRING:
                 value = [bytes(fld.parts[i]) for i in fld.data]
             else:
                 value = [fld.parts[i].tolist()[0] for i in fld.data]
@@ -360,7 +339,7 @@ def plan_conversion(
             "the drafter file is incomplete; download the `*-dspark-bf16.gguf` sidecar again",
         )
     layers_item = kv.get("dspark.dspark.target_layers")
-    if layers_item is None or layers_item.vtype != _ARRAY or not layers_item.value:
+    if layers_item is None or layers_item.vtype != ARRAY or not layers_item.value:
         raise BonsaiError(f"{source.name} has no dspark.dspark.target_layers", "the drafter file is incomplete")
     shifted = tuple(int(x) + 1 for x in layers_item.value)
     embedding = value("dspark.embedding_length")
@@ -458,9 +437,7 @@ def plan_conversion(
             item = KeyValue(new, item.vtype, item.value, item.sub_type)
         out.append(item)
     out += [
-        k
-        for k in donor_tok
-        if k.key != "tokenizer.ggml.mask_token_id" and not (k.vtype == _ARRAY and len(k.value) == 0)
+        k for k in donor_tok if k.key != "tokenizer.ggml.mask_token_id" and not (k.vtype == ARRAY and len(k.value) == 0)
     ]  # gguf's writer cannot write empty arrays
     mask_item = kv.get("dspark.dspark.mask_token_id")
     out.append(KeyValue("tokenizer.ggml.mask_token_id", mask_item.vtype if mask_item else 4, int(mask)))
