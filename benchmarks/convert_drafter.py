@@ -252,7 +252,7 @@ def main() -> None:
         }
         result["convert"]["mb_per_s"] = round(legacy.stat().st_size / 1e6 / max(convert["seconds"], 1e-9), 1)
         if not args.no_quantize:
-            from bonsai_launch.models.drafters.convert import find_quantize
+            from bonsai_launch.models.drafters.quantize import find_quantize
 
             result["quantize_q4_0"] = measure([str(find_quantize()), str(converted), str(quantized), "Q4_0"], env)
             result["quantized_bytes"] = quantized.stat().st_size

@@ -16,7 +16,10 @@ from gguf import GGUFReader
 import tiny_gguf
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.models.drafters import convert as drafter_convert
-from bonsai_launch.models.drafters.convert import convert_drafter, plan_conversion, read_provenance, stale_reasons
+from bonsai_launch.models.drafters import quantize
+from bonsai_launch.models.drafters.convert import convert_drafter
+from bonsai_launch.models.drafters.plan import plan_conversion
+from bonsai_launch.models.drafters.provenance import CONVERTER_VERSION, read_provenance, stale_reasons
 from bonsai_launch.models.gguf import check_pair, inspect_gguf
 from cli_runner import run_cli
 from legacy_dspark_gguf import patch_tensor_type, with_key, write_legacy_drafter
@@ -149,7 +152,7 @@ def test_provenance_says_where_it_came_from(files, tmp_path):
     assert prov == result.provenance
     assert prov.source_sha256 == hashlib.sha256(files["legacy_snr"].read_bytes()).hexdigest()
     assert prov.target_vocab_fingerprint == inspect_gguf(files["target"]).vocab_fingerprint
-    assert prov.converter_version == drafter_convert.CONVERTER_VERSION and prov.shared_tensors == "dropped"
+    assert prov.converter_version == CONVERTER_VERSION and prov.shared_tensors == "dropped"
     assert stale_reasons(result.output, prov.source_sha256, files["target"]) == []
     assert any("another source" in r for r in stale_reasons(result.output, "0" * 64, files["target"]))
     assert any("another vocabulary" in r for r in stale_reasons(result.output, None, files["other_target"]))
@@ -348,7 +351,7 @@ def test_llama_quantize_is_found_in_another_installed_build(tmp_path, monkeypatc
     monkeypatch.setattr(
         "bonsai_launch.llamacpp.choice.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server"
     )
-    assert drafter_convert.find_quantize() == builds_dir() / "cpu-old" / "bin" / "llama-quantize"
+    assert quantize.find_quantize() == builds_dir() / "cpu-old" / "bin" / "llama-quantize"
 
 
 def test_failed_quantize_leaves_nothing_behind(files, tmp_path, capsys, monkeypatch):

@@ -18,7 +18,7 @@ from bonsai_launch.config.profiles import get_profile
 from bonsai_launch.models import store as model_store
 from bonsai_launch.models.drafters import cache as drafter_cache
 from bonsai_launch.models.drafters import convert as drafter_convert
-from bonsai_launch.models.drafters.convert import read_provenance
+from bonsai_launch.models.drafters.provenance import read_provenance
 from bonsai_launch.models.pull import ensure_profile_files
 from cli_runner import run_cli
 from fake_hub import TERNARY_27B

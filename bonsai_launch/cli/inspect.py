@@ -29,7 +29,7 @@ def command(
 
     info = inspect_gguf(file)
     problems = check_pair(inspect_gguf(target), info) if target else []
-    from bonsai_launch.models.drafters.convert import read_provenance
+    from bonsai_launch.models.drafters.provenance import read_provenance
 
     conversion = read_provenance(file) if info.architecture == "dflash" else None  # bonsai convert-drafter's record
     if json_output:

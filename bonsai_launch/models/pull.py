@@ -469,7 +469,7 @@ def _convert_legacy_drafter(profile: Profile, result: PullResult, reporter: Repo
     if drafter is None or model is None or not drafter_cache.needs_conversion(entry):
         return
     assert entry is not None
-    from bonsai_launch.models.drafters.convert import DrafterDoesNotFit
+    from bonsai_launch.models.drafters.plan import DrafterDoesNotFit
 
     output = drafter_cache.profile_output(profile, entry)
     try:

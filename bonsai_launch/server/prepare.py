@@ -122,7 +122,7 @@ def usable_for_start(flags, env: Mapping[str, str], model: str | None, drafter: 
     """`--drafter X`: X itself, or for a legacy file its conversion for the model the launch
     will run (the profile's or --model), with progress on stderr."""
     from bonsai_launch.models.drafters.cache import usable_drafter
-    from bonsai_launch.models.drafters.convert import is_legacy_drafter
+    from bonsai_launch.models.drafters.provenance import is_legacy_drafter
     from bonsai_launch.models.progress import RichReporter
     from bonsai_launch.server.inputs import model_files, select
 

@@ -6,7 +6,7 @@ the profile's own model file into `<profile folder>/<name>-dspark-dflash-Q4_0.gg
 `bonsai start` then runs. A legacy file passed with `--drafter` is converted into
 BONSAI_HOME/cache/drafters/ instead. Either way llama-server never sees a legacy file.
 
-A conversion is *current* when its recorded provenance (drafter_convert.Provenance) matches the
+A conversion is *current* when its recorded provenance (provenance.Provenance) matches the
 source's sha256, the target's vocabulary fingerprint and this converter's version. The
 source's sha256 comes from the pull's verification record or from a small memo keyed by path,
 size and mtime (written by the conversion itself, which hashes the source on the way), so
@@ -26,6 +26,7 @@ from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.core.paths import bonsai_home
 from bonsai_launch.models import store as model_store
 from bonsai_launch.models.drafters import convert as drafter_convert
+from bonsai_launch.models.drafters import provenance, quantize
 
 CONVERT_KINDS = ("dspark",)
 
@@ -45,7 +46,7 @@ def needs_conversion(entry: ModelFile | None) -> bool:
 
 
 def profile_output(profile: Profile, entry: ModelFile) -> Path:
-    return model_store.folder(profile.name) / drafter_convert.default_output_name(Path(entry.name))
+    return model_store.folder(profile.name) / provenance.default_output_name(Path(entry.name))
 
 
 def cache_output(source: Path, target: Path) -> Path:
@@ -53,7 +54,7 @@ def cache_output(source: Path, target: Path) -> Path:
     from bonsai_launch.models.gguf import inspect_gguf
 
     key = hashlib.sha256(f"{source.resolve()}\0{inspect_gguf(target).vocab_fingerprint}".encode()).hexdigest()[:12]
-    name = drafter_convert.default_output_name(source).removesuffix(".gguf")
+    name = provenance.default_output_name(source).removesuffix(".gguf")
     return bonsai_home() / "cache" / "drafters" / f"{name}-{key}.gguf"
 
 
@@ -109,7 +110,7 @@ def state_of(source: Path | None, converted: Path, target: Path, source_sha: str
         return DrafterState("converted", source, converted, (f"target {target.name} is not present",))
     source_present = source is not None and source.is_file()
     sha = source_sha if source_present else None  # a removed sidecar: trust the record for the source
-    reasons = drafter_convert.stale_reasons(converted, sha, target)
+    reasons = provenance.stale_reasons(converted, sha, target)
     if source_present and sha is None:
         reasons = reasons + ["the source's sha256 is not known yet"]
     return DrafterState("current" if not reasons else "converted", source, converted, tuple(reasons))
@@ -154,7 +155,7 @@ def ensure_converted(
 def find_quantize_or_build(reporter=None) -> Path:
     """llama-quantize from our build; built now (with llama-server, from the pin) when missing."""
     try:
-        return drafter_convert.find_quantize()
+        return quantize.find_quantize()
     except BonsaiError:
         if os.environ.get("BONSAI_LLAMA_SERVER"):
             raise  # the user chose a binary: do not build another one behind their back
@@ -166,13 +167,13 @@ def find_quantize_or_build(reporter=None) -> Path:
             "llama-quantize (needed to shrink the converted drafter) is not built yet: running `bonsai build`"
         )
     build(BuildRequest(backend=detected_backend()), console=console(stderr=True))
-    return drafter_convert.find_quantize()
+    return quantize.find_quantize()
 
 
 def usable_drafter(drafter: Path, target: Path, *, reporter=None) -> Path:
     """What to hand llama-server for `--drafter`: the file itself, or for a legacy `dspark`
     file its conversion in the cache (made now when needed)."""
-    if not drafter_convert.is_legacy_drafter(drafter):
+    if not provenance.is_legacy_drafter(drafter):
         return drafter
     if not target.is_file():
         raise BonsaiError(
@@ -188,7 +189,7 @@ def usable_drafter(drafter: Path, target: Path, *, reporter=None) -> Path:
 
 def refusal_for_legacy(drafter: Path, target: Path) -> BonsaiError:
     """The one line for a legacy drafter where nothing may be converted (a dry run)."""
-    out = cache_output(drafter, target) if target.is_file() else Path(drafter_convert.default_output_name(drafter))
+    out = cache_output(drafter, target) if target.is_file() else Path(provenance.default_output_name(drafter))
     return BonsaiError(
         f"{drafter.name} is a legacy 'dspark' drafter, which llama-server cannot load as it is",
         f"convert it once: bonsai convert-drafter {drafter} --target {target} -o {out} "
