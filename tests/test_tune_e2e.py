@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import tiny_gguf as tg
 from bonsai_launch.decisions import store
-from bonsai_launch.tune.session import TuneOptions, TuneRequest, run_tune
+from bonsai_launch.tune.session import TuneOptions, run_tune
+from bonsai_launch.tune.subject import TuneRequest
 from start_helpers import bonsai, bonsai_env, json_out, no_server_left, stop_all
 
 pytestmark = pytest.mark.server

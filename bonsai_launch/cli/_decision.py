@@ -22,7 +22,8 @@ def tune_now(
     """Fetch what is missing (model, drafter, llama-server), then measure with a progress bar."""
     from bonsai_launch.cli._progress import ProgressListener
     from bonsai_launch.server.prepare import prepare_launch
-    from bonsai_launch.tune.session import TuneOptions, TuneRequest, check_options, run_tune
+    from bonsai_launch.tune.session import TuneOptions, check_options, run_tune
+    from bonsai_launch.tune.subject import TuneRequest
 
     options = TuneOptions(
         budget_s=budget, max_tokens=max_tokens, temperature=temperature, prompts_path=prompts, configs=configs

@@ -257,7 +257,7 @@ def save_decision(doc: dict, options, target, paths: dict):
     """`--save`: the tuning rule over this run, stored like a `bonsai tune` decision."""
     from bonsai_launch.bench import prompts as suite
     from bonsai_launch.decisions.store import save
-    from bonsai_launch.tune.session import decision_from_bench, with_report
+    from bonsai_launch.tune.subject import decision_from_bench, with_report
 
     chosen = suite.select(
         suite.load_prompts(options.prompts_path),

@@ -19,7 +19,6 @@ speed; `--budget` sets it in seconds.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -34,17 +33,11 @@ from bonsai_launch.bench import requests, servers, summary
 from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, Listener, ServerRun, SilentListener
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.decisions.identity import (
-    TuneKey,
-    build_id,
-    file_sha256,
-    machine_id,
-    prompts_sha256,
-    server_conditions,
     tune_dir,
 )
 from bonsai_launch.decisions.store import Decision, save
-from bonsai_launch.tune import candidates as cands
-from bonsai_launch.tune.decide import RULE, decide
+from bonsai_launch.tune.decide import decide
+from bonsai_launch.tune.subject import TuneRequest, measured_decision, plan_candidates, subject
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
 BUDGET_RUNS = 16  # default budget, in first-plain-run times: 8 screening + 2 x 2 confirming + slack
@@ -63,17 +56,6 @@ class TuneOptions:
     seed: int = 42
 
 
-@dataclass(frozen=True)
-class TuneRequest:
-    """What to tune: the launch a user would make (settings flags, files, llama-server)."""
-
-    flags: dict[str, Any]
-    model: str | None = None
-    drafter: str | None = None
-    passthrough: tuple[str, ...] = ()
-    binary: Path | None = None
-
-
 @dataclass
 class TuneOutcome:
     decision: Decision
@@ -85,110 +67,9 @@ class TuneOutcome:
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Subject:
-    """The model, drafter and binary being tuned, with the key their decision is stored under."""
-
-    profile: str | None
-    model: Path
-    drafter: Path | None
-    key: TuneKey
-    candidates: tuple[cands.Candidate, ...]
-    unusable: dict[str, str]  # candidates that cannot run here, with why
-
-
 def load_tuning_prompts(path: str | None) -> tuple[list[suite.Prompt], str]:
     prompts = suite.load_prompts(path or PROMPTS_FILE)
     return prompts, (str(Path(path).expanduser()) if path else "bundled tuning prompts")
-
-
-def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[str, ...] | None = None) -> Subject:
-    """Resolve the files and the candidates; hash what the decision's key needs."""
-    from bonsai_launch.llamacpp.binaries import probe
-    from bonsai_launch.models.gguf import check_pair, inspect_gguf
-    from bonsai_launch.server.inputs import explicit_model, model_files, option_table, select
-    from bonsai_launch.server.passthrough import fold_settings
-    from bonsai_launch.server.passthrough import parse as parse_passthrough
-
-    if request.binary is None:
-        raise BonsaiError("no llama-server to tune with", "run `bonsai build` or set BONSAI_LLAMA_SERVER")
-    selection = select({**request.flags, "speculative": None})
-    files = model_files(selection, request.model, request.drafter)
-    if not files.model.is_file():
-        raise BonsaiError(
-            f"model file {files.model} is not present",
-            f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH",
-        )
-    unusable: dict[str, str] = {}
-    drafter_type = block = None
-    drafter_path = files.drafter if files.drafter is not None and files.drafter.is_file() else None
-    if files.drafter is not None and drafter_path is None:
-        unusable["drafter"] = f"{files.drafter.name} is not downloaded"
-    elif files.drafter_unavailable:
-        unusable["drafter"] = files.drafter_unavailable
-    if drafter_path is not None:
-        target, drafter = inspect_gguf(files.model), inspect_gguf(drafter_path)
-        problems = check_pair(target, drafter)
-        if problems or drafter.drafter is None:
-            unusable["drafter"] = "does not fit the target: " + "; ".join(problems or ["not a drafter"])
-        else:
-            drafter_type = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
-            block = drafter.drafter.block_size
-    caps = probe(request.binary)
-    own = not explicit_model(selection, request.model) or selection.names_model  # the profile's model, or named by it
-    profile_type = selection.profile.draft_free_type if own else None
-    found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type)
-    if configs:
-        found = cands.restrict(found, configs)
-    args = parse_passthrough(request.passthrough, option_table(caps))
-    key = TuneKey(
-        machine_id(),
-        build_id(request.binary),
-        file_sha256(files.model),
-        file_sha256(drafter_path) if drafter_path else None,
-        prompts_sha256(prompts),
-        server_conditions(fold_settings(selection.settings, args), args),
-    )
-    profile = selection.profile.name if own else None
-    return Subject(profile, files.model, drafter_path, key, tuple(found), unusable)
-
-
-def plan_candidates(
-    request: TuneRequest, found: tuple[cands.Candidate, ...]
-) -> tuple[list[ConfigSpec], dict[str, str]]:
-    """A launch plan per candidate, all with one context size (the largest any asks for), as
-    the bench plans its configurations. A candidate the plan refuses is skipped with why."""
-    from bonsai_launch.server.inputs import gather_plan
-
-    def build(ctx: int | None) -> tuple[list[ConfigSpec], dict[str, str]]:
-        specs, refused = [], {}
-        for cand in found:
-            flags = {**request.flags, **cand.flags(), "port": 8080}  # the port is replaced per server
-            if ctx is not None:
-                flags["ctx"] = ctx
-            try:
-                plan = gather_plan(
-                    flags,
-                    request.model,
-                    request.drafter if cand.spec_type and cand.spec_type.startswith("draft-") else None,
-                    request.passthrough,
-                    request.binary,
-                )
-            except BonsaiError as exc:
-                if cand.spec_type is None:
-                    raise
-                refused[cand.name] = str(exc).split("\n")[0]
-                continue
-            spec_type = plan.speculative.spec_type if plan.speculative else None
-            spec = ConfigSpec(cand.name, cand.spec_type is None, spec_type, flags, plan=plan)
-            specs.append(spec)
-        return specs, refused
-
-    specs, refused = build(request.flags.get("ctx") or None)
-    ctxs = {s.plan.ctx for s in specs}
-    if len(ctxs) > 1:
-        specs, refused = build(max(ctxs))
-    return specs, refused
 
 
 class _OutOfTime(Exception):
@@ -402,77 +283,3 @@ def run_tune(
     )
     stored = save(decision)
     return TuneOutcome(decision, doc, paths, stored, clock.budget_s or 0.0, clock.elapsed, notes)
-
-
-def decision_from_bench(
-    doc: dict[str, Any],
-    flags: dict[str, Any],
-    model: str | None,
-    drafter: str | None,
-    binary: Path,
-    prompts: list[suite.Prompt],
-    prompts_name: str,
-    passthrough: tuple[str, ...] = (),
-) -> Decision:
-    """`bonsai bench --save`: the same rule over a bench run, stored for the same key a tune
-    run of that model, drafter and server arguments would use (the prompt set is the bench's)."""
-    if doc.get("mode") != "launch":
-        raise BonsaiError("--save needs a bench that launched its own servers", "leave out --url")
-    if len(doc["options"]["temps"]) and doc["options"]["repeats"] < 3:
-        raise BonsaiError(
-            f"--save needs at least 3 repeats (this run: {doc['options']['repeats']})", "use --repeats 3 or more"
-        )
-    request = TuneRequest(flags, model, drafter, passthrough, binary)
-    subj = subject(request, prompts)
-    choice, table = decide(doc)
-    return measured_decision(
-        subj,
-        doc,
-        choice,
-        table,
-        "bench",
-        prompts_name,
-        len(prompts),
-        {
-            "duration_s": doc.get("duration_s"),
-            "temperatures": doc["options"]["temps"],
-            "repeats": doc["options"]["repeats"],
-            "max_tokens": doc["options"]["max_tokens"],
-            "notes": list(doc.get("notes") or ()),
-        },
-    )
-
-
-def measured_decision(
-    subj: Subject,
-    doc: dict[str, Any],
-    choice,
-    table: list[dict[str, Any]],
-    source: str,
-    prompts_name: str,
-    n_prompts: int,
-    evidence: dict[str, Any],
-) -> Decision:
-    """One Decision for tune and `bench --save`: the subject's key and files, the rule and the
-    noise rule it was judged by, and what each source adds as evidence."""
-    return Decision(
-        key=subj.key,
-        choice=choice,
-        table=tuple(table),
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        source=source,
-        model=str(subj.model.resolve()),
-        profile=subj.profile,
-        drafter=str(subj.drafter.resolve()) if subj.drafter else None,
-        prompts=prompts_name,
-        evidence={
-            "prompts": n_prompts,
-            "rule": RULE,
-            "noise_rule": doc["definitions"]["noise_rule"],
-            **evidence,
-        },
-    )
-
-
-def with_report(decision: Decision, report_path: str | None) -> Decision:
-    return dataclasses.replace(decision, evidence={**decision.evidence, "report": report_path})
