@@ -470,6 +470,29 @@ def test_config_shows_the_decision_state(capsys, monkeypatch):
     assert os.environ["BONSAI_SPECULATIVE"] == "auto"
 
 
+def test_config_looks_up_the_decision_of_the_binary_start_would_run(llama_server, capsys, monkeypatch, tmp_path):
+    """`bonsai config` answers "which llama-server" as `bonsai start` does (BONSAI_LLAMA_BIN
+    included): the decision it shows is the one the start would use, not another binary's."""
+    from bonsai_launch.core.paths import profile_models_dir
+    from cli_runner import run_cli
+
+    folder = tmp_path / "my-llama" / "bin"
+    folder.mkdir(parents=True)
+    (folder / "llama-server").symlink_to(llama_server)
+    monkeypatch.setenv("BONSAI_LLAMA_BIN", str(folder))  # the reference launcher's folder setting
+    monkeypatch.setenv("BONSAI_SPECULATIVE", "auto")
+    profile_models_dir("demo").mkdir(parents=True)
+    tg.write_target(profile_models_dir("demo") / "gemma-3-270m-q4_k_m.gguf")
+
+    code, plan = _dry(capsys, "--profile", "demo")
+    assert code == 0, plan
+    code, out, err = run_cli(capsys, "config", "--profile", "demo", "--json")
+    assert code == 0, err
+    shown = json.loads(out)["tuning"]
+    assert plan["tuning"]["status"] == "missing"  # a binary, and no decision for it yet
+    assert shown == plan["tuning"]
+
+
 def test_the_decision_table_shows_its_server_settings_and_notes_wherever_it_is_printed():
     """tune prints a stored decision, start and config the plan's view of it: both show the
     settings it holds for and why its numbers may be unsure (a busy machine)."""

@@ -160,6 +160,19 @@ def model_files(
     return ModelFiles(model_path, drafter_path, mmproj_path, unavailable)
 
 
+def auto_decision(selection: Selection, files: ModelFiles, binary: Path | None, model: str | None, args):
+    """BONSAI_SPECULATIVE=auto for this launch: (the selection with concrete speculative
+    settings, the decision's info). The one lookup `start` and `config` share: the decision for
+    these files, this binary and these server settings (`args`, the parsed passthrough)."""
+    from bonsai_launch.decisions.auto import apply_auto
+    from bonsai_launch.decisions.identity import server_conditions
+    from bonsai_launch.server.passthrough import fold_settings
+
+    subject = selection.profile.name if not explicit_model(selection, model) or selection.names_model else None
+    conditions = server_conditions(fold_settings(selection.settings, args), args)
+    return apply_auto(selection, files, binary, subject, conditions)
+
+
 def option_table(capabilities):
     """llama-server's option table: the probed binary's, else the pinned build's (the one
     `bonsai start` builds when none is built yet)."""
@@ -204,14 +217,8 @@ def gather_plan(
     args = parse_passthrough(passthrough, option_table(capabilities))
     tuning = None
     if selection.settings["speculative"] == "auto":
-        from bonsai_launch.decisions.auto import apply_auto
-        from bonsai_launch.decisions.identity import server_conditions
-        from bonsai_launch.server.passthrough import fold_settings
-
-        subject = selection.profile.name if not explicit_model(selection, model) or selection.names_model else None
-        conditions = server_conditions(fold_settings(selection.settings, args), args)
         # the measured decision for these files and server settings, or plain
-        selection, tuning = apply_auto(selection, files, binary, subject, conditions)
+        selection, tuning = auto_decision(selection, files, binary, model, args)
     target = inspect_gguf(files.model)
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):

@@ -135,13 +135,17 @@ def usable_for_start(flags, env: Mapping[str, str], model: str | None, drafter: 
 
 
 def describe_for_config(selection) -> dict[str, Any]:
-    """What BONSAI_SPECULATIVE=auto would use for this selection now (`bonsai config`)."""
-    from bonsai_launch.decisions.auto import AUTO, find
-    from bonsai_launch.llamacpp.choice import find_server
-    from bonsai_launch.server.inputs import model_files
+    """What BONSAI_SPECULATIVE=auto would use for this selection now (`bonsai config`): the
+    decision `bonsai start` would look up, for the binary it would run (choose_server, so
+    BONSAI_LLAMA_BIN and the fork build count) and its default server settings."""
+    from bonsai_launch.decisions.auto import AUTO
+    from bonsai_launch.llamacpp.choice import choose_server
+    from bonsai_launch.server.inputs import auto_decision, model_files, option_table
+    from bonsai_launch.server.passthrough import parse
 
     try:
-        files = model_files(selection, None, None)
+        choice = choose_server(selection.settings, selection.flavour)
+        files = model_files(selection, None, None, choice.kind)
         if not files.model.is_file():
             return {
                 "setting": AUTO,
@@ -149,8 +153,7 @@ def describe_for_config(selection) -> dict[str, Any]:
                 "message": f"BONSAI_SPECULATIVE=auto: no decision can be looked up ({files.model.name} is not "
                 f"downloaded)",
             }
-        binary = find_server(selection.settings["llama_server"])
+        _selection, info = auto_decision(selection, files, choice.path, None, parse((), option_table(None)))
     except BonsaiError as exc:
         return {"setting": AUTO, "status": "unavailable", "message": f"BONSAI_SPECULATIVE=auto: {exc}"}
-    _found, info = find(files, binary, selection.profile.name)
     return info
