@@ -68,9 +68,9 @@ def find_real_server() -> tuple[Path | None, str | None]:
             return None, f"BONSAI_LLAMA_SERVER={explicit!r} is not a file"
     else:
         try:
-            from bonsai_launch.llamacpp.choice import find_server
+            from bonsai_launch.llamacpp.builds import find_installed
 
-            path = find_server(None)
+            path = find_installed("auto")
         except Exception as exc:
             return None, f"no llama-server found ({exc})"
         if path is None:

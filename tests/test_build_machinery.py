@@ -15,6 +15,7 @@ import psutil
 import pytest
 from rich.console import Console
 
+from bonsai_launch.config.settings import resolve
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.hardware import GPU, Hardware
 from bonsai_launch.core.paths import builds_dir
@@ -168,10 +169,10 @@ def test_pinned_build_with_patch_end_to_end(tmp_path, monkeypatch):
     assert m["source"]["patches"] == ["0001-add-type.patch"] and m["patches_hash"]
     assert "-DLLAMA_BUILD_NUMBER=4242" in m["cmake_flags"]
     assert m["capabilities"]["build_number"] == 4242 and "draft-patched" in m["capabilities"]["spec_types"]
-    # find_server(None) and ensure_server find it; nothing is rebuilt.
-    from bonsai_launch.llamacpp.choice import find_server
+    # choose_server and ensure_server find it; nothing is rebuilt.
+    from bonsai_launch.llamacpp.choice import choose_server
 
-    assert find_server(None) == result.server == find_installed("cpu")
+    assert choose_server(resolve({}), "mainline").path == result.server == find_installed("cpu")
     assert ensure_server("cpu") == result.server
 
 
@@ -179,13 +180,13 @@ def test_ensure_server_builds_when_nothing_is_installed(tmp_path, monkeypatch):
     archive, sha = make_sdist(tmp_path / "dist")
     use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))
     use_pin(monkeypatch, write_pin(tmp_path / "vendor", archive, sha))
-    from bonsai_launch.llamacpp.choice import find_server
+    from bonsai_launch.llamacpp.choice import choose_server
 
-    assert find_server(None) is None
+    assert choose_server(resolve({}), "mainline").path is None
     con, out = _console()
     server = ensure_server(console=con)
     assert server.is_file() and "no llama-server is built for cpu yet" in out.getvalue()
-    assert find_server(None) == server
+    assert choose_server(resolve({}), "mainline").path == server
 
 
 def test_git_source(tmp_path, tree):

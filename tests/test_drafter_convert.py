@@ -348,9 +348,7 @@ def test_llama_quantize_is_found_in_another_installed_build(tmp_path, monkeypatc
             builds_dir() / key,
             {"schema": 1, "backend": "cpu", "built_at": built_at, "binaries": {t: str(bin_dir / t) for t in tools}},
         )
-    monkeypatch.setattr(
-        "bonsai_launch.llamacpp.choice.find_server", lambda explicit: builds_dir() / "cpu-new" / "bin" / "llama-server"
-    )
+    monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(builds_dir() / "cpu-new" / "bin" / "llama-server"))
     assert quantize.find_quantize() == builds_dir() / "cpu-old" / "bin" / "llama-quantize"
 
 

@@ -1,6 +1,6 @@
 """Finding the llama-server binary to run and probing what it can do.
 
-Which binary a launch runs is server_choice's answer (choose_server, find_server); this module
+Which binary a launch runs is llamacpp/choice.py's one answer (choose_server); this module
 checks a named binary exists and probes it. Probing runs the binary's --help,
 --version and --list-devices; the result is cached by path, size and mtime, so a binary is
 run once per change, not once per `bonsai start`.

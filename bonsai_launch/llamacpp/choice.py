@@ -85,18 +85,6 @@ def choose_server(settings: Settings, flavour: str, backend: str = "auto") -> Se
     )
 
 
-def find_server(explicit: str | None, platform: str | None = None) -> Path | None:
-    """The binary to run: `explicit` (BONSAI_LLAMA_SERVER) if given, else the installed build
-    for the detected backend, else None when nothing is built yet."""
-    if explicit:
-        from bonsai_launch.llamacpp.binaries import explicit_server
-
-        return explicit_server(explicit, platform)
-    from bonsai_launch.llamacpp.builds.builder import find_installed
-
-    return find_installed("auto")
-
-
 def _pinned_fork_release() -> int | None:
     from bonsai_launch.llamacpp.builds.builder import fork_sources
 

@@ -13,11 +13,13 @@ from bonsai_launch.core.errors import ActionFailed, BonsaiError
 def find_quantize() -> Path:
     """llama-quantize: next to the llama-server bonsai runs, else from any installed build
     (newest first; quantizing does not depend on our patches or the backend)."""
+    from bonsai_launch.config.settings import resolve
     from bonsai_launch.core.paths import builds_dir, exe_name
     from bonsai_launch.llamacpp.builds.install import installed_builds
-    from bonsai_launch.llamacpp.choice import find_server
+    from bonsai_launch.llamacpp.choice import choose_server
+    from bonsai_launch.llamacpp.flavours import MAINLINE
 
-    server = find_server(os.environ.get("BONSAI_LLAMA_SERVER") or None)
+    server = choose_server(resolve({}), MAINLINE).path  # the user's binary (BONSAI_LLAMA_SERVER/BIN), else ours
     candidates = [server.parent / exe_name("llama-quantize")] if server is not None else []
     candidates += [
         Path(m["binaries"]["llama-quantize"])
