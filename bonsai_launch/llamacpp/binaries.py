@@ -28,7 +28,7 @@ from bonsai_launch.llamacpp.capabilities import (
 )
 from bonsai_launch.llamacpp.options import parse_option_table
 
-PROBE_SCHEMA = 4  # 2: shared_drafting; 3: dspark_log_snr; 4: the option table
+PROBE_SCHEMA = 5  # 2: shared_drafting; 3: dspark_log_snr; 4: the option table; 5: flags read from it
 
 
 def resolve_explicit(explicit: str, platform: str | None = None) -> Path | None:

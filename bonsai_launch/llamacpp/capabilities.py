@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
-from bonsai_launch.llamacpp.options import OptionTable
+from bonsai_launch.llamacpp.options import OptionTable, parse_option_table
 
-_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 _SPEC_TYPES = re.compile(r"\b(none(?:,\s*[a-z0-9][\w-]*)+)")
 _VERSION = re.compile(r"version:\s*(\d+)\s*\(([^)]*)\)")
 _BUILD = re.compile(r"build\s+(\d+)")
@@ -76,35 +75,17 @@ def parse_help(text: str) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def parse_help_full(text: str) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    """(accepted flags, speculative types, removed flags) from `llama-server --help`.
-
-    An option line starts in column 0 with `-`; its option column is every leading
-    two-space-separated part that starts with `-` (`-c,    --ctx-size N` has two), the rest
-    is the description. Continuation lines are indented and never define flags. Flags whose
-    description says "has been removed" still parse but make the server exit with an error,
-    so they are reported apart. The speculative types are the comma list on the
-    `--spec-type` line.
+    """(accepted flags, speculative types, removed flags) from `llama-server --help`, read from
+    its option table (options.parse_option_table). Flags whose description says "has been
+    removed" still parse but make the server exit with an error, so they are reported apart.
+    The speculative types are the comma list `--spec-type` shows as its value.
     """
-    flags: set[str] = set()
-    removed: set[str] = set()
-    spec_types: set[str] = set()
-    for line in text.splitlines():
-        if not line.startswith("-") or line.startswith("---"):
-            continue
-        parts = re.split(r"\s{2,}", line.strip())
-        options = []
-        for part in parts:
-            if not part.startswith("-"):
-                break
-            options.append(part)
-        column = " ".join(options)
-        description = " ".join(parts[len(options) :])
-        names = {m.group(1) for m in _FLAG.finditer(column)}
-        (removed if "has been removed" in description else flags).update(names)
-        if "--spec-type" in names:
-            found = _SPEC_TYPES.search(column)
-            if found:
-                spec_types.update(t.strip() for t in found.group(1).split(","))
+    table = parse_option_table(text)
+    flags = {name for opt in table.options if not opt.removed for name in opt.names}
+    removed = {name for opt in table.options if opt.removed for name in opt.names}
+    spec = table.lookup("--spec-type")
+    found = _SPEC_TYPES.search(spec.hint) if spec is not None else None
+    spec_types = {t.strip() for t in found.group(1).split(",")} if found else set()
     return frozenset(flags), frozenset(spec_types), frozenset(removed - flags)
 
 

@@ -17,7 +17,7 @@ import difflib
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,6 +31,9 @@ class Option:
     values: int  # 0 (a switch), 1, or 2 (--control-vector-layer-range START END)
     env: str | None = None  # the environment variable llama-server also reads it from
     removed: bool = False  # listed, but llama-server exits with an error when it is given
+    # The value hint as --help shows it (`N`, `none,draft-simple,...`); only a freshly parsed
+    # table has it (the capabilities read --spec-type's list from it), the stored one does not.
+    hint: str = field(default="", compare=False)
 
     @property
     def canonical(self) -> str:
@@ -87,7 +90,8 @@ def _value_count(hint: str) -> int:
 
 
 def parse_option_table(help_text: str) -> OptionTable:
-    """The option table from `llama-server --help`.
+    """The option table from `llama-server --help`: the one parser of it (the capabilities
+    are read from this table too).
 
     An option line starts in column 0 with `-`: its names are separated by `, `, and the value
     hint (if any) follows the last name after one space (llama.cpp's common_arg::to_string);
@@ -102,7 +106,13 @@ def parse_option_table(help_text: str) -> OptionTable:
             text = current["description"]
             env = _ENV.search(text)
             options.append(
-                Option(current["names"], current["values"], env.group(1) if env else None, "has been removed" in text)
+                Option(
+                    current["names"],
+                    _value_count(current["hint"]),
+                    env.group(1) if env else None,
+                    "has been removed" in text,
+                    current["hint"],
+                )
             )
 
     for line in help_text.splitlines():
@@ -119,7 +129,7 @@ def parse_option_table(help_text: str) -> OptionTable:
             pieces = column.split(", ")
             last_name, _, hint = pieces[-1].partition(" ")
             names = tuple(p.strip().rstrip(",") for p in [*pieces[:-1], last_name] if p.strip())
-            current = {"names": names, "values": _value_count(hint.strip()), "description": description}
+            current = {"names": names, "hint": hint.strip(), "description": description}
         elif current is not None and line.startswith(" "):
             current["description"] += " " + line.strip()
         elif not line.strip() or line.startswith("-----"):
