@@ -4,7 +4,7 @@ Tests never touch the user's caches: each test gets its own BONSAI_HOME. Tests t
 real llama-server use the `llama_server` fixture, which finds the binary built by
 `bonsai build` (or BONSAI_LLAMA_SERVER) before BONSAI_HOME is redirected. A missing binary,
 or one built from an older pin or patch series, and a missing demo model package are
-failures, not skips, unless SKIP_REAL_SERVER_TESTS=1 is set (see tests/real_parts.py).
+failures, not skips, unless SKIP_REAL_SERVER_TESTS=1 is set (see tests/support/real_parts.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The 27B profiles' drafter: the bf16 sidecar, pulled only for speculation, converted once,
 shown by `bonsai models`, run by `bonsai start`; and `--drafter LEGACY.gguf`.
 
-Pulls go through the real huggingface_hub client against tests/fake_hub.py; conversion uses
+Pulls go through the real huggingface_hub client against tests/support/fake_hub.py; conversion uses
 the real llama-quantize next to the real llama-server (built by `bonsai build`); the live
 checks run the real llama-server.
 """

@@ -2,7 +2,7 @@
 reference's test vectors, what bonsai reads from the header, and our patched llama-server
 loading, refusing and conditioning exactly as specified.
 
-The end-to-end fixture is explained in tests/log_snr_ref.py: its drafts agree with the target
+The end-to-end fixture is explained in tests/support/log_snr_ref.py: its drafts agree with the target
 only when the server computes the conditioning vector of one row kind (mask rows, or the anchor
 row) as specified; a fixture built for swapped sin/cos halves or swapped anchor/mask values is
 rejected by the same server. test_fixture_fails_unless_the_server_follows_its_convention shows,

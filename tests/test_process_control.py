@@ -470,7 +470,7 @@ def test_real_server_dies_with_bonsai_through_the_macos_watchdog(llama_server, t
         proc = subprocess.Popen(
             [
                 sys.executable,
-                str(ROOT / "tests" / "platform_runner.py"),
+                str(ROOT / "tests" / "support" / "platform_runner.py"),
                 "darwin",
                 "start",
                 "--model",

@@ -1,6 +1,6 @@
 """`bonsai pull` against a local fake hub, through the real huggingface_hub client.
 
-The fake hub (tests/fake_hub.py) serves tiny generated GGUFs under the real repo and file
+The fake hub (tests/support/fake_hub.py) serves tiny generated GGUFs under the real repo and file
 names; HF_ENDPOINT points at it. Each test states the failure it provokes and checks the
 message a user would see.
 """

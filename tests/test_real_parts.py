@@ -1,4 +1,4 @@
-"""The suite cannot be green without the real parts (tests/real_parts.py)."""
+"""The suite cannot be green without the real parts (tests/support/real_parts.py)."""
 
 from __future__ import annotations
 

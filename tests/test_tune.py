@@ -7,12 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 import tiny_gguf as tg
 from bonsai_launch.bench import prompts as suite

@@ -3,7 +3,7 @@
 PrismML publishes the Bonsai 27B DSpark drafters in the legacy layout of their old fork
 (`general.architecture = "dspark"`, keys under `dspark.dspark.*`, tensors under `dspark.*`,
 a `"none"` tokenizer stub). Upstream llama.cpp knows the same network as `dflash`. The
-conversion (facts: /work/shared/reference/dspark-conversion.md) renames keys and tensors,
+conversion (facts: shared/reference/dspark-conversion.md) renames keys and tensors,
 shifts the target layer ids by one (the legacy runtime tapped a layer's output, upstream taps
 the next layer's input), takes the tokenizer from the target, and copies every tensor's bytes
 unchanged. Then `llama-quantize` from our own build makes it small (Q4_0 by default).

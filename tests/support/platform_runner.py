@@ -1,6 +1,6 @@
 """Run the bonsai CLI with another system's process control, for tests on Linux.
 
-    python tests/platform_runner.py darwin start --model T.gguf ...
+    python tests/support/platform_runner.py darwin start --model T.gguf ...
 
 Only the process control is substituted (not sys.platform), so the macOS watchdog path
 runs for real on Linux: the server gets no PR_SET_PDEATHSIG, and only the watchdog can

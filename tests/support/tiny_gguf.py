@@ -57,7 +57,7 @@ dflash.min_log_snr and dflash.max_log_snr plus the tensors log_snr_fc1/fc2 (weig
 PrismML's Bonsai drafters. Only our patched build (vendor/llama.cpp/patches/0002-*) loads
 them ("DFlash with DSpark log-SNR conditioning (min -9.000, max 9.000)"); stock b11434 refuses
 the file ("wrong number of tensors; expected N, got N-4"). tests/test_log_snr.py checks the
-loader's refusals and, with tests/log_snr_ref.py, the conditioning maths.
+loader's refusals and, with tests/support/log_snr_ref.py, the conditioning maths.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 from bonsai_launch.llamacpp.builds import package_index
 from bonsai_launch.llamacpp.builds.pin import load_pin
 
-FAKE_TREE = Path(__file__).parent / "data" / "fake_llama"
+FAKE_TREE = Path(__file__).resolve().parent.parent / "data" / "fake_llama"
 
 
 def fake_tree(dest: Path) -> Path:

@@ -20,7 +20,7 @@ import psutil
 
 from bonsai_launch.server import client, instances
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this file is tests/support/)
 
 
 def with_pair(pair: dict[str, Path], *more: str) -> list[str]:

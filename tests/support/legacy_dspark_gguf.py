@@ -1,6 +1,6 @@
 """Tiny drafters in PrismML's legacy `dspark` layout, as the published `*-dspark-bf16.gguf` files are.
 
-The layout (keys, types, tensor names) follows /work/shared/reference/dspark-conversion.md §1:
+The layout (keys, types, tensor names) follows shared/reference/dspark-conversion.md §1:
 `general.architecture = "dspark"`; standard keys as `dspark.*`; DSpark keys double-prefixed as
 `dspark.dspark.*` (target_layers an INT32 array, unshifted: the legacy runtime tapped layer
 *outputs*); the `"none"` tokenizer stub as the only tokenizer key plus `dspark.vocab_size`;
