@@ -1,6 +1,6 @@
 """`bonsai bench`: an honest before/after benchmark of speculative decoding.
 
-prompts.py   the bundled prompt suite (prompts/*.jsonl) and user JSONL files
+prompts.py   the bundled prompt suite (suites/*.jsonl) and user JSONL files
 data.py      what a run is made of: options, configurations, raw measurements, listeners, environment
 servers.py   one server per configuration, launched and proven live, or attached by URL
 requests.py  what each server is sent: warm-up, the suite, multi-turn and concurrency rounds

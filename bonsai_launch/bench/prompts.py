@@ -97,7 +97,7 @@ def _read_jsonl(text: str, source: str) -> list[tuple[str, Any]]:
 
 
 def _bundled_text(name: str) -> str:
-    return resources.files("bonsai_launch.bench").joinpath("prompts", name).read_text(encoding="utf-8")
+    return resources.files("bonsai_launch.bench").joinpath("suites", name).read_text(encoding="utf-8")
 
 
 def load_prompts(path: str | Path | None = None) -> list[Prompt]:
