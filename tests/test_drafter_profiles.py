@@ -17,7 +17,7 @@ import tiny_gguf
 from bonsai_launch.config.profiles import get_profile
 from bonsai_launch.models import store as model_store
 from bonsai_launch.models.drafters import cache as drafter_cache
-from bonsai_launch.models.drafters import convert as drafter_convert
+from bonsai_launch.models.drafters import provenance
 from bonsai_launch.models.drafters.provenance import read_provenance
 from bonsai_launch.models.pull import ensure_profile_files
 from cli_runner import run_cli
@@ -99,7 +99,7 @@ def test_pull_with_speculation_converts_once_and_start_uses_it(hub, capsys, with
 
 def test_stale_conversion_is_shown_and_redone(hub, capsys, with_build, monkeypatch):
     assert run_cli(capsys, "pull", "--profile", "ternary-27b", "--speculative", "--no-vision")[0] == 0
-    monkeypatch.setattr(drafter_convert, "CONVERTER_VERSION", "999")
+    monkeypatch.setattr(provenance, "CONVERTER_VERSION", "999")
     state = _models(capsys)["ternary-27b"]["drafter_state"]
     assert state["state"] == "converted" and "converter version 1" in state["reasons"][0]
     code, out, err = run_cli(capsys, "pull", "--profile", "ternary-27b", "--speculative", "--no-vision", "--json")

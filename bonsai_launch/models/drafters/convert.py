@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
+from bonsai_launch.models.drafters import provenance as versions
 from bonsai_launch.models.drafters.plan import ConversionPlan, plan_conversion
 from bonsai_launch.models.drafters.provenance import (
-    CONVERTER_VERSION,
     DEFAULT_QUANT,
     Provenance,
 )
@@ -94,7 +94,7 @@ def write_converted(plan: ConversionPlan, dest: Path, *, on_bytes: Callable[[int
         placeholder,
         plan.source.name,
         plan.target_vocab_fingerprint,
-        CONVERTER_VERSION,
+        versions.CONVERTER_VERSION,  # read at call time: one value for writing and for stale_reasons
         "kept" if plan.keep_shared_tensors else "dropped",
         plan.quantization,
     )
