@@ -264,6 +264,54 @@ def test_choose_backend():
         backend.choose_backend("opencl", _hw(), _tools())
 
 
+LAVAPIPE_SUMMARY = """Devices:
+========
+GPU0:
+	apiVersion         = 1.3.230
+	deviceType         = PHYSICAL_DEVICE_TYPE_CPU
+	deviceName         = llvmpipe (LLVM 15.0.6, 256 bits)
+	driverName         = llvmpipe
+"""
+RADEON_SUMMARY = LAVAPIPE_SUMMARY.replace("GPU0:", "GPU1:") + LAVAPIPE_SUMMARY.replace(
+    "PHYSICAL_DEVICE_TYPE_CPU", "PHYSICAL_DEVICE_TYPE_DISCRETE_GPU"
+).replace("llvmpipe (LLVM 15.0.6, 256 bits)", "AMD Radeon RX 7900 XTX (RADV NAVI31)").replace(
+    "Devices:\n========\n", ""
+)
+
+
+def test_auto_builds_vulkan_only_for_a_vulkan_gpu_never_for_lavapipe(monkeypatch):
+    """Debian's Vulkan packages bring lavapipe, a CPU implementation: with only that, `auto`
+    builds for the CPU (a Vulkan build would be ~17x slower and, on Debian 12, fails to
+    compile); a real Vulkan GPU makes it Vulkan; an explicit --backend vulkan is obeyed."""
+    from bonsai_launch.core import hardware as machine
+
+    lavapipe = machine.parse_vulkaninfo_summary(LAVAPIPE_SUMMARY)
+    assert lavapipe == (machine.VulkanDevice("llvmpipe (LLVM 15.0.6, 256 bits)", "CPU (software)"),)
+    both = machine.parse_vulkaninfo_summary(RADEON_SUMMARY)
+    assert [d.is_gpu for d in both] == [False, True] and both[1].name.startswith("AMD Radeon")
+
+    sdk = _tools(glslc="/usr/bin/glslc")
+    monkeypatch.setattr(backend, "vulkan_sdk_present", lambda tools: tools.glslc.found)
+    monkeypatch.setattr(machine, "vulkan_devices", lambda system=None: machine.VulkanDevices(lavapipe, "vulkaninfo"))
+    chosen = backend.choose_backend("auto", _hw(), sdk)
+    assert chosen.backend == "cpu" and "no Vulkan GPU" in chosen.reason
+    assert backend.choose_backend("vulkan", _hw(), sdk).backend == "vulkan"  # asked for: obeyed
+    monkeypatch.setattr(machine, "vulkan_devices", lambda system=None: machine.VulkanDevices(both, "vulkaninfo"))
+    chosen = backend.choose_backend("auto", _hw(), sdk)
+    assert chosen.backend == "vulkan" and "AMD Radeon RX 7900 XTX" in chosen.reason
+
+
+def test_without_vulkaninfo_a_render_node_stands_in_for_a_gpu(monkeypatch):
+    from bonsai_launch.core import hardware as machine
+
+    monkeypatch.setattr(machine.shutil, "which", lambda name: None)
+    monkeypatch.setattr(machine.glob, "glob", lambda pattern: [])
+    assert machine.vulkan_devices("Linux").gpus == ()
+    monkeypatch.setattr(machine.glob, "glob", lambda pattern: ["/dev/dri/renderD128"])
+    assert machine.vulkan_devices("Linux").gpus and machine.vulkan_devices("Linux").how == "render node"
+    assert machine.vulkan_devices("Windows").gpus == ()  # no vulkaninfo: not guessed
+
+
 def test_default_cpu_flags_are_the_warm_cache_flags():
     # The first real build reused a ccache filled by a hand build with exactly these flags.
     assert cmake_build.base_flags(11434) == [

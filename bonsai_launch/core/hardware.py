@@ -1,12 +1,15 @@
-"""What this machine has: CPU cores, RAM, NVIDIA GPUs, Apple Silicon.
+"""What this machine has: CPU cores, RAM, NVIDIA GPUs, Apple Silicon, Vulkan devices.
 
 A missing library or driver means "not present", never a crash: every probe is wrapped.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import platform
+import shutil
+import subprocess
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -97,3 +100,72 @@ def detect() -> Hardware:
         metal=system == "Darwin" and machine in ("arm64", "aarch64"),
         notes=tuple(notes),
     )
+
+
+# -- Vulkan ------------------------------------------------------------------------------------
+# A Vulkan build pays only on a Vulkan GPU. Mesa's lavapipe (llvmpipe) is a real Vulkan
+# implementation on the CPU: present wherever mesa-vulkan-drivers is installed, and ~17x slower
+# than llama.cpp's CPU backend, so it never counts as a device `auto` builds for.
+_VULKAN_GPU_TYPES = {
+    "PHYSICAL_DEVICE_TYPE_DISCRETE_GPU": "discrete GPU",
+    "PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU": "integrated GPU",
+    "PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU": "virtual GPU",
+}
+
+
+@dataclass(frozen=True)
+class VulkanDevice:
+    name: str
+    kind: str  # "discrete GPU", "integrated GPU", "virtual GPU", "CPU (software)" or "other"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in _VULKAN_GPU_TYPES.values()
+
+
+def parse_vulkaninfo_summary(text: str) -> tuple[VulkanDevice, ...]:
+    """The devices `vulkaninfo --summary` lists (its deviceType and deviceName lines, per GPUn block)."""
+    devices, kind, name = [], None, None
+    for line in text.splitlines() + ["GPU_END:"]:
+        stripped = line.strip()
+        if stripped.startswith("GPU") and stripped.endswith(":"):
+            if kind is not None or name is not None:
+                devices.append(VulkanDevice(name or "unnamed", kind or "other"))
+            kind = name = None
+        elif stripped.startswith("deviceType"):
+            value = stripped.partition("=")[2].strip()
+            kind = _VULKAN_GPU_TYPES.get(value, "CPU (software)" if value.endswith("_CPU") else "other")
+        elif stripped.startswith("deviceName"):
+            name = stripped.partition("=")[2].strip()
+    return tuple(devices)
+
+
+@dataclass(frozen=True)
+class VulkanDevices:
+    devices: tuple[VulkanDevice, ...]
+    how: str  # how we know: "vulkaninfo", or the fallback that stood in for it
+
+    @property
+    def gpus(self) -> tuple[VulkanDevice, ...]:
+        return tuple(d for d in self.devices if d.is_gpu)
+
+
+def vulkan_devices(system: str | None = None) -> VulkanDevices:
+    """The Vulkan devices here, software ones included (they are listed, never chosen by `auto`).
+    `vulkaninfo --summary` when it is installed; on Linux without it, a GPU render node
+    (/dev/dri/renderD*) stands in for "a Vulkan GPU may be present"."""
+    system = system or platform.system()
+    exe = shutil.which("vulkaninfo")
+    if exe:
+        try:
+            done = subprocess.run(
+                [exe, "--summary"], capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL
+            )
+            return VulkanDevices(parse_vulkaninfo_summary(done.stdout), "vulkaninfo")
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    if system == "Linux":
+        nodes = sorted(glob.glob("/dev/dri/renderD*"))
+        if nodes:
+            return VulkanDevices((VulkanDevice(f"a GPU at {nodes[0]}", "integrated GPU"),), "render node")
+    return VulkanDevices((), "no vulkaninfo" if not exe else "vulkaninfo failed")

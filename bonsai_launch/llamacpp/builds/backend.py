@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from bonsai_launch.core import hardware as machine
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp.builds.toolchain import INSTALL_HINTS, Toolchain, hint, is_msvc
 
@@ -76,6 +77,8 @@ def _why_cpu(hardware, tools: Toolchain) -> str:
         return "nvcc found but no NVIDIA GPU (pass --cuda-archs to build for one anyway)"
     if tools.hipconfig.found:
         return "ROCm found but no AMD GPU"
+    if vulkan_sdk_present(tools):
+        return "the Vulkan SDK found but no Vulkan GPU (a software device is not one; --backend vulkan builds anyway)"
     return "no GPU toolchain found"
 
 
@@ -99,8 +102,8 @@ def choose_backend(
             requested, why = "metal", "macOS on Apple Silicon"
         elif system == "Linux" and tools.hipconfig.found and (gpu_targets or _hip_targets()):
             requested, why = "hip", "ROCm and an AMD GPU found"
-        elif vulkan_sdk_present(tools):
-            requested, why = "vulkan", "the Vulkan SDK found"
+        elif vulkan_sdk_present(tools) and (vulkan_gpus := machine.vulkan_devices(system).gpus):
+            requested, why = "vulkan", f"the Vulkan SDK and a Vulkan GPU ({vulkan_gpus[0].name}) found"
         else:
             requested, why = "cpu", _why_cpu(hardware, tools)
     else:
