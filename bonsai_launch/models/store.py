@@ -240,6 +240,8 @@ class HashingFile:
         self._fh.flush()
 
     def close(self) -> None:
+        if self._fh.closed:  # closed early (a refused download), then again on leaving `with`
+            return
         self._fh.flush()
         with contextlib.suppress(OSError):
             os.fsync(self._fh.fileno())

@@ -47,6 +47,9 @@ def select(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Se
         profile = get_profile(first["profile"], "--profile" if first.source("profile") == "flag" else "BONSAI_PROFILE")
     else:
         profile = get_profile(profile_name_for(first["family"], first["size"]), "BONSAI_FAMILY/BONSAI_MODEL")
+    from bonsai_launch.models import lock as model_lock
+
+    profile = model_lock.apply(profile)  # the names `bonsai pull` resolved from the repository
     settings = resolve(flags, env, profile.settings)
     # Record the profile actually chosen, and where that choice came from.
     values = dict(settings.values)
@@ -62,6 +65,7 @@ class ModelFiles:
     drafter: Path | None
     mmproj: Path | None
     drafter_unavailable: str | None  # why the profile's drafter cannot be used, if it cannot
+    chat_template: Path | None = None  # the profile's wrapper around the model's template (chat_template.py)
 
 
 def local_path(profile: Profile, file_name: str) -> Path:
@@ -89,9 +93,11 @@ def _check_known_file(path: Path, origin: str, kind: BuildKind) -> None:
     """A file the catalog knows by name (a legacy group-128 file, a fork-only file on a mainline
     build) is refused with the reason, before llama-server fails on it with a bare type error."""
     from bonsai_launch.llamacpp.flavours import cannot_load
+    from bonsai_launch.models import lock as model_lock
 
+    lock = model_lock.read_lock()
     for profile in load_all().values():
-        for entry in profile.files:
+        for entry in model_lock.apply(profile, lock).files:  # resolved names too (patterns never match here)
             if entry.name == path.name and (why := cannot_load(entry, kind)):
                 raise BonsaiError(
                     f"{origin}={str(path)!r} cannot run on this {kind.label()}: {why}",
@@ -120,6 +126,12 @@ def model_files(
                 "run it on a build that loads one (`bonsai models` shows which; BONSAI_LAYOUT "
                 "picks mainline or fork, BONSAI_LLAMA_SERVER/BONSAI_LLAMA_BIN a binary), or pass --model PATH",
             )
+        if not entry.name:
+            raise BonsaiError(
+                f"profile {profile.name}'s model ({entry.wanted} in {profile.repo}) is not resolved yet: "
+                f"the lock has no entry for it",
+                f"run `bonsai pull --profile {profile.name}` (it lists the repository once and records the file)",
+            )
         model_path = local_path(profile, entry.name)
 
     # The profile's own drafter and projector go with its weights, or with the user's weights
@@ -139,6 +151,8 @@ def model_files(
             from bonsai_launch.models.drafters.cache import profile_output
 
             drafter_path = profile_output(profile, entry)
+        elif not entry.name:
+            unavailable = f"its drafter ({entry.wanted}) is not resolved yet: `bonsai pull --profile {profile.name} --speculative`"
         else:
             drafter_path = local_path(profile, entry.name)
 
@@ -155,9 +169,14 @@ def model_files(
             raise BonsaiError(f"{named_mmproj[1]} is set but BONSAI_VISION is off", "unset one of them")
     else:
         entry = choose_file(profile, "mmproj", kind) if profile_applies else None
-        if entry is not None and s["vision"]:
+        if entry is not None and entry.name and s["vision"]:
             mmproj_path = local_path(profile, entry.name)
-    return ModelFiles(model_path, drafter_path, mmproj_path, unavailable)
+    template = None
+    if not named and profile.reasoning_effort_fallback:
+        from bonsai_launch.models.chat_template import wrapper_path
+
+        template = wrapper_path(profile, model_path)
+    return ModelFiles(model_path, drafter_path, mmproj_path, unavailable, template)
 
 
 def auto_decision(selection: Selection, files: ModelFiles, binary: Path | None, model: str | None, args):
@@ -246,6 +265,8 @@ def gather_plan(
         capabilities=capabilities,
         passthrough=args,
         drafter_unavailable=files.drafter_unavailable,
+        chat_template=files.chat_template if files.chat_template and files.chat_template.is_file() else None,
+        chat_template_missing=bool(files.chat_template and not files.chat_template.is_file()),
     )
     plan = build_plan(inputs)
     notes = _selection_warnings(selection, model, kind, binary)

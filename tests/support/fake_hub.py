@@ -1,14 +1,17 @@
 """A local stand-in for the Hugging Face Hub, for tests that run the real huggingface_hub client.
 
 It answers the requests huggingface_hub 2.x makes for model repos, like the real hub does:
-- GET  /api/models/{repo}[/revision/{rev}][?blobs=true]  -> model info with siblings (size, LFS sha256)
+- GET  /api/models/{repo}[/revision/{rev}][?blobs=true]  -> model info with siblings: the repository's
+  listing, each file's name, size and LFS sha256 (what `HfApi.model_info(files_metadata=True)` reads)
+- GET  /api/models?author={owner}[&search=..][&limit=N]  -> the owner's repositories (`HfApi.list_models`)
 - POST /api/models/{repo}/paths-info/{rev}               -> per-path size and LFS oid
 - HEAD/GET /{repo}/resolve/{rev}/{file}                  -> 302 to a CDN-like /_lfs/{sha256} URL, with
   X-Repo-Commit, ETag, X-Linked-Etag (the sha256) and X-Linked-Size
 - HEAD/GET /_lfs/{sha256}                                -> the bytes; honours Range (206/416)
 - private repos: 401 (X-Error-Code RepoNotFound) without a token, 401 "Invalid credentials in
   Authorization header" with a wrong one; unknown repo/revision/file: 404 with the hub's
-  X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound).
+  X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound); gated repos: listed, but their
+  downloads answer 403 with X-Error-Code GatedRepo (terms not accepted), as the real hub does.
 
 Faults, per file: `corrupt_at` flips one served byte (metadata keeps the true sha256),
 `cut_after` drops the connection after that many body bytes on the first GET and then answers
@@ -72,6 +75,7 @@ class FakeRepo:
     files: dict[str, FakeFile] = field(default_factory=dict)
     private: bool = False
     commit: str = ""
+    gated: bool = False  # downloads refused with 403 GatedRepo: the token's account has not accepted the terms
 
     def __post_init__(self) -> None:
         if not self.commit:
@@ -240,6 +244,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(seen, 404, None, "not found")
         if parts[0] == "_lfs" and len(parts) == 2:
             return self._blob(seen, parts[1])
+        if parts == ["api", "models"]:
+            return self._list_models(seen, query)
         if parts[:2] == ["api", "models"] and len(parts) in (4, 6):
             revision = parts[5] if len(parts) == 6 and parts[4] == "revision" else "main"
             return self._model_info(
@@ -279,6 +285,20 @@ class _Handler(BaseHTTPRequestHandler):
         }
         self._send(seen, 200, json.dumps(body).encode())
 
+    def _list_models(self, seen: Seen, query: dict[str, list[str]]) -> None:
+        author = (query.get("author") or [""])[0]
+        search = (query.get("search") or [""])[0].lower()
+        authorized = self.headers.get("Authorization") == f"Bearer {self.hub.token}"
+        found = [
+            {"_id": r.commit[:24], "id": r.repo_id, "modelId": r.repo_id, "private": r.private, "tags": ["gguf"]}
+            for r in sorted(self.hub.repos.values(), key=lambda r: r.repo_id)
+            if (not author or r.repo_id.split("/")[0] == author)
+            and search in r.repo_id.lower()
+            and (authorized or not r.private)
+        ]
+        limit = int((query.get("limit") or ["1000"])[0])
+        self._send(seen, 200, json.dumps(found[:limit]).encode())
+
     def _paths_info(self, seen: Seen, repo_id: str, revision: str, paths: list[str]) -> None:
         repo = self._repo_or_error(seen, repo_id)
         if repo is None or not self._revision_ok(seen, repo, revision):
@@ -300,6 +320,14 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo_or_error(seen, repo_id)
         if repo is None or not self._revision_ok(seen, repo, revision):
             return
+        if repo.gated:
+            return self._error(
+                seen,
+                403,
+                "GatedRepo",
+                f"Access to model {repo.repo_id} is restricted and you are not in the authorized list. "
+                f"Visit https://huggingface.co/{repo.repo_id} to ask for access.",
+            )
         f = repo.files.get(file_name)
         if f is None or not f.resolvable:
             return self._error(
