@@ -84,13 +84,25 @@ BAD = [
         "effort-low",
         {"BONSAI_REASONING_EFFORT": "low", "BONSAI_FAMILY": "bonsai2"},
         lambda f: dry("--model", f["target"]),
-        "BONSAI_REASONING_EFFORT='low' is refused (Bonsai 2 does not support low",
+        (
+            "BONSAI_REASONING_EFFORT='low' is refused (Bonsai 2's chat template thinks about as long as at xhigh "
+            "with low; medium is the fastest); allowed: one of medium, xhigh"
+        ),
+    ),
+    (
+        "effort-high",
+        {"BONSAI_REASONING_EFFORT": "high", "BONSAI_FAMILY": "bonsai2", "BONSAI_MODEL": "9B"},
+        lambda f: dry("--model", f["target"]),
+        (
+            "BONSAI_REASONING_EFFORT='high' is refused (Bonsai 2's chat template answers reasoning_effort \"high\" "
+            "with HTTP 500; medium is the fastest that works); allowed: one of medium, xhigh"
+        ),
     ),
     (
         "effort-unknown",
         {"BONSAI_REASONING_EFFORT": "max"},
         lambda f: dry("--model", f["target"]),
-        "BONSAI_REASONING_EFFORT='max' is not a known value; allowed: one of medium, high, xhigh",
+        "BONSAI_REASONING_EFFORT='max' is not a known value; allowed: one of medium, xhigh",
     ),
     (
         "effort-wrong-profile",
@@ -102,7 +114,19 @@ BAD = [
         "bonsai2-size",
         {"BONSAI_FAMILY": "bonsai2", "BONSAI_MODEL": "8B"},
         lambda f: dry("--model", f["target"]),
-        "BONSAI_FAMILY=bonsai2 comes only in 27B; BONSAI_MODEL=8B is not one of them (set BONSAI_MODEL to 27B, or use BONSAI_FAMILY=ternary",
+        (
+            "BONSAI_FAMILY=bonsai2 comes only in 27B, 9B, 4B, 2B; BONSAI_MODEL=8B is not one of them "
+            "(set BONSAI_MODEL to 27B or 9B or 4B or 2B, or use BONSAI_FAMILY=ternary"
+        ),
+    ),
+    (
+        "bonsai2.5-size",
+        {"BONSAI_FAMILY": "bonsai2.5", "BONSAI_MODEL": "9B"},
+        lambda f: dry("--model", f["target"]),
+        (
+            "BONSAI_FAMILY=bonsai2.5 comes only in 27B; BONSAI_MODEL=9B is not one of them (set BONSAI_MODEL to 27B, "
+            "or use BONSAI_FAMILY=bonsai2 for 9B"
+        ),
     ),
     (
         "bonsai2-mainline",
@@ -161,7 +185,7 @@ def test_bonsai2_family_with_model_shows_the_bonsai2_sampling(files, monkeypatch
     assert sampling(data["argv"]) == ["--temp", "1.0", "--top-p", "0.95", "--top-k", "20", "--min-p", "0.05"]
     assert "--jinja" in data["argv"] and "-fa" in data["argv"]
     assert any("bonsai build --source prismml" in w for w in data["warnings"])  # no fork build here
-    assert data["build"] == {"flavour": "fork", "fork_release": 10743, "from": "bonsai build", "built": False}
+    assert data["build"] == {"flavour": "fork", "fork_release": 10828, "from": "bonsai build", "built": False}
 
 
 def test_bonsai2_speculation_is_draft_free_and_warns_about_community_drafters(files, monkeypatch, capsys):

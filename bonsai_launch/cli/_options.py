@@ -6,12 +6,14 @@ from typing import Annotated
 
 import typer
 
+from bonsai_launch.config.settings import FAMILY_SIZES, family_sizes_text
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of text.")]
 ProfileOpt = Annotated[
     str | None, typer.Option("--profile", "-p", help="Profile name (see `bonsai models`); env BONSAI_PROFILE.")
 ]
-FamilyOpt = Annotated[str | None, typer.Option("--family", help="ternary, bonsai or bonsai2; env BONSAI_FAMILY.")]
-SizeOpt = Annotated[str | None, typer.Option("--size", help="27B, 8B, 4B or 1.7B; env BONSAI_MODEL.")]
+FamilyOpt = Annotated[str | None, typer.Option("--family", help=f"{', '.join(FAMILY_SIZES)}; env BONSAI_FAMILY.")]
+SizeOpt = Annotated[str | None, typer.Option("--size", help=f"{family_sizes_text()}; env BONSAI_MODEL.")]
 
 # Launch options shared by start, run, chat and bench.
 ModelOpt = Annotated[

@@ -66,6 +66,21 @@ class Setting:
         return "any text"
 
 
+# The sizes each family of the built-in catalog comes in, for help texts and the choices below
+# (tests/test_profiles.py checks it against profiles/).
+FAMILY_SIZES: dict[str, tuple[str, ...]] = {
+    "ternary": ("27B", "8B", "4B", "1.7B"),
+    "bonsai": ("27B", "8B", "4B", "1.7B"),
+    "bonsai2": ("27B", "9B", "4B", "2B"),
+    "bonsai2.5": ("27B",),
+}
+
+
+def family_sizes_text(sep: str = ": ", join: str = "; ") -> str:
+    """`ternary: 27B, 8B, 4B, 1.7B; bonsai: ...`: which sizes exist, for help texts."""
+    return join.join(f"{family}{sep}{', '.join(sizes)}" for family, sizes in FAMILY_SIZES.items())
+
+
 _START = ("start", "run", "bench", "config")
 _SLOTS = ("start", "run", "chat", "bench", "config")
 _PULL = ("pull", "start", "run", "models")
@@ -83,19 +98,19 @@ SETTINGS: tuple[Setting, ...] = (
         "BONSAI_FAMILY",
         "family",
         "choice",
-        "Bonsai model family: ternary (2-bit ternary weights), bonsai (1-bit) or bonsai2 (Bonsai 2, needs a PrismML fork build). With --model/BONSAI_GGUF it still picks the profile's sampling.",
+        "Bonsai model family: ternary (2-bit ternary weights), bonsai (1-bit), bonsai2 (Ternary Bonsai 2) or bonsai2.5 (Ternary Bonsai 2.5); bonsai2 and bonsai2.5 need a PrismML fork build. With --model/BONSAI_GGUF it still picks the profile's sampling.",
         _START + ("pull",),
         default="ternary",
-        choices=("ternary", "bonsai", "bonsai2"),
+        choices=tuple(FAMILY_SIZES),
     ),
     Setting(
         "BONSAI_MODEL",
         "size",
         "choice",
-        "Bonsai model size within the family (bonsai2 comes only in 27B).",
+        f"Bonsai model size within the family ({family_sizes_text()}).",
         _START + ("pull",),
         default="27B",
-        choices=("27B", "8B", "4B", "1.7B"),
+        choices=("27B", "9B", "8B", "4B", "2B", "1.7B"),
     ),
     Setting(
         "BONSAI_LAYOUT",
@@ -134,11 +149,17 @@ SETTINGS: tuple[Setting, ...] = (
         "BONSAI_REASONING_EFFORT",
         "reasoning_effort",
         "choice",
-        "Reasoning effort passed through the chat template (--chat-template-kwargs) for profiles that take one (bonsai2-27b); medium is fastest, unset keeps the template's default (xhigh).",
+        "Reasoning effort passed through the chat template (--chat-template-kwargs) for the profiles that take one (the Bonsai 2 and 2.5 ones); medium is fastest, unset keeps the template's default (xhigh). high and low are refused: Bonsai 2's template fails on high (HTTP 500) and thinks as long as xhigh at low.",
         _START,
-        choices=("medium", "high", "xhigh"),
+        choices=("medium", "xhigh"),
         default_text="the template's (xhigh)",
-        refused=(("low", "Bonsai 2 does not support low reasoning effort; medium is the fastest supported"),),
+        refused=(
+            (
+                "high",
+                'Bonsai 2\'s chat template answers reasoning_effort "high" with HTTP 500; medium is the fastest that works',
+            ),
+            ("low", "Bonsai 2's chat template thinks about as long as at xhigh with low; medium is the fastest"),
+        ),
     ),
     Setting(
         "BONSAI_TOKEN",
