@@ -218,6 +218,8 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
             f"BONSAI_REASONING_EFFORT ({s.source('reasoning_effort')}), through the chat template",
         )
 
+    _chat_template(inputs, b, {a.canonical for a in passthrough.rest()})
+
     rest = passthrough.rest()
     table = passthrough.table
     planned = {table.canonical(r.flag): r for r in b.reasons if r.flag.startswith("-")} if table else {}
@@ -343,3 +345,30 @@ def _vision(inputs: PlanInputs, backend: str, b: ArgvBuilder) -> Path | None:
     elif inputs.profile and inputs.profile.vision_cap_on_slow_backends and backend in SLOW_VISION_BACKENDS:
         b.add("--image-max-tokens", 1024, f"{backend} backend: cap image tokens as the reference does")
     return inputs.mmproj
+
+
+def _chat_template(inputs: PlanInputs, b: ArgvBuilder, given: set[str]) -> None:
+    """The profile's wrapper around the model's own chat template (models/chat_template.py): a
+    request's reasoning_effort the template refuses is answered at the profile's fallback."""
+    profile = inputs.profile
+    if profile is None or profile.reasoning_effort_fallback is None:
+        return
+    takes, fallback = ", ".join(profile.reasoning_efforts), profile.reasoning_effort_fallback
+    if given & {"--chat-template", "--chat-template-file"}:
+        b.warnings.append(
+            f"your chat template after -- replaces profile {profile.name}'s wrapper: a request's reasoning_effort "
+            f"other than {takes} reaches the template as sent"
+        )
+    elif inputs.chat_template is not None:
+        require_flag(inputs.capabilities, "--chat-template-file", f"profile {profile.name}'s chat template wrapper")
+        b.add(
+            "--chat-template-file",
+            str(inputs.chat_template),
+            f"the model's own chat template behind a guard: a request's reasoning_effort other than {takes} "
+            f"(Open WebUI, Cline and Kilo send high, which fails) is answered at {fallback}",
+        )
+    elif inputs.chat_template_missing:
+        b.warnings.append(
+            f"profile {profile.name}'s chat template wrapper is not written yet (`bonsai pull --profile "
+            f"{profile.name}` writes it): a request with reasoning_effort high will fail"
+        )

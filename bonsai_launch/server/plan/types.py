@@ -117,6 +117,8 @@ class PlanInputs:
         default_factory=Passthrough
     )  # arguments after --, parsed (bonsai_launch.server.passthrough)
     drafter_unavailable: str | None = None  # why the profile's drafter cannot be used here
+    chat_template: Path | None = None  # the profile's reasoning-effort wrapper (models/chat_template.py)
+    chat_template_missing: bool = False  # the profile wants that wrapper, and it is not written yet
 
 
 class ArgvBuilder:
