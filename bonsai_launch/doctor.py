@@ -90,7 +90,7 @@ def _builds(report: Report) -> None:
     except Exception as exc:
         report.problems.append(Problem("error", f"the llama.cpp pin cannot be read: {exc}", "reinstall bonsai-launch"))
         pinned, patches_id = None, None
-    from bonsai_launch.llamacpp.flavours import kind_of_manifest, runnable_profiles
+    from bonsai_launch.llamacpp.flavours import kind_of_manifest, runnable_profiles, too_old_for
 
     try:
         from bonsai_launch.config.profiles import load_all
@@ -110,6 +110,7 @@ def _builds(report: Report) -> None:
                 "fork_release": kind.release,
                 "kind": kind.label(),
                 "profiles": runnable_profiles(kind, profiles),
+                "too_old_for": too_old_for(kind.release, profiles) if kind.flavour == "fork" else [],
                 "build_number": caps.get("build_number"),
                 "source": m.get("source", {}).get("spec"),
                 "is_pin": pinned is not None and m.get("source", {}).get("identity") == pinned.sha256,
@@ -123,6 +124,7 @@ def _builds(report: Report) -> None:
             }
         )
     wanted = report.backend.get("backend", "cpu")
+    _old_forks(report, wanted, profiles)
     mine = [b for b in report.builds if b["backend"] == wanted and b["flavour"] == "mainline"]
     if not mine:
         report.problems.append(
@@ -153,6 +155,38 @@ def _builds(report: Report) -> None:
             report.problems.append(
                 Problem("warning", f"build {b['key']} does not list draft-dspark", "run `bonsai build --force`")
             )
+
+
+def _old_forks(report: Report, backend: str, profiles: list) -> None:
+    """Fork builds all older than what some profiles want: say which, and how to build the pin.
+    The older builds keep running the profiles they load."""
+    from bonsai_launch.llamacpp.flavours import FORK_BUILD_COMMAND, fork_release_wanted
+
+    forks = [b for b in report.builds if b["backend"] == backend and b["flavour"] == "fork"]
+    if not forks:
+        return
+    releases = [b["fork_release"] for b in forks]
+    if any(r is None for r in releases):
+        return  # a build of unknown release may be new enough: not claimed otherwise
+    newest = max(releases)
+    behind = sorted((w, p.name) for p in profiles if (w := fork_release_wanted(p)) is not None and newest < w)
+    if not behind:
+        return
+    wanted = max(w for w, _ in behind)
+    try:
+        from bonsai_launch.llamacpp.builds.builder import fork_sources
+
+        pinned = next((f.ref for f in fork_sources()), "the pinned fork")
+    except Exception:
+        pinned = "the pinned fork"
+    report.problems.append(
+        Problem(
+            "warning",
+            f"the newest PrismML fork build for {backend} is b{newest}, older than the b{wanted} that "
+            f"{', '.join(name for _, name in behind)} want",
+            f"run `{FORK_BUILD_COMMAND}` (it builds {pinned}); the b{newest} build stays usable for the profiles it loads",
+        )
+    )
 
 
 def _explicit_server(report: Report) -> None:
@@ -207,8 +241,12 @@ def _models(report: Report) -> None:
             Problem("error", f"profiles cannot be loaded: {exc}", "fix or remove the profile file named")
         )
         return
+    from bonsai_launch.models import lock as model_lock
+
+    lock = model_lock.read_lock()
     for profile in profiles.values():
-        present = [f.name for f in profile.files if local_path(profile, f.name).is_file()]
+        profile = model_lock.apply(profile, lock)  # the files `bonsai pull` resolved from patterns
+        present = [f.name for f in profile.files if f.name and local_path(profile, f.name).is_file()]
         if present:
             size = sum(local_path(profile, n).stat().st_size for n in present)
             report.models.append(

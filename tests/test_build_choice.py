@@ -19,12 +19,14 @@ from bonsai_launch.llamacpp.flavours import (
     kind_of_manifest,
     release_of_tag,
     runnable_profiles,
+    too_old_for,
     wanted_flavour,
     why_no_file,
 )
 
 MAIN = BuildKind(MAINLINE)
-FORK_PIN = BuildKind(FORK, 10743)
+FORK_PIN = BuildKind(FORK, 10828)  # prism-b10828-a153697, the pin
+FORK_PREV = BuildKind(FORK, 10743)  # the previous pin: builds of it stay usable for what they load
 FORK_V7 = BuildKind(FORK, 10658)  # the first prism-v7 release
 FORK_OLD = BuildKind(FORK, 9596)  # a prism-v5 era release
 FORK_UNKNOWN = BuildKind(FORK)  # a fork binary whose release we cannot tell
@@ -44,7 +46,9 @@ TABLE = [
     ("ternary-1.7b", FORK_PIN, "model", "Ternary-Bonsai-1.7B-PQ2_0.gguf"),
     ("bonsai2-27b", MAIN, "model", None),
     ("bonsai2-27b", FORK_PIN, "model", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
+    ("bonsai2-27b", FORK_PREV, "model", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
     ("bonsai2-27b", FORK_UNKNOWN, "model", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
+    ("ternary-27b", FORK_PREV, "model", "Ternary-Bonsai-27B-PQ2_0.gguf"),
     ("bonsai2-27b", FORK_V7, "model", None),  # older than the release known to load Bonsai 2
     ("bonsai2-27b", FORK_PIN, "mmproj", "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf"),
     ("bonsai2-27b", MAIN, "mmproj", None),
@@ -115,8 +119,15 @@ def test_default_profile_stays_runnable_on_the_mainline_pin():
 def test_runnable_profiles_per_build():
     profiles = list(load_all().values())
     everything = {p.name for p in profiles}
-    assert set(runnable_profiles(MAIN, profiles)) == everything - {"bonsai2-27b"}
+    bonsai2 = {p.name for p in profiles if p.family.startswith("bonsai2")}
+    newer = {"bonsai2-2b", "bonsai2-4b", "bonsai2-9b", "bonsai2.5-27b"}  # fork-only, from b10828
+    assert bonsai2 == newer | {"bonsai2-27b"}
+    assert set(runnable_profiles(MAIN, profiles)) == everything - bonsai2
     assert set(runnable_profiles(FORK_PIN, profiles)) == everything
+    # a build of the previous pin still runs everything it ran, just not what came out after it
+    assert set(runnable_profiles(FORK_PREV, profiles)) == everything - newer
+    assert set(too_old_for(10743, profiles)) == newer and too_old_for(10828, profiles) == []
+    assert too_old_for(None, profiles) == []  # an unknown release is not called too old
     assert "ternary-27b" not in runnable_profiles(FORK_OLD, profiles)
 
 
@@ -128,9 +139,10 @@ def test_builds_text_and_release_numbers():
         "legacy: refused",
     ]
     assert release_of_tag("prism-b10743-adfffbe") == 10743
+    assert release_of_tag("prism-b10828-a153697") == 10828
     assert release_of_tag("prism") is None and release_of_tag("b11434") is None
     assert kind_of_manifest({"source": {"kind": "pin"}}) == MAIN  # manifests from before flavours
-    assert kind_of_manifest({"source": {"flavour": "fork", "release": 10743}}) == FORK_PIN
+    assert kind_of_manifest({"source": {"flavour": "fork", "release": 10828}}) == FORK_PIN
 
 
 def test_bonsai2_profile_matches_the_reference():
@@ -143,7 +155,8 @@ def test_bonsai2_profile_matches_the_reference():
         "Ternary-Bonsai-2-27B-PTQ1_0.gguf",
     ]
     assert p.draft_free_type == "ngram-mod" and not p.has_role("drafter")
-    assert "2%" in p.drafter_warning and p.reasoning_efforts == ("medium", "high", "xhigh")
+    assert "2%" in p.drafter_warning and p.reasoning_efforts == ("medium", "xhigh")
+    assert dict(p.reasoning_efforts_refused).keys() == {"high", "low"} and p.reasoning_effort_fallback == "medium"
 
 
 BASE = {"name": "x", "family": "f", "size": "1B", "repo": "o/r"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,7 +53,16 @@ def fork_repo(tmp_path) -> tuple[Path, str]:
     return repo, commit
 
 
-def fork_pin(folder: Path, url: str, commit: str, *, tag: str = TAG, archive: Path | None = None, sha: str = "0" * 64):
+def fork_pin(
+    folder: Path,
+    url: str,
+    commit: str,
+    *,
+    tag: str = TAG,
+    archive: Path | None = None,
+    sha: str = "0" * 64,
+    release: int = 10743,
+):
     """A pin.toml whose default is a fake sdist and whose [sources.prismml] is the fork fixture."""
     folder.mkdir(parents=True, exist_ok=True)
     name = archive.name if archive else "fake_llama_bin-1.0.tar.gz"
@@ -62,7 +72,7 @@ def fork_pin(folder: Path, url: str, commit: str, *, tag: str = TAG, archive: Pa
         f'kind = "pypi-sdist"\npackage = "fake-llama-bin"\nversion = "1.0"\nfilename = "{name}"\n'
         f'sha256 = "{sha}"\ntree = "{top}/llama.cpp"\nbuild_number = 4242\n'
         "[sources.prismml]\n"
-        f'kind = "git"\nurl = "{url}"\ntag = "{tag}"\ncommit = "{commit}"\nflavour = "fork"\nrelease = 10743\n'
+        f'kind = "git"\nurl = "{url}"\ntag = "{tag}"\ncommit = "{commit}"\nflavour = "fork"\nrelease = {release}\n'
     )
     return load_pin(folder / "pin.toml")
 
@@ -92,6 +102,40 @@ def test_tag_resolves_and_builds_a_fork_under_its_own_key(tmp_path, fork_repo, m
     assert again.up_to_date and again.server == result.server
 
 
+def test_a_short_commit_is_checked_as_a_prefix(tmp_path, fork_repo, monkeypatch):
+    """Only the short id of a release may be public (prism-b10828-a153697): 7 digits pin it."""
+    repo, commit = fork_repo
+    use_pin(monkeypatch, fork_pin(tmp_path / "vendor", repo.as_uri(), commit[:7]))
+    result = build(BuildRequest(source="prismml"))
+    assert result.manifest["source"]["commit"] == commit  # the full commit the tag resolved to
+    assert find_installed("cpu", "fork") == result.server  # ranked as the pinned release
+    assert build(BuildRequest(source="prismml")).up_to_date
+
+
+def test_a_short_commit_that_differs_is_refused(tmp_path, fork_repo, monkeypatch):
+    repo, commit = fork_repo
+    other = "0123456" if not commit.startswith("0123456") else "6543210"
+    use_pin(monkeypatch, fork_pin(tmp_path / "vendor", repo.as_uri(), other))
+    with pytest.raises(ActionFailed) as err:
+        build(BuildRequest(source="prismml"))
+    assert f"resolves to commit {commit[:12]}, but the pin says {other} (a prefix" in err.value.message
+    no_leftovers()
+
+
+@pytest.mark.parametrize(
+    "commit,release,expected",
+    [
+        ("a15369", 10743, "has 6 hex digits; a pin needs 7 to 40"),
+        ("a15369g", 10743, "is not a hex commit id"),
+        ("a" * 41, 10743, "has 41 hex digits"),
+        ("a153697", 10828, "tag 'prism-b10743-abcdef0' is release 10743, but release is 10828"),
+    ],
+)
+def test_pin_refuses_a_commit_or_release_that_cannot_be_checked(tmp_path, commit, release, expected):
+    with pytest.raises(BonsaiError, match=re.escape(expected)):
+        fork_pin(tmp_path, "https://x.invalid/f.git", commit, release=release)
+
+
 def test_wrong_commit_is_refused_before_the_clone(tmp_path, fork_repo, monkeypatch):
     repo, _commit = fork_repo
     use_pin(monkeypatch, fork_pin(tmp_path / "vendor", repo.as_uri(), "1" * 40))
@@ -116,7 +160,9 @@ def test_wrong_commit_is_refused_after_the_clone(tmp_path, fork_repo, monkeypatc
 
 def test_missing_tag_is_refused(tmp_path, fork_repo, monkeypatch):
     repo, commit = fork_repo
-    use_pin(monkeypatch, fork_pin(tmp_path / "vendor", repo.as_uri(), commit, tag="prism-b99999-0000000"))
+    use_pin(
+        monkeypatch, fork_pin(tmp_path / "vendor", repo.as_uri(), commit, tag="prism-b99999-0000000", release=99999)
+    )
     with pytest.raises(ActionFailed, match="has no tag or branch 'prism-b99999-0000000'"):
         build(BuildRequest(source="prismml"))
     no_leftovers()
@@ -213,10 +259,10 @@ def test_build_prismml_without_network_fails_in_seconds_with_one_line(isolated_h
     done, seconds = _cli(["build", "--source", "prismml"], isolated_home)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1 and len(lines) == 1, done.stderr
-    assert (
-        lines[0].startswith("error: cannot reach https://github.com/PrismML-Eng/llama.cpp.git")
-        and "nothing was downloaded" in lines[0]
+    assert lines[0].startswith(
+        "error: cannot reach https://github.com/PrismML-Eng/llama.cpp.git to fetch prism-b10828-a153697"
     )
+    assert "nothing was downloaded" in lines[0]
     assert seconds < 15, seconds
     assert not (isolated_home / "sources").exists() and not (isolated_home / "builds").exists()
 
@@ -259,3 +305,41 @@ def test_start_bonsai2_builds_the_pinned_fork_when_it_can_be_fetched(tmp_path, f
     fork = find_installed("cpu", "fork")
     assert fork is not None and plan.binary == str(fork) and "prismml" in str(fork)
     assert Path(plan.model).name == "Ternary-Bonsai-2-27B-PQ2_0.gguf" and plan.profile == "bonsai2-27b"
+
+
+def test_builds_of_the_previous_pin_stay_usable_and_doctor_says_what_they_are_too_old_for(
+    tmp_path, fork_repo, monkeypatch, capsys
+):
+    """A fork build of the previous pin (b10743) keeps running what it loads (bonsai2-27b); a
+    profile that needs b10828 gets the new pin built; `bonsai doctor` names the profiles."""
+    from bonsai_launch.doctor import gather
+    from bonsai_launch.llamacpp.builds import ensure_server
+
+    repo, commit = fork_repo
+    use_pin(monkeypatch, fork_pin(tmp_path / "vendor", repo.as_uri(), commit))
+    old = build(BuildRequest(source="prismml"))
+    assert old.manifest["source"]["release"] == 10743
+
+    report = gather()
+    [problem] = [p for p in report.problems if "older than" in p.what]
+    assert problem.what == (
+        "the newest PrismML fork build for cpu is b10743, older than the b10828 that "
+        "bonsai2-2b, bonsai2-4b, bonsai2-9b, bonsai2.5-27b want"
+    )
+    assert "`bonsai build --source prismml`" in problem.fix and "stays usable" in problem.fix
+    [entry] = report.builds
+    assert "bonsai2-27b" in entry["profiles"] and "bonsai2-9b" not in entry["profiles"]
+    assert entry["too_old_for"] == ["bonsai2-2b", "bonsai2-4b", "bonsai2-9b", "bonsai2.5-27b"]
+
+    # the pin moves on: b10828 is the fixture branch's later commit, pinned by its short id
+    later = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "prism"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    new_tag = "prism-b10828-" + later[:7]
+    subprocess.run([*GIT, "-C", str(repo), "tag", "-a", new_tag, "-m", "release", later], check=True)
+    use_pin(monkeypatch, fork_pin(tmp_path / "vendor2", repo.as_uri(), later[:7], tag=new_tag, release=10828))
+    assert find_installed("cpu", "fork") == old.server  # still usable, for what it loads
+    assert find_installed("cpu", "fork", min_release=10828) is None
+    new = ensure_server("cpu", flavour="fork", min_release=10828)
+    assert new != old.server and find_installed("cpu", "fork", min_release=10828) == new
+    assert not [p for p in gather().problems if "older than" in p.what]

@@ -67,8 +67,11 @@ def kind_of_binary(binary: Path) -> BuildKind | None:
     return kind_of_manifest(manifest)
 
 
-def choose_server(settings: Settings, flavour: str, backend: str = "auto") -> ServerChoice:
-    """The binary to launch for a profile that needs `flavour`; path None when none is built."""
+def choose_server(
+    settings: Settings, flavour: str, backend: str = "auto", min_release: int | None = None
+) -> ServerChoice:
+    """The binary to launch for a profile that needs `flavour` (and, on the fork, at least
+    release `min_release`); path None when none is built."""
     explicit = explicit_binary(settings)
     if explicit is not None:
         path, origin = explicit
@@ -78,7 +81,7 @@ def choose_server(settings: Settings, flavour: str, backend: str = "auto") -> Se
         return ServerChoice(path, BuildKind(flavour), origin, assumed=True)
     from bonsai_launch.llamacpp.builds.builder import find_installed
 
-    installed = find_installed(backend, flavour)
+    installed = find_installed(backend, flavour, min_release)
     kind = kind_of_binary(installed) if installed is not None else None
     return ServerChoice(
         installed, kind or BuildKind(flavour, _pinned_fork_release() if flavour == FORK else None), "bonsai build"

@@ -30,7 +30,7 @@ class BuildKind:
     """What matters about a build for file choice: its flavour and, for the fork, its release."""
 
     flavour: str  # MAINLINE or FORK
-    release: int | None = None  # fork release number (prism-b10743-... -> 10743), when known
+    release: int | None = None  # fork release number (prism-b10828-... -> 10828), when known
 
     def label(self) -> str:
         if self.flavour == FORK:
@@ -39,7 +39,7 @@ class BuildKind:
 
 
 def release_of_tag(tag: str) -> int | None:
-    """`prism-b10743-adfffbe` -> 10743; None for anything else (a branch, a commit)."""
+    """`prism-b10828-a153697` -> 10828; None for anything else (a branch, a commit)."""
     found = _RELEASE_TAG.match(tag or "")
     return int(found.group(1)) if found else None
 
@@ -93,6 +93,23 @@ def wanted_flavour(profile: Profile | None, layout: str | None) -> str:
     if profile is None or choose_file(profile, "model", BuildKind(MAINLINE)) is not None:
         return MAINLINE
     return FORK
+
+
+def fork_release_wanted(profile: Profile) -> int | None:
+    """The oldest fork release that loads one of the profile's weights files: a fork build older
+    than this runs none of them. None when any release will do, or no fork build loads them."""
+    fork_files = [f for f in profile.files if f.role == "model" and f.layout in (FORK, "any")]
+    if not fork_files or any(not f.min_fork_release for f in fork_files):
+        return None
+    return min(f.min_fork_release or 0 for f in fork_files)
+
+
+def too_old_for(release: int | None, profiles: Iterable[Profile]) -> list[str]:
+    """Profiles whose weights a fork build of `release` is too old to load (an unknown release
+    is given the benefit of the doubt, as cannot_load does)."""
+    if release is None:
+        return []
+    return [p.name for p in profiles if (wanted := fork_release_wanted(p)) is not None and release < wanted]
 
 
 def runnable_profiles(kind: BuildKind, profiles: Iterable[Profile]) -> list[str]:

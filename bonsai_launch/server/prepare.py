@@ -33,12 +33,12 @@ def launch_settings(flags, passthrough):
         return settings
 
 
-def build_server(flavour: str = "mainline") -> Path:
+def build_server(flavour: str = "mainline", min_release: int | None = None) -> Path:
     """Build llama-server on demand (the pinned llama.cpp, or the pinned fork, for the detected backend)."""
     from bonsai_launch.core.console import console
     from bonsai_launch.llamacpp.builds import ensure_server
 
-    return ensure_server(backend="auto", console=console(stderr=True), flavour=flavour)
+    return ensure_server(backend="auto", console=console(stderr=True), flavour=flavour, min_release=min_release)
 
 
 def fetch_profile_files(profile, *, layout: str, want_drafter: bool, want_vision: bool, console=None) -> None:
@@ -53,9 +53,9 @@ def _choose(selection):
     """The binary for the selection; a fork-only profile with no fork build and no way to fetch
     the fork stops here, before anything is downloaded."""
     from bonsai_launch.llamacpp.choice import choose_server, require_fork_source
-    from bonsai_launch.llamacpp.flavours import FORK
+    from bonsai_launch.llamacpp.flavours import FORK, fork_release_wanted
 
-    choice = choose_server(selection.settings, selection.flavour)
+    choice = choose_server(selection.settings, selection.flavour, min_release=fork_release_wanted(selection.profile))
     if choice.path is None and choice.kind.flavour == FORK:
         require_fork_source(selection.profile.name)
     return choice
@@ -92,7 +92,9 @@ def prepare_plan(flags, model, drafter, passthrough):
     if binary is None:
         # Fail on a bad setting or file now, not after a long build.
         gather_plan(flags, model, drafter, passthrough, None, env=env)
-        binary = build_server(choice.kind.flavour)
+        from bonsai_launch.llamacpp.flavours import fork_release_wanted
+
+        binary = build_server(choice.kind.flavour, fork_release_wanted(selection.profile))
     return gather_plan(flags, model, drafter, passthrough, binary, env=env), generated
 
 
@@ -115,7 +117,11 @@ def prepare_launch(flags: dict, model: str | None, drafter: str | None, configs:
             want_vision=False,
             console=console(stderr=True),
         )
-    return choice.path if choice.path is not None else build_server(choice.kind.flavour)
+    if choice.path is not None:
+        return choice.path
+    from bonsai_launch.llamacpp.flavours import fork_release_wanted
+
+    return build_server(choice.kind.flavour, fork_release_wanted(selection.profile))
 
 
 def usable_for_start(flags, env: Mapping[str, str], model: str | None, drafter: str) -> str:

@@ -316,14 +316,18 @@ def _builds_of(backend: str, flavour: str) -> list[dict[str, Any]]:
     ]
 
 
-def find_installed(backend: str = "auto", flavour: str = "mainline") -> Path | None:
+def find_installed(backend: str = "auto", flavour: str = "mainline", min_release: int | None = None) -> Path | None:
     """The installed llama-server for `backend` (auto: the detected one) and llama.cpp flavour, or None.
 
     Mainline: prefers a build of the current pin with the current patch series, then any build
-    of the pin, then the newest build of that backend. Fork: the pinned fork release first.
+    of the pin, then the newest build of that backend. Fork: the pinned fork release first, then
+    the newest; builds of a known release older than `min_release` (what the profile's files
+    need) are left out, so a profile that needs a newer fork gets the pin built.
     """
     backend = detected_backend() if backend == "auto" else backend
     candidates = _builds_of(backend, flavour)
+    if flavour == "fork" and min_release is not None:
+        candidates = [m for m in candidates if (m.get("source", {}).get("release") or min_release) >= min_release]
     if not candidates:
         return None
     try:
@@ -334,9 +338,9 @@ def find_installed(backend: str = "auto", flavour: str = "mainline") -> Path | N
         pinned, patches_id, fork_commits = None, None, set()
 
     def rank(m: dict[str, Any]) -> int:
-        identity = m.get("source", {}).get("identity")
-        if flavour == "fork":
-            return 1 if identity in fork_commits else 0
+        identity = m.get("source", {}).get("identity") or ""
+        if flavour == "fork":  # the pin may know only a short commit id: a prefix of the build's
+            return 1 if any(identity.startswith(c) for c in fork_commits) else 0
         of_pin = identity == pinned
         return 2 if of_pin and m.get("patches_hash") == patches_id else 1 if of_pin else 0
 
@@ -344,13 +348,16 @@ def find_installed(backend: str = "auto", flavour: str = "mainline") -> Path | N
     return Path(best["binaries"]["llama-server"])
 
 
-def ensure_server(backend: str = "auto", *, console=None, flavour: str = "mainline") -> Path:
+def ensure_server(
+    backend: str = "auto", *, console=None, flavour: str = "mainline", min_release: int | None = None
+) -> Path:
     """The llama-server to launch for `backend`, building it first when none fits.
 
     An up-to-date build of the pin wins. Without one, a build the user made on purpose from
     another source (a git ref, a folder) for this backend is used as it is. Otherwise the pin
     is built now, which is announced with how long it takes. A fork build (`flavour="fork"`)
-    is any installed fork build, else the pinned fork release (`--source prismml`), built now.
+    is any installed fork build of at least `min_release`, else the pinned fork release
+    (`--source prismml`), built now.
     """
     if console is None:
         from bonsai_launch.core.console import console as make_console
@@ -358,15 +365,16 @@ def ensure_server(backend: str = "auto", *, console=None, flavour: str = "mainli
         console = make_console(stderr=True)
     wanted = detected_backend() if backend == "auto" else backend
     if flavour == "fork":
-        found = find_installed(wanted, "fork")
+        found = find_installed(wanted, "fork", min_release)
         if found is not None:
             return found
         forks = fork_sources()
         if not forks:
             raise BonsaiError("vendor/llama.cpp/pin.toml names no PrismML fork source", "reinstall bonsai-launch")
+        older = find_installed(wanted, "fork") is not None
         console.print(
-            f"no PrismML fork llama-server is built for {wanted} yet: building {forks[0].ref} now "
-            f"(--source {forks[0].name})"
+            f"no PrismML fork llama-server {'of b' + str(min_release) + ' or newer ' if older else ''}"
+            f"is built for {wanted} yet: building {forks[0].ref} now (--source {forks[0].name})"
         )
         return build(BuildRequest(backend=wanted, source=forks[0].name), console=console).server
     mine = _builds_of(wanted, "mainline")

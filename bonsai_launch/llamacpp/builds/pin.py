@@ -13,6 +13,9 @@ from pathlib import Path
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.core.paths import vendor_dir
 
+# A shorter commit id is refused: 7 hex digits is git's own short form, and fewer are easily ambiguous.
+MIN_COMMIT_DIGITS = 7
+
 
 @dataclass(frozen=True)
 class SdistPin:
@@ -40,9 +43,11 @@ class GitPin:
     url: str
     ref: str  # the tag (or, for an unpinned source, any ref)
     note: str = ""
-    commit: str = ""  # 40 hex digits the ref must resolve to; "" for an unpinned source
+    # The commit the ref must resolve to: 40 hex digits, or when only a short id is public (the
+    # fork's release tags name 7) a prefix of at least MIN_COMMIT_DIGITS; "" for an unpinned source.
+    commit: str = ""
     flavour: str = "mainline"  # "fork" for PrismML's fork: decides which weight files it loads
-    release: int | None = None  # the fork's release number (prism-b10743-... -> 10743)
+    release: int | None = None  # the fork's release number (prism-b10828-... -> 10828)
 
 
 @dataclass(frozen=True)
@@ -93,16 +98,31 @@ def _git_pin(name: str, entry: dict, path: Path) -> GitPin:
     if "tag" in entry and not commit:
         raise BonsaiError(
             f"{where} names tag {entry['tag']!r} without the commit it must resolve to",
-            'add commit = "<40 hex digits>"',
+            'add commit = "<the 40 hex digits, or at least the first 7>"',
         )
-    if commit and (len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit)):
-        raise BonsaiError(f"{where}: commit {commit!r} is not 40 hex digits", "write the full commit id")
+    if commit and any(c not in "0123456789abcdef" for c in commit):
+        raise BonsaiError(f"{where}: commit {commit!r} is not a hex commit id", "write the commit id (hex digits)")
+    if commit and not MIN_COMMIT_DIGITS <= len(commit) <= 40:
+        raise BonsaiError(
+            f"{where}: commit {commit!r} has {len(commit)} hex digits; a pin needs {MIN_COMMIT_DIGITS} to 40",
+            f"write the full commit id, or at least its first {MIN_COMMIT_DIGITS} digits (checked as a prefix)",
+        )
+
     flavour = entry.get("flavour", "mainline")
     if flavour not in ("mainline", "fork"):
         raise BonsaiError(f"{where}: flavour {flavour!r} is not known", "allowed: mainline, fork")
     release = entry.get("release")
     if release is not None and (isinstance(release, bool) or not isinstance(release, int)):
-        raise BonsaiError(f"{where}: release {release!r} is not a number", "e.g. release = 10743")
+        raise BonsaiError(f"{where}: release {release!r} is not a number", "e.g. release = 10828")
+    from bonsai_launch.llamacpp.flavours import release_of_tag
+
+    tagged = release_of_tag(entry.get("tag", ""))
+    if release is not None and tagged is not None and tagged != release:
+        # A pin bump that forgot one of the two: the profiles' min_fork_release checks read `release`.
+        raise BonsaiError(
+            f"{where}: tag {entry['tag']!r} is release {tagged}, but release is {release}",
+            f"set release = {tagged}",
+        )
     try:
         url = entry["url"]
     except KeyError:

@@ -34,7 +34,7 @@ class SourceSpec:
     url: str = ""
     ref: str = ""
     path: Path | None = None
-    commit: str = ""  # the commit `ref` must resolve to (a pinned source); "" to take what it names
+    commit: str = ""  # the commit (or its prefix) `ref` must resolve to (a pinned source); "" to take what it names
     name: str = ""  # the pin's name for a named source (`prismml`): part of its build key
     flavour: str = "mainline"  # "fork": PrismML's fork (which weight files its builds load)
     release: int | None = None  # the fork's release number, when known
@@ -272,9 +272,10 @@ def _git(*args: str, cwd: Path | None = None, timeout: float | None = None) -> s
 class RemoteUnreachable(ActionFailed):
     """The remote of a git source did not answer (no network, unknown host, refused)."""
 
-    def __init__(self, url: str, what: str, reason: str) -> None:
+    def __init__(self, url: str, what: str, reason: str, ref: str = "") -> None:
+        fetching = f" to fetch {ref}" if ref and ref != "HEAD" else ""
         super().__init__(
-            f"cannot reach {url} for {what} ({reason}); nothing was downloaded",
+            f"cannot reach {url}{fetching} for {what} ({reason}); nothing was downloaded",
             "run it where that host is reachable, or build from the pin: `bonsai build`",
         )
         self.reason = reason
@@ -287,7 +288,8 @@ def check_remote(url: str, ref: str, what: str) -> str:
     try:
         listing = _git("ls-remote", url, ref, f"refs/tags/{ref}^{{}}", timeout=REMOTE_CHECK_SECONDS)
     except ActionFailed as exc:
-        raise RemoteUnreachable(url, what, exc.message.split(" failed: ", 1)[-1].removeprefix("fatal: ")) from None
+        reason = exc.message.split(" failed: ", 1)[-1].removeprefix("fatal: ")
+        raise RemoteUnreachable(url, what, reason, ref) from None
     commits = {}
     for line in listing.splitlines():
         sha, _, name = line.partition("\t")
@@ -304,9 +306,15 @@ def check_remote(url: str, ref: str, what: str) -> str:
     return ""
 
 
+def commit_matches(got: str, pinned: str) -> bool:
+    """The commit a ref resolved to against the pin's, which may be a short id: a prefix."""
+    return bool(pinned) and got.lower().startswith(pinned.lower())
+
+
 def _refuse_commit(spec: SourceSpec, got: str) -> ActionFailed:
+    said = spec.commit[:12] + ("" if len(spec.commit) == 40 else " (a prefix: only the short id is public)")
     return ActionFailed(
-        f"{spec.url} tag {spec.ref} resolves to commit {got[:12]}, but the pin says {spec.commit[:12]}: "
+        f"{spec.url} tag {spec.ref} resolves to commit {got[:12]}, but the pin says {said}: "
         "refused (the tag was moved or re-pointed); nothing was kept",
         "check vendor/llama.cpp/pin.toml against the fork's release page",
     )
@@ -336,11 +344,16 @@ def prepare_git(spec: SourceSpec, series: tuple[Patch, ...], *, force: bool = Fa
         )
 
     stamp = _read_stamp(final)
-    if stamp and stamp.get("kind") == "git" and not force and (not spec.commit or stamp.get("commit") == spec.commit):
+    if (
+        stamp
+        and stamp.get("kind") == "git"
+        and not force
+        and (not spec.commit or commit_matches(stamp.get("commit", ""), spec.commit))
+    ):
         return tree_of(stamp)
     what = f"`bonsai build --source {spec.name or spec.text}`"
     remote_commit = check_remote(spec.url, spec.ref, what)
-    if spec.commit and remote_commit and remote_commit != spec.commit:
+    if spec.commit and remote_commit and not commit_matches(remote_commit, spec.commit):
         raise _refuse_commit(spec, remote_commit)
     with _lock(sources_dir()):
         tmp = sources_dir() / f".{final.name}.tmp-{os.getpid()}"
@@ -358,7 +371,7 @@ def prepare_git(spec: SourceSpec, series: tuple[Patch, ...], *, force: bool = Fa
             else:
                 _git(*args, spec.url, str(tmp))
             commit = _git("rev-parse", "HEAD", cwd=tmp)
-            if spec.commit and commit != spec.commit:  # what was cloned, not what the remote said
+            if spec.commit and not commit_matches(commit, spec.commit):  # what was cloned, not what the remote said
                 raise _refuse_commit(spec, commit)
             count = _git("rev-list", "--count", "HEAD", cwd=tmp)
             if not (tmp / "CMakeLists.txt").is_file():
