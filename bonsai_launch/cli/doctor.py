@@ -67,7 +67,8 @@ def command(json_output: JsonOpt = False) -> None:
         out.print(builds)
         if not any(entry.get("flavour") == "fork" for entry in report.builds):
             out.print(
-                "[dim]no PrismML fork build: bonsai2-27b and PQ2_0 files need one (`bonsai build --source prismml`)[/]"
+                "[dim]no PrismML fork build: the Bonsai 2 and 2.5 profiles and PQ2_0 files need one "
+                "(`bonsai build --source prismml`)[/]"
             )
     else:
         out.print("[bold]builds[/]  none")

@@ -7,12 +7,15 @@ Examples:
     BONSAI_FAMILY=bonsai BONSAI_MODEL=8B bonsai pull --no-vision
     bonsai pull -p bonsai-27b --revision v1.1 --json
     bonsai pull -p ternary-27b --speculative        # + the DSpark drafter, converted once
+    bonsai pull --family bonsai2 --size 9B          # files found by pattern, recorded in the lock
     HF_HUB_OFFLINE=1 bonsai pull -p ternary-27b     # only check what is already here
 
-Only the files the profile names are fetched (never a folder by pattern). Each is checked
-against the hub's sha256 before it gets its name; an interrupted download resumes. Private
-repos need a read token: BONSAI_TOKEN, a .bonsai_token file (here or in BONSAI_HOME), or
-HF_TOKEN / `hf auth login`.
+Only the files the profile names are fetched: an exact name, or the one file the profile's
+patterns pick from the repository's listing, in their order (never a folder by glob). Each is
+checked against the listing's size and sha256 before it gets its name; an interrupted download
+resumes. What was resolved goes to the lock (BONSAI_HOME/models.lock.json), which `bonsai start`
+uses without listing the repository again. Private repos need a read token: BONSAI_TOKEN, a
+.bonsai_token file (here or in BONSAI_HOME), or HF_TOKEN / `hf auth login`.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def command(
     revision: RevisionOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
-    """Download the files a profile names, verify their sha256 and record it."""
+    """Download the files a profile names (or its patterns pick), verify size and sha256, record them."""
     from bonsai_launch.cli._output import console, emit_json
     from bonsai_launch.models.progress import RichReporter
     from bonsai_launch.models.pull import pull_profile

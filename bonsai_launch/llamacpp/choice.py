@@ -95,7 +95,7 @@ def _pinned_fork_release() -> int | None:
     return forks[0].release if forks else None
 
 
-def require_fork_source(profile_name: str) -> None:
+def require_fork_source(profile_name: str, min_release: int | None = None) -> None:
     """Before any download: a profile that needs a fork build, when none is built, goes on only
     if the pinned fork can be fetched now (it is then built by `bonsai start`). Otherwise one
     line naming the command that makes the build."""
@@ -112,9 +112,13 @@ def require_fork_source(profile_name: str) -> None:
     try:
         check_remote(fork.url, fork.ref, f"`{FORK_BUILD_COMMAND}`")
     except RemoteUnreachable as exc:
+        from bonsai_launch.llamacpp.builds.builder import find_installed
+
+        older = min_release is not None and find_installed("auto", FORK) is not None
+        none = f"the fork builds here are older than b{min_release}" if older else "none is built"
         raise BonsaiError(
-            f"profile {profile_name} needs a PrismML fork build of llama.cpp, none is built, and the fork "
-            f"cannot be fetched here ({exc.reason}); nothing was downloaded",
+            f"profile {profile_name} needs a PrismML fork build of llama.cpp, {none}, and the fork "
+            f"({fork.ref}) cannot be fetched here ({exc.reason}); nothing was downloaded",
             f"run `{FORK_BUILD_COMMAND}` where GitHub is reachable, or set BONSAI_LLAMA_BIN to the "
             "folder of a fork build's llama-server",
             exit_code=1,

@@ -55,9 +55,10 @@ def _choose(selection):
     from bonsai_launch.llamacpp.choice import choose_server, require_fork_source
     from bonsai_launch.llamacpp.flavours import FORK, fork_release_wanted
 
-    choice = choose_server(selection.settings, selection.flavour, min_release=fork_release_wanted(selection.profile))
+    wanted = fork_release_wanted(selection.profile)
+    choice = choose_server(selection.settings, selection.flavour, min_release=wanted)
     if choice.path is None and choice.kind.flavour == FORK:
-        require_fork_source(selection.profile.name)
+        require_fork_source(selection.profile.name, wanted)
     return choice
 
 
