@@ -114,10 +114,11 @@ def test_pull_resolves_names_written_nowhere_in_our_code_and_records_them(hub, b
     assert shown["model"]["locked"]["commit"] == repo.commit and shown["model"]["builds"] == "fork ≥ b10828"
 
 
-def test_preference_order_decides_between_two_matches(hub, blobs):
+def test_preference_order_decides_between_two_matches(hub, blobs, capsys):
     names = nine_b(hub, blobs, pq2=True, ptq1=True)
-    result = pull()
-    assert [f.name for f in result.files] == [names["pq2"], names["q8"]]
+    code, out, err = run_cli(capsys, "pull", "--profile", "bonsai2-9b", "--json")
+    assert code == 0, err
+    assert [f["name"] for f in json.loads(out)["files"]] == [names["pq2"], names["q8"]]
     assert fetched(hub) == {names["pq2"], names["q8"]}
 
 
