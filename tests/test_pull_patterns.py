@@ -285,3 +285,44 @@ def test_exact_name_profiles_record_their_files_in_the_lock_too(hub):
     pull_profile(get_profile("bonsai-8b"), reporter=RecordingReporter())
     [entry] = model_lock.locked_files(get_profile("bonsai-8b")).values()
     assert entry.name == "Bonsai-8B-Q1_0.gguf" and entry.wanted == "Bonsai-8B-Q1_0.gguf"
+
+
+# --- the resolution itself: a pure function over a listing ------------------------------------
+
+
+def _listing(*names: str):
+    from bonsai_launch.models.hub import RemoteFile, RemoteListing
+
+    return RemoteListing(REPO_9B, "main", "c" * 40, {n: RemoteFile(n, 1, "a" * 64) for n in names})
+
+
+def test_resolution_is_pure_and_case_sensitive():
+    from bonsai_launch.models.resolve import resolve_all
+
+    profile = get_profile("bonsai2-9b")
+    resolved = resolve_all(
+        profile, list(profile.files), _listing("x-PTQ1_0.gguf", "x-pq2_0.gguf", "x-mmproj-BF16.gguf")
+    )
+    assert [(r.entry.name, r.pattern) for r in resolved] == [
+        ("x-PTQ1_0.gguf", "*-PTQ1_0.gguf"),  # 'pq2_0' in lower case is not PQ2_0
+        ("x-mmproj-BF16.gguf", "*mmproj-BF16.gguf"),
+    ]
+    assert [f.name for f in profile.files] == ["", ""]  # the profile itself is left as it was
+
+
+def test_one_file_for_two_roles_is_refused():
+    from bonsai_launch.config.profiles import parse_profile
+    from bonsai_launch.models.resolve import resolve_all
+
+    profile = parse_profile(
+        {
+            "name": "x",
+            "family": "f",
+            "size": "1B",
+            "repo": REPO_9B,
+            "files": [{"role": "model", "pattern": "*Q8_0.gguf"}, {"role": "mmproj", "pattern": "*mmproj-Q8_0.gguf"}],
+        },
+        get_profile("bonsai2-9b").source_file.with_name("x.yaml"),
+    )
+    with pytest.raises(ActionFailed, match=r"is both profile x's model .* and its mmproj"):
+        resolve_all(profile, list(profile.files), _listing("x-mmproj-Q8_0.gguf"))
