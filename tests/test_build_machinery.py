@@ -176,6 +176,19 @@ def test_pinned_build_with_patch_end_to_end(tmp_path, monkeypatch):
     assert ensure_server("cpu") == result.server
 
 
+def test_compile_commands_name_the_source_by_a_path_no_patch_series_changes(tmp_path, monkeypatch):
+    # ccache keys on the paths in each compile command. The patched source folder's name carries
+    # the series' hash, so naming it directly made every patch change a cold build.
+    archive, sha = make_sdist(tmp_path / "dist")
+    use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))
+    use_pin(monkeypatch, write_pin(tmp_path / "vendor", archive, sha), help_patch(tmp_path / "patches").parent)
+    result = build(BuildRequest())
+    link = result.key_dir / "src"
+    assert link.is_symlink() and "-p" in link.resolve().parent.name  # the real folder is per series
+    ninja_file = (result.key_dir / "work" / "build.ninja").read_text()
+    assert str(link) in ninja_file and str(link.resolve()) not in ninja_file
+
+
 def test_ensure_server_builds_when_nothing_is_installed(tmp_path, monkeypatch):
     archive, sha = make_sdist(tmp_path / "dist")
     use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))

@@ -213,6 +213,24 @@ def _announce(plan: BuildPlan, console) -> None:
     console.print(f"[dim]build folder {plan.key_dir}, log {plan.log_path}[/]")
 
 
+def _stable_source_path(src: Path, key_dir: Path) -> Path:
+    """The source tree as `<key_dir>/src`, a link to the real folder, so that every compile
+    command names it as `../src/...` from the build folder. The real folder's name carries the
+    patch series' hash; with it in the paths, ccache (which makes paths relative to
+    CCACHE_BASEDIR but keeps the names) missed on every file when one patch changed, and a
+    one-file kernel patch cost a cold 12-minute build. Where links cannot be made (Windows
+    without developer mode), the real path is used as before."""
+    link = key_dir / "src"
+    try:
+        if link.is_symlink() and link.resolve() != src:
+            link.unlink()
+        if not link.is_symlink():
+            link.symlink_to(src, target_is_directory=True)
+    except OSError:
+        return src
+    return link.absolute()
+
+
 def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildResult:
     """Configure (when needed), compile, install and write the manifest, under a lock."""
     from filelock import FileLock
@@ -227,7 +245,7 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
                 return BuildResult(existing, Path(existing["binaries"]["llama-server"]), True, plan.key_dir)
         _announce(plan, console)
         env = build_env(plan.vcvars)
-        src, work = plan.source.path.resolve(), plan.work_dir.resolve()
+        src, work = _stable_source_path(plan.source.path.resolve(), plan.key_dir), plan.work_dir.resolve()
         timings: dict[str, float] = {}
         with open(plan.log_path, "w") as log:
             log.write(f"# bonsai build {plan.key} at {datetime.now(UTC).isoformat()}\n")
