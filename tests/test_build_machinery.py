@@ -127,53 +127,61 @@ def test_compile_error_prints_the_log_tail_and_installs_nothing(tree):
     assert not list(builds_dir().glob("*/bin/llama-server")) and not list(builds_dir().glob("*/manifest.json"))
 
 
-def test_interrupted_build_leaves_no_installed_binary(tree, isolated_home):
-    (tree / "SLOW").write_text("")
-    env = dict(os.environ, BONSAI_HOME=str(isolated_home))
+def _as_a_terminal_delivers_ctrl_c() -> None:
+    """preexec_fn: SIGINT at its default in the child, as in a terminal's foreground job. A
+    shell ignores SIGINT in its background jobs (`pytest & other-work` in a script), and the
+    child inherits that: Python then never turns SIGINT into KeyboardInterrupt, and this test
+    waited 60 s for an exit that could not come (issue 22). A user's Ctrl+C reaches a
+    foreground bonsai with the default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _interrupt_when_started(tree: Path, marker: str, env: dict[str, str]) -> tuple[subprocess.Popen, int, str]:
+    """Start `bonsai build`, wait for the step named by `marker` to start, send Ctrl+C's signal,
+    and wait for bonsai to exit. Returns the process, the step's pid and stderr."""
+    (tree / marker).write_text("")
     proc = subprocess.Popen(
         [sys.executable, "-m", "bonsai_launch", "build", "--source", str(tree)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_a_terminal_delivers_ctrl_c,
     )
-    pid_file = tree / "SLOW.pid"
-    deadline = time.monotonic() + 120
+    pid_file = tree / f"{marker}.pid"
+    # Generous bounds: they wait for events (the step started, bonsai exited), and a loaded
+    # 2-core machine can take long to start Python and cmake; a hang still fails.
+    deadline = time.monotonic() + 300
     while not pid_file.is_file() or not pid_file.read_text().strip():
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the slow build step never started"
+        assert time.monotonic() < deadline, f"the {marker} step never started"
         time.sleep(0.1)
-    sleeper = int(pid_file.read_text())
+    step = int(pid_file.read_text())
     proc.send_signal(signal.SIGINT)  # what Ctrl+C delivers to bonsai (the compiler has its own group)
-    _out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=120)
+    (tree / marker).unlink()
+    pid_file.unlink()
+    return proc, step, err
+
+
+def _step_gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("marker", ["SLOW", "SLOW_CONFIGURE"], ids=["while-compiling", "while-configuring"])
+def test_interrupted_build_leaves_no_installed_binary(tree, isolated_home, marker):
+    env = dict(os.environ, BONSAI_HOME=str(isolated_home))
+    proc, step, err = _interrupt_when_started(tree, marker, env)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    gone = not psutil.pid_exists(sleeper) or psutil.Process(sleeper).status() == psutil.STATUS_ZOMBIE
-    assert gone, "the build step outlived the interrupt"
+    assert _step_gone(step), "the build step outlived the interrupt"
     assert not list(builds_dir().glob("*/bin/llama-server")) and not list(builds_dir().glob("*/manifest.json"))
 
     # The next run continues in the same build folder and installs.
-    (tree / "SLOW").unlink()
     result = build(BuildRequest(source=str(tree)))
-    assert result.server.is_file() and "configure_seconds" not in result.timings
-
-
-def test_pinned_build_with_patch_end_to_end(tmp_path, monkeypatch):
-    archive, sha = make_sdist(tmp_path / "dist")
-    use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))
-    pin = write_pin(tmp_path / "vendor", archive, sha, build_number=4242)
-    use_pin(monkeypatch, pin, help_patch(tmp_path / "patches").parent)
-    result = build(BuildRequest())
-    m = result.manifest
-    assert m["source"]["kind"] == "pin" and m["source"]["identity"] == sha
-    assert m["source"]["patches"] == ["0001-add-type.patch"] and m["patches_hash"]
-    assert "-DLLAMA_BUILD_NUMBER=4242" in m["cmake_flags"]
-    assert m["capabilities"]["build_number"] == 4242 and "draft-patched" in m["capabilities"]["spec_types"]
-    # choose_server and ensure_server find it; nothing is rebuilt.
-    from bonsai_launch.llamacpp.choice import choose_server
-
-    assert choose_server(resolve({}), "mainline").path == result.server == find_installed("cpu")
-    assert ensure_server("cpu") == result.server
+    assert result.server.is_file()
+    if marker == "SLOW":  # configuring had finished: ninja alone carries on
+        assert "configure_seconds" not in result.timings
 
 
 def test_compile_commands_name_the_source_by_a_path_no_patch_series_changes(tmp_path, monkeypatch):
