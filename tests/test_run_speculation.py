@@ -4,6 +4,7 @@ does not speculate, and the README's first command answers sensibly on the demo 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,16 @@ def demo_home(demo_gguf, isolated_home) -> Path:
     return folder
 
 
+def assert_live_answer(done: subprocess.CompletedProcess) -> None:
+    """What the README promises on every CPU: a non-empty answer with no error, and tokens both
+    drafted and accepted (the copying prompt gives n-gram speculation something to draft)."""
+    assert done.stdout.strip(), done.stderr
+    assert "error" not in done.stderr.lower(), done.stderr
+    stats = re.search(r"; speculative: drafted (\d+), accepted (\d+)", done.stderr)
+    assert stats, done.stderr
+    assert int(stats[1]) > 0 and int(stats[2]) > 0, stats[0]
+
+
 @pytest.mark.server
 @pytest.mark.slow
 def test_readme_first_command_answers_sensibly_with_live_speculation(llama_server, demo_home):
@@ -105,19 +116,26 @@ def test_readme_first_command_answers_sensibly_with_live_speculation(llama_serve
     )
     assert "temporary llama-server: checking speculative decoding" in done.stderr
     assert "speculative decoding: live (ngram-mod, n-max 64 (llama.cpp default)" in done.stderr
-    assert "; speculative: drafted " in done.stderr
-    # the demo profile samples greedily: the 270M base model copies the line instead of rambling
-    assert done.stdout.count("brown fox jumps over the lazy dog") >= 2, done.stdout
+    assert_live_answer(done)
     assert "stop processing" not in Path(plain.log_path).read_text()[plain_log_size:]  # the plain server was not asked
     assert [i.name for i in instances.running()] == [plain.name]  # the temporary server is gone
+
+    # Lossless: the demo samples greedily, so the speculative answer is the plain one, token for
+    # token, on this machine and binary. The words themselves depend on the CPU's floating-point
+    # path (which kernels the native build chose), so no fixed text is asserted.
+    plain_answer = bonsai(["run", "--profile", "demo", "-n", "128", README_PROMPT], env=plain_env, timeout=300)
+    assert plain_answer.returncode == 0, plain_answer.stderr
+    assert "stop processing" in Path(plain.log_path).read_text()[plain_log_size:]  # this time the plain server answered
+    assert done.stdout == plain_answer.stdout
 
     # The README's first command exactly as written: no server running at all.
     assert bonsai(["stop", "--all"], env=plain_env).returncode == 0
     assert gone(plain.pid)
     fresh = bonsai(["run", "--profile", "demo", "-n", "128", README_PROMPT], env=env, timeout=300)
     assert fresh.returncode == 0, fresh.stderr
-    assert "speculative decoding: live (ngram-mod" in fresh.stderr and "; speculative: drafted " in fresh.stderr
-    assert fresh.stdout.count("brown fox jumps over the lazy dog") >= 2
+    assert "speculative decoding: live (ngram-mod" in fresh.stderr
+    assert_live_answer(fresh)
+    assert fresh.stdout == plain_answer.stdout
     assert instances.running() == []
     assert no_server_left(demo_home)
 
