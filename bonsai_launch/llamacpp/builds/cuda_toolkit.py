@@ -32,6 +32,10 @@ _LIBS = {
     "cublasLt": ("libcublasLt.so", "libcublasLt.so.*", "cublasLt.lib"),
 }
 _DRIVER = ("libcuda.so", "libcuda.so.*", "nvcuda.dll")
+# Where the system's folders are looked for, and the `nvidia` package folders (None: the ones
+# importable here). Tests point both at fake trees so no machine's own toolkit leaks in.
+SYSTEM_ROOT = Path("/")
+WHEEL_LOCATIONS: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class CudaToolkit:
 def wheel_roots(locations: list[str] | None = None) -> list[Path]:
     """The folders NVIDIA's wheels installed into bonsai's environment: every child of the
     `nvidia` namespace package (nvidia/cu13, nvidia/cublas, ...), newest CUDA first."""
+    locations = WHEEL_LOCATIONS if locations is None else locations
     if locations is None:
         try:
             spec = importlib.util.find_spec("nvidia")
@@ -111,10 +116,11 @@ def _first(folders: list[Path], patterns: tuple[str, ...]) -> Path | None:
     return None
 
 
-def toolkit_roots(nvcc: Path, system_root: Path = Path("/")) -> list[Path]:
+def toolkit_roots(nvcc: Path, system_root: Path | None = None) -> list[Path]:
     """Where a system toolkit may live: above nvcc (resolved), CUDA_HOME/CUDA_PATH, /usr/local/cuda.
     nvcc on PATH is often a link or a one-line wrapper script (/usr/local/bin/nvcc exec'ing
     /usr/local/cuda-13.0/bin/nvcc), so the folder above it alone is not enough."""
+    system_root = system_root or SYSTEM_ROOT
     roots = [nvcc.resolve().parent.parent]
     roots += [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT") if os.environ.get(v, "").strip()]
     roots.append(system_root / "usr/local/cuda")
@@ -138,9 +144,10 @@ def _system_dirs(roots: list[Path], system_root: Path) -> tuple[list[Path], list
     return inc, lib
 
 
-def find_driver(system_root: Path = Path("/"), stub_dirs: list[Path] | None = None) -> Path | None:
+def find_driver(system_root: Path | None = None, stub_dirs: list[Path] | None = None) -> Path | None:
     """The driver library (libcuda) the build can link, or a toolkit's link stub; None where
     neither exists (a machine with no NVIDIA driver: build with GGML_CUDA_NO_VMM)."""
+    system_root = system_root or SYSTEM_ROOT
     if platform.system() == "Windows":
         dll = Path(os.environ.get("SYSTEMROOT", r"C:\Windows"), "System32", "nvcuda.dll")
         return dll if dll.is_file() else None
@@ -169,10 +176,11 @@ def _from_root(root: Path) -> dict[str, Path | None]:
     }
 
 
-def system_toolkit(nvcc: str | None, system_root: Path = Path("/")) -> CudaToolkit:
+def system_toolkit(nvcc: str | None, system_root: Path | None = None) -> CudaToolkit:
     """The toolkit around a system nvcc (PATH, CUDACXX, CUDA_HOME, /usr/local/cuda)."""
     if not nvcc:
         return CudaToolkit("none")
+    system_root = system_root or SYSTEM_ROOT
     roots = toolkit_roots(Path(nvcc), system_root)
     inc, lib = _system_dirs(roots, system_root)
     stubs = [s for r in roots for s in (r / "lib64/stubs", r / "lib/stubs", *sorted(r.glob("targets/*/lib/stubs")))]
@@ -189,7 +197,7 @@ def system_toolkit(nvcc: str | None, system_root: Path = Path("/")) -> CudaToolk
     )
 
 
-def wheel_toolkit(roots: list[Path], system_root: Path = Path("/")) -> CudaToolkit:
+def wheel_toolkit(roots: list[Path], system_root: Path | None = None) -> CudaToolkit:
     """The toolkit NVIDIA's wheels make together: nvcc from the root that has it, each other part
     from the first root that has it; headers outside nvcc's root become -isystem folders."""
     if not roots:
@@ -209,7 +217,9 @@ def wheel_toolkit(roots: list[Path], system_root: Path = Path("/")) -> CudaToolk
     return CudaToolkit("pypi", **found, driver=find_driver(system_root), extra_includes=tuple(extra))
 
 
-def find_toolkit(nvcc: str | None, *, locations: list[str] | None = None, system_root: Path = Path("/")) -> CudaToolkit:
+def find_toolkit(
+    nvcc: str | None, *, locations: list[str] | None = None, system_root: Path | None = None
+) -> CudaToolkit:
     """The toolkit a CUDA build uses: a complete system toolkit first; else NVIDIA's wheels when
     they are complete; else a system nvcc with cuBLAS from a wheel; else the system's (or the
     wheels') incomplete parts, whose `missing()` the preflight reports."""

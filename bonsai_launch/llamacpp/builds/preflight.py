@@ -127,13 +127,14 @@ def check_cuda(tools: Toolchain, *, toolkit: cuda_toolkit.CudaToolkit | None = N
 # -- Vulkan -------------------------------------------------------------------------------------
 
 
-def _vulkan_roots(system_root: Path) -> list[Path]:
+def _vulkan_roots(system_root: Path | None) -> list[Path]:
+    system_root = system_root or cuda_toolkit.SYSTEM_ROOT
     sdk = os.environ.get("VULKAN_SDK", "").strip()
     roots = [Path(sdk)] if sdk else []
     return roots + [system_root / "usr", system_root / "usr/local"]
 
 
-def vulkan_headers(system_root: Path = Path("/")) -> tuple[Path | None, int | None, bool]:
+def vulkan_headers(system_root: Path | None = None) -> tuple[Path | None, int | None, bool]:
     """(vulkan_core.h, VK_HEADER_VERSION, has VK_EXT_layer_settings) of the headers CMake would use."""
     for root in _vulkan_roots(system_root):
         for inc in ("include", "Include"):  # the Windows SDK says Include
@@ -156,7 +157,7 @@ def _found_any(roots: list[Path], patterns: list[str]) -> Path | None:
     return None
 
 
-def check_vulkan(tools: Toolchain, *, needs_layer_settings: bool = True, system_root: Path = Path("/")) -> Preflight:
+def check_vulkan(tools: Toolchain, *, needs_layer_settings: bool = True, system_root: Path | None = None) -> Preflight:
     apt = "`sudo apt install libvulkan-dev glslc spirv-headers` (Debian/Ubuntu), or the LunarG Vulkan SDK"
     if not tools.glslc.found:
         raise PreflightFailed("vulkan", "glslc (the shader compiler) was not found", apt)
