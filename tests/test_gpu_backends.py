@@ -373,3 +373,38 @@ def test_a_probe_taken_without_a_gpu_is_taken_again_when_one_appears(tmp_path, m
     assert binaries.probe(binary).backend == "cpu" and len(probes) == 1  # cached
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the machine changed, the binary did not
     assert binaries.probe(binary).backend == "cuda" and len(probes) == 2
+
+
+# -- doctor -------------------------------------------------------------------------------------
+
+
+def test_doctor_shows_the_devices_per_backend_and_why_one_is_used(tmp_path, monkeypatch):
+    from bonsai_launch import doctor
+    from bonsai_launch.core import hardware as machine
+
+    lavapipe = (machine.VulkanDevice("llvmpipe (LLVM 15.0.6, 256 bits)", "CPU (software)"),)
+    monkeypatch.setattr(machine, "vulkan_devices", lambda system=None: machine.VulkanDevices(lavapipe, "vulkaninfo"))
+    monkeypatch.setattr(machine, "detect", lambda: Hardware("Linux", "x86_64", 2, 2, 8 * 2**30))
+    monkeypatch.setattr(cuda_toolkit, "WHEEL_LOCATIONS", [str(cu13_wheels(tmp_path / "site"))])
+    tools = _tools(glslc="/usr/bin/glslc", cc="/usr/bin/cc", cmake="/x/cmake", ninja="/x/ninja")
+    monkeypatch.setattr(toolchain, "detect", lambda versions=True, system=None: tools)
+    monkeypatch.setattr(backend, "vulkan_sdk_present", lambda tools: True)
+
+    report = doctor.gather()
+    vulkan, cuda = report.backends["vulkan"], report.backends["cuda"]
+    assert vulkan["devices"] == ["llvmpipe (LLVM 15.0.6, 256 bits) (CPU (software))"] and vulkan["how"] == "vulkaninfo"
+    assert vulkan["preflight"]["ok"] is False and "vulkan_core.h" in vulkan["preflight"]["problem"]
+    assert cuda["devices"] == [] and cuda["preflight"]["ok"] is True  # the wheels' toolkit, no GPU
+    assert report.backend["backend"] == "cpu" and "no Vulkan GPU" in report.backend["reason"]
+    assert report.backend["launch"] == "cpu"
+
+    monkeypatch.setenv("BONSAI_BACKEND", "vulkan")
+    report = doctor.gather()
+    assert report.backend["launch"] == "vulkan" and report.backend["launch_reason"] == "BONSAI_BACKEND=vulkan"
+    monkeypatch.delenv("BONSAI_BACKEND")
+
+    # auto would pick Vulkan (a real GPU), but its toolchain is incomplete: start uses the CPU, and says why
+    monkeypatch.setattr(backend, "choose_backend", lambda *a, **k: backend.BackendChoice("vulkan", (), "a GPU"))
+    report = doctor.gather()
+    assert report.backend["launch"] == "cpu" and "vulkan cannot be built here" in report.backend["launch_reason"]
+    assert any("start falls back to the CPU" in p.what and p.fix for p in report.problems)
