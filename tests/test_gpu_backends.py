@@ -408,3 +408,15 @@ def test_doctor_shows_the_devices_per_backend_and_why_one_is_used(tmp_path, monk
     report = doctor.gather()
     assert report.backend["launch"] == "cpu" and "vulkan cannot be built here" in report.backend["launch_reason"]
     assert any("start falls back to the CPU" in p.what and p.fix for p in report.problems)
+
+
+def test_the_cuda_extra_brings_every_part_the_discovery_needs():
+    import re
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cuda"]
+    names = {re.split(r"[<>=!~ ]", req)[0] for req in extra}
+    # nvcc (+ crt: its host headers), the runtime, cub (cccl), cuBLAS: each missing() part
+    assert names == {"nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cublas"}
+    assert "bonsai-launch[cuda]" in preflight.CUDA_EXTRA_HINT
