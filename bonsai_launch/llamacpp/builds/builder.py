@@ -29,6 +29,10 @@ from bonsai_launch.llamacpp.builds.source import SourceTree, parse_source, prepa
 
 EXE = exe_name("")  # ".exe" on Windows
 COLD_CPU_NOTE = "a cold CPU build takes about 12 minutes on 2 cores (seconds with a warm ccache)"
+COLD_GPU_NOTES = {  # measured: docs/benchmarks.md, Build times
+    "cuda": "a cold CUDA build takes about 21 minutes on 2 cores for one architecture (ccache makes rebuilds cheap)",
+    "vulkan": "a cold Vulkan build takes about 10 minutes on 2 cores (ccache makes rebuilds cheap)",
+}
 COLD_GPU_NOTE = "a cold GPU build takes longer than a CPU one (tens of minutes on a few cores)"
 
 
@@ -211,7 +215,7 @@ def build_env(vcvars: str | None = None) -> dict[str, str]:
 def _announce(plan: BuildPlan, console) -> None:
     if console is None:
         return
-    note = COLD_CPU_NOTE if plan.backend == "cpu" else COLD_GPU_NOTE
+    note = COLD_CPU_NOTE if plan.backend == "cpu" else COLD_GPU_NOTES.get(plan.backend, COLD_GPU_NOTE)
     console.print(
         f"building llama-server ({plan.backend}: {plan.backend_reason}) from {plan.source.spec} "
         f"with {plan.jobs} job{'s' if plan.jobs != 1 else ''}; {note}"
@@ -341,20 +345,9 @@ def _fall_back(request: BuildRequest, backend: str, message: str, log: Path | No
 
 
 def detected_backend() -> str:
-    """The backend a launch uses without --backend: BONSAI_BACKEND when set, else what `auto`
-    would build here (without running anything heavy), unless that backend's build failed and
-    nothing has changed since (fallback.py): then the CPU."""
-    requested, explicit = fallback.requested_backend(None)
-    if explicit:
-        return requested
-    tools = toolchain.detect(versions=False)
-    try:
-        chosen = choose_backend("auto", _hardware("auto", tools), tools).backend
-    except BonsaiError:
-        return "cpu"
-    if chosen != "cpu" and fallback.recorded_failure(chosen, tools) is not None:
-        return "cpu"
-    return chosen
+    """The backend a launch uses without --backend (fallback.launch_backend): BONSAI_BACKEND, else
+    what `auto` would build here, unless that backend's build failed and nothing changed since."""
+    return fallback.launch_backend(lambda tools: choose_backend("auto", _hardware("auto", tools), tools).backend)
 
 
 def fork_sources() -> list:

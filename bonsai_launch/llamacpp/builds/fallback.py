@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,26 @@ def recorded_failure(backend: str, tools) -> dict[str, Any] | None:
 
 def clear_failure(backend: str) -> None:
     _marker(backend).unlink(missing_ok=True)
+
+
+def launch_backend(choose_auto: Callable[[Any], str]) -> str:
+    """The backend a launch uses: BONSAI_BACKEND when set; else `choose_auto(tools)` (what auto
+    would build here, without running anything heavy), or the CPU when that backend's build
+    failed and nothing has changed since."""
+    from bonsai_launch.core.errors import BonsaiError
+    from bonsai_launch.llamacpp.builds import toolchain
+
+    requested, explicit = requested_backend(None)
+    if explicit:
+        return requested
+    tools = toolchain.detect(versions=False)
+    try:
+        chosen = choose_auto(tools)
+    except BonsaiError:
+        return "cpu"
+    if chosen != "cpu" and recorded_failure(chosen, tools) is not None:
+        return "cpu"
+    return chosen
 
 
 def fallback_note(backend: str, message: str, log: Path | None) -> str:
