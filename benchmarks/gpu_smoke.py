@@ -280,10 +280,10 @@ def write_synthetic(path: Path, qtype: str, layers: int, shape: dict[str, int] =
     return path
 
 
-def verify_costs(bin_dir: Path, work: Path, layers: int) -> dict[str, Any]:
-    result: dict[str, Any] = {"layers": layers, "shape": SHAPE_27B}
+def verify_costs(bin_dir: Path, work: Path, layers: int, shape: dict[str, int] = SHAPE_27B) -> dict[str, Any]:
+    result: dict[str, Any] = {"layers": layers, "shape": shape}
     for qtype in ("Q1_0", "Q2_0"):
-        model = write_synthetic(work / f"synthetic-27b-{qtype}.gguf", qtype, layers)
+        model = write_synthetic(work / f"synthetic-27b-{qtype}.gguf", qtype, layers, shape)
         argv = [str(bin_dir / "llama-bench"), "-m", str(model), "-ngl", "999", "-n", "0", "-r", "5", "-o", "json"]
         argv += ["-p", ",".join(map(str, BATCHES))]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=600)

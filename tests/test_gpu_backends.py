@@ -218,7 +218,7 @@ def test_auto_builds_cuda_only_with_a_gpu_and_a_toolkit(tmp_path, monkeypatch):
 # -- Vulkan and HIP -----------------------------------------------------------------------------
 
 
-def test_vulkan_preflight_names_each_missing_part(no_real_toolkits):
+def test_vulkan_preflight_names_each_missing_part(no_real_toolkits, monkeypatch):
     root = no_real_toolkits
     tools = _tools(glslc="/usr/bin/glslc")
     with pytest.raises(preflight.PreflightFailed, match="glslc"):
@@ -239,7 +239,13 @@ def test_vulkan_preflight_names_each_missing_part(no_real_toolkits):
     with pytest.raises(preflight.PreflightFailed, match="loader"):
         preflight.check_vulkan(tools)
     touch(root, "usr/lib/x86_64-linux-gnu/libvulkan.so")
-    assert preflight.check_vulkan(tools).details["header_version"] == 290
+    from bonsai_launch.core import hardware as machine
+
+    lavapipe = (machine.VulkanDevice("llvmpipe (LLVM 15.0.6, 256 bits)", "CPU (software)"),)
+    monkeypatch.setattr(machine, "vulkan_devices", lambda system=None: machine.VulkanDevices(lavapipe, "vulkaninfo"))
+    done = preflight.check_vulkan(tools)
+    assert done.details["header_version"] == 290
+    assert len(done.notes) == 1 and "llvmpipe" in done.notes[0] and "GGML_VK_VISIBLE_DEVICES" in done.notes[0]
 
 
 def test_hip_preflight(tmp_path):

@@ -30,8 +30,8 @@ from bonsai_launch.llamacpp.builds import cuda_toolkit
 from bonsai_launch.llamacpp.builds.toolchain import Toolchain, nvcc_version
 
 CUDA_EXTRA_HINT = (
-    "pip install 'bonsai-launch[cuda]' (NVIDIA's CUDA toolkit wheels, about 1.1 GB; bonsai uses them "
-    "when no complete system toolkit is found)"
+    "pip install 'bonsai-launch[cuda]': NVIDIA's CUDA toolkit wheels (about 1.1 GB installed), which bonsai "
+    "uses when no complete system toolkit is found"
 )
 MIN_CUDA = (11, 7)
 # The pinned llama.cpp's ggml-vulkan.cpp uses vk::LayerSettingEXT unconditionally.
@@ -187,7 +187,16 @@ def check_vulkan(tools: Toolchain, *, needs_layer_settings: bool = True, system_
     ) or _found_any(roots, ["Lib/vulkan-1.lib", "lib/vulkan-1.lib"])
     if loader is None:
         raise PreflightFailed("vulkan", "the Vulkan loader library (libvulkan.so) was not found", apt)
-    return Preflight("vulkan", details={"headers": str(header), "header_version": version, "loader": str(loader)})
+    from bonsai_launch.core import hardware
+
+    seen = hardware.vulkan_devices()
+    notes: tuple[str, ...] = ()
+    if not seen.gpus:  # obeyed all the same (an explicit --backend vulkan); say what it will run on
+        names = ", ".join(d.name for d in seen.devices) or "none"
+        note = f"no Vulkan GPU here (devices: {names}): llama.cpp skips software devices such as lavapipe, "
+        notes = (note + "so this build runs on the CPU unless GGML_VK_VISIBLE_DEVICES exposes one",)
+    details = {"headers": str(header), "header_version": version, "loader": str(loader), "devices": seen.how}
+    return Preflight("vulkan", notes=notes, details=details)
 
 
 # -- HIP ----------------------------------------------------------------------------------------
