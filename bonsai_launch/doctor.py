@@ -186,7 +186,7 @@ def _builds(report: Report) -> None:
                 "build_seconds": m.get("build_seconds"),
                 "llama_server": m.get("binaries", {}).get("llama-server"),
                 "spec_types": caps.get("spec_types", []),
-                "devices": caps.get("devices", []),
+                "devices": _devices_now(m) if m.get("backend") != "cpu" else caps.get("devices", []),
                 "path": str(key_dir),
             }
         )
@@ -222,6 +222,18 @@ def _builds(report: Report) -> None:
             report.problems.append(
                 Problem("warning", f"build {b['key']} does not list draft-dspark", "run `bonsai build --force`")
             )
+
+
+def _devices_now(manifest: dict[str, Any]) -> list[str]:
+    """A GPU build's devices as its llama-server lists them now (the probe cache notices a GPU or
+    driver that appeared since the build), not as the manifest recorded them at build time."""
+    from bonsai_launch.llamacpp.binaries import probe
+
+    server = manifest.get("binaries", {}).get("llama-server")
+    try:
+        return list(probe(server).devices) if server else []
+    except Exception:  # a build whose binary is gone or broken: what it listed when built
+        return list(manifest.get("capabilities", {}).get("devices", []))
 
 
 def _old_forks(report: Report, backend: str, profiles: list) -> None:
