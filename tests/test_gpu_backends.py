@@ -426,3 +426,39 @@ def test_the_cuda_extra_brings_every_part_the_discovery_needs():
     # nvcc (+ crt: its host headers), the runtime, cub (cccl), cuBLAS: each missing() part
     assert names == {"nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cublas"}
     assert "bonsai-launch[cuda]" in preflight.CUDA_EXTRA_HINT
+
+
+def test_doctor_lists_a_gpu_builds_devices_as_they_are_now(monkeypatch):
+    """A CUDA build made where no GPU was visible recorded no devices in its manifest; once a GPU
+    is there, doctor shows it (the probe runs again: the devices visible changed)."""
+    from bonsai_launch import doctor
+    from bonsai_launch.llamacpp import binaries
+    from bonsai_launch.llamacpp.builds.install import SCHEMA, write_manifest
+    from bonsai_launch.llamacpp.capabilities import Capabilities
+
+    key_dir = builds_dir() / "cuda-0123456789ab"
+    server = key_dir / "bin" / "llama-server"
+    server.parent.mkdir(parents=True)
+    server.write_text("#!/bin/sh\n")
+    caps = {"backend": "cpu", "devices": [], "spec_types": [], "flags": []}
+    write_manifest(
+        key_dir,
+        {
+            "schema": SCHEMA,
+            "key": key_dir.name,
+            "backend": "cuda",
+            "binaries": {"llama-server": str(server)},
+            "capabilities": caps,
+            "source": {},
+        },
+    )
+    visible = []
+    monkeypatch.setattr(
+        binaries,
+        "probe_uncached",
+        lambda path: Capabilities(str(path), backend="cuda" if visible else "cpu", devices=tuple(visible)),
+    )
+    assert doctor.gather().builds[0]["devices"] == []
+    visible.append("CUDA0: NVIDIA H200 (143771 MiB, 143000 MiB free)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # stands in for the GPU appearing
+    assert doctor.gather().builds[0]["devices"] == visible
