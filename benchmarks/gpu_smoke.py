@@ -28,6 +28,15 @@ for the synthetic targets at 64 layers (`--layers 8` makes them ~1.7 GB).
 
     python benchmarks/gpu_smoke.py --json gpu-smoke.json
     python benchmarks/gpu_smoke.py --llama-bin ~/.cache/bonsai/builds/cuda-.../bin --layers 16
+
+On the `device` tool's H200 (nothing can be fetched there; its image has nvcc 13.0, CMake, ninja,
+numpy, rich, typer, psutil, pyyaml, huggingface-hub and NVIDIA's cuBLAS/runtime wheels: see
+/work/.library/device/KINDS.md): carry the pinned sdist (37 MB) and wheels of the missing
+dependencies (gguf, filelock, platformdirs, nvidia-ml-py, httpx if absent) in an excluded folder,
+install them into /tmp/site, copy the sdist to $BONSAI_HOME/sources/downloads/ (bonsai reuses a
+file there whose sha256 matches the pin), and run with PYTHONPATH=/tmp/site:. The demo package
+(253 MB) cannot travel within the 64 MiB limit: its step then records the ImportError and the
+others run.
 """
 
 from __future__ import annotations
