@@ -10,6 +10,8 @@ import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bonsai_launch.core.errors import BonsaiError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -23,6 +25,7 @@ class Report:
     hardware: dict[str, Any] = field(default_factory=dict)
     toolchain: dict[str, Any] = field(default_factory=dict)
     backend: dict[str, Any] = field(default_factory=dict)
+    backends: dict[str, dict[str, Any]] = field(default_factory=dict)  # per backend: devices seen, preflight
     builds: list[dict[str, Any]] = field(default_factory=list)
     llama_server: dict[str, Any] | None = None
     models: list[dict[str, Any]] = field(default_factory=list)
@@ -76,7 +79,71 @@ def _toolchain(report: Report, hw) -> Any:
         report.backend = {"backend": choice.backend, "reason": choice.reason, "cmake_flags": list(choice.cmake_flags)}
     except Exception as exc:  # a BonsaiError from a half-installed GPU toolchain
         report.backend = {"backend": "cpu", "reason": str(exc), "cmake_flags": []}
+    _backends(report, hw, tools)
     return tools
+
+
+def _preflight(backend: str, tools) -> dict[str, Any]:
+    from bonsai_launch.llamacpp.builds import preflight
+
+    try:
+        done = preflight.check(backend, tools)
+    except preflight.PreflightFailed as exc:
+        return {"ok": False, "problem": exc.message, "fix": exc.fix}
+    return {"ok": True, "notes": list(done.notes)}
+
+
+def _backends(report: Report, hw, tools) -> None:
+    """Per GPU backend: the devices seen, whether its toolchain passes the preflight (run only
+    where some of it is installed), and what a launch without --backend will use and why."""
+    from bonsai_launch.core import hardware
+    from bonsai_launch.llamacpp.builds import backend as backends
+    from bonsai_launch.llamacpp.builds import fallback
+
+    vulkan = hardware.vulkan_devices(hw.os)
+    seen: dict[str, dict[str, Any]] = {
+        "cuda": {"devices": [f"{g.name} (cc {g.compute_capability})" for g in hw.gpus], "how": "NVML"},
+        "vulkan": {"devices": [f"{d.name} ({d.kind})" for d in vulkan.devices], "how": vulkan.how},
+        "metal": {"devices": ["Apple Silicon GPU"] if hw.metal else [], "how": "platform"},
+    }
+    if hw.os == "Linux" and tools.hipconfig.found:
+        seen["hip"] = {"devices": backends._hip_targets(), "how": "amdgpu-arch"}
+    present = {
+        "cuda": backends.cuda_compiler_present(tools),
+        "vulkan": tools.glslc.found or backends.vulkan_sdk_present(tools),
+        "hip": tools.hipconfig.found,
+    }
+    for name, entry in seen.items():
+        if present.get(name):
+            entry["preflight"] = _preflight(name, tools)
+            failed = fallback.recorded_failure(name, tools)
+            if failed:
+                entry["failed_build"] = failed
+    report.backends = seen
+    requested, explicit = fallback.requested_backend(None) if _env_ok(report) else ("auto", False)
+    chosen = report.backend.get("backend", "cpu")
+    if explicit:
+        report.backend.update(launch=requested, launch_reason=f"BONSAI_BACKEND={requested}")
+    elif chosen != "cpu" and seen.get(chosen, {}).get("failed_build"):
+        failed = seen[chosen]["failed_build"]
+        report.backend.update(launch="cpu", launch_reason=f"the {chosen} build failed ({failed['log']})")
+    elif chosen != "cpu" and not seen.get(chosen, {}).get("preflight", {"ok": True})["ok"]:
+        check = seen[chosen]["preflight"]
+        report.backend.update(launch="cpu", launch_reason=f"{chosen} cannot be built here: {check['problem']}")
+        report.problems.append(Problem("warning", check["problem"] + "; start falls back to the CPU", check["fix"]))
+    else:
+        report.backend.update(launch=chosen, launch_reason=report.backend.get("reason"))
+
+
+def _env_ok(report: Report) -> bool:
+    from bonsai_launch.llamacpp.builds import fallback
+
+    try:
+        fallback.requested_backend(None)
+    except BonsaiError as exc:  # a bad BONSAI_BACKEND
+        report.problems.append(Problem("error", exc.message, "set BONSAI_BACKEND to a backend named, or unset it"))
+        return False
+    return True
 
 
 def _builds(report: Report) -> None:
@@ -119,11 +186,11 @@ def _builds(report: Report) -> None:
                 "build_seconds": m.get("build_seconds"),
                 "llama_server": m.get("binaries", {}).get("llama-server"),
                 "spec_types": caps.get("spec_types", []),
-                "devices": caps.get("devices", []),
+                "devices": _devices_now(m) if m.get("backend") != "cpu" else caps.get("devices", []),
                 "path": str(key_dir),
             }
         )
-    wanted = report.backend.get("backend", "cpu")
+    wanted = report.backend.get("launch") or report.backend.get("backend", "cpu")
     _old_forks(report, wanted, profiles)
     mine = [b for b in report.builds if b["backend"] == wanted and b["flavour"] == "mainline"]
     if not mine:
@@ -155,6 +222,18 @@ def _builds(report: Report) -> None:
             report.problems.append(
                 Problem("warning", f"build {b['key']} does not list draft-dspark", "run `bonsai build --force`")
             )
+
+
+def _devices_now(manifest: dict[str, Any]) -> list[str]:
+    """A GPU build's devices as its llama-server lists them now (the probe cache notices a GPU or
+    driver that appeared since the build), not as the manifest recorded them at build time."""
+    from bonsai_launch.llamacpp.binaries import probe
+
+    server = manifest.get("binaries", {}).get("llama-server")
+    try:
+        return list(probe(server).devices) if server else []
+    except Exception:  # a build whose binary is gone or broken: what it listed when built
+        return list(manifest.get("capabilities", {}).get("devices", []))
 
 
 def _old_forks(report: Report, backend: str, profiles: list) -> None:

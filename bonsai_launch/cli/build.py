@@ -4,6 +4,7 @@ Examples:
     bonsai build                                   # auto backend, pinned source; prints the binary path
     bonsai build --json                            # the manifest: version, flags, capabilities
     bonsai build --backend cuda --cuda-archs 90    # CUDA for H100/H200 without a visible GPU
+    pip install 'bonsai-launch[cuda]'              # NVIDIA's toolkit wheels, used when no complete toolkit is installed
     bonsai build --source prismml                  # a named alternative from vendor/llama.cpp/pin.toml
     bonsai build --source git+https://github.com/ggml-org/llama.cpp.git@b6000
     bonsai build --source ~/src/llama.cpp --jobs 4 # a local checkout, as it is
@@ -17,7 +18,15 @@ import typer
 
 from bonsai_launch.cli._options import JsonOpt
 
-BackendOpt = Annotated[str, typer.Option("--backend", help="auto, cpu, cuda, metal, vulkan or hip.")]
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--backend",
+        help="auto, cpu, cuda, metal, vulkan or hip (default: BONSAI_BACKEND, else auto). auto builds a GPU "
+        "backend only for a device of its kind and falls back to the CPU when that build fails; a named "
+        "backend is obeyed.",
+    ),
+]
 SourceOpt = Annotated[
     str | None,
     typer.Option("--source", help="pin (default), a name from vendor/llama.cpp/pin.toml, git+URL@REF, or a folder."),
@@ -38,7 +47,7 @@ ForceOpt = Annotated[
 
 
 def command(
-    backend: BackendOpt = "auto",
+    backend: BackendOpt = None,
     source: SourceOpt = None,
     cuda_archs: CudaArchsOpt = None,
     gpu_targets: GpuTargetsOpt = None,
@@ -50,10 +59,13 @@ def command(
     """Build llama-server, llama-speculative-simple, llama-bench and llama-quantize; print the server's path."""
     from bonsai_launch.cli._output import console, emit_json
     from bonsai_launch.llamacpp.builds import BuildRequest, build
+    from bonsai_launch.llamacpp.builds.fallback import requested_backend
 
     err = console(stderr=True)
+    requested, explicit = requested_backend(backend)
     request = BuildRequest(
-        backend=backend,
+        backend=requested,
+        fall_back_to_cpu=not explicit,
         source=source,
         cuda_archs=cuda_archs,
         gpu_targets=gpu_targets,

@@ -44,6 +44,21 @@ def command(json_output: JsonOpt = False) -> None:
     out.print(tools)
     b = report.backend
     out.print(f"[bold]backend[/]  `bonsai build` would build [bold]{b.get('backend')}[/] ({b.get('reason')})")
+    if b.get("launch") and b.get("launch") != b.get("backend"):
+        out.print(f"[bold]launch[/]  `bonsai start` uses [bold]{b['launch']}[/] ({b.get('launch_reason')})")
+    for name, entry in report.backends.items():
+        devices = ", ".join(entry["devices"]) or "none"
+        check = entry.get("preflight")
+        state = (
+            ""
+            if check is None
+            else "; toolchain [green]ok[/]"
+            if check["ok"]
+            else f"; toolchain [yellow]incomplete[/]: {check['problem']}"
+        )
+        failed = entry.get("failed_build")
+        state += f"; [yellow]last build failed[/] (log {failed['log']})" if failed else ""
+        out.print(f"  {name}: devices {devices} [dim](from {entry['how']})[/]{state}")
 
     if report.builds:
         builds = Table(title="builds", title_justify="left")

@@ -363,6 +363,15 @@ SETTINGS: tuple[Setting, ...] = (
         default_text="none",
     ),
     Setting(
+        "BONSAI_BACKEND",
+        "backend",
+        "choice",
+        "Which llama.cpp backend to build and run: auto picks a GPU backend only when a device of that kind is present and falls back to the CPU build when that build fails; a named one (software devices included) is obeyed and its failure stops. `bonsai build --backend` overrides it.",
+        ("build", "start", "run", "bench", "doctor", "config"),
+        choices=("auto", "cpu", "cuda", "metal", "vulkan", "hip"),
+        default_text="auto",
+    ),
+    Setting(
         "BONSAI_LLAMA_SERVER",
         "llama_server",
         "path",

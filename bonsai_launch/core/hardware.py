@@ -169,3 +169,38 @@ def vulkan_devices(system: str | None = None) -> VulkanDevices:
         if nodes:
             return VulkanDevices((VulkanDevice(f"a GPU at {nodes[0]}", "integrated GPU"),), "render node")
     return VulkanDevices((), "no vulkaninfo" if not exe else "vulkaninfo failed")
+
+
+# -- What a binary's --list-devices depends on -------------------------------------------------
+# A build probed where no GPU was visible records no devices (and plans -ngl 0); the probe cache
+# (llamacpp/binaries.py) keys on this summary too, so the probe runs again once a GPU, a driver
+# or a *_VISIBLE_DEVICES setting appears or changes.
+_VISIBILITY_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "GGML_VK_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+)
+
+
+def device_fingerprint(system: str | None = None) -> str:
+    """A cheap summary (no process, no driver call) of the GPU devices a binary could see now:
+    device nodes and the NVIDIA driver's version on Linux, the GPU runtimes' DLLs on Windows,
+    and the device-visibility variables everywhere."""
+    system = system or platform.system()
+    seen = [f"{name}={os.environ[name]}" for name in _VISIBILITY_VARS if name in os.environ]
+    if system == "Linux":
+        for pattern in ("/dev/nvidia[0-9]*", "/dev/dri/renderD*", "/dev/kfd"):
+            seen += sorted(glob.glob(pattern))
+        try:
+            with open("/proc/driver/nvidia/version") as fh:
+                seen.append(fh.readline().strip())
+        except OSError:
+            pass
+    elif system == "Windows":
+        system32 = os.path.join(os.environ.get("SYSTEMROOT", r"C:\Windows"), "System32")
+        for dll in ("nvcuda.dll", "amdhip64.dll", "amdhip64_6.dll", "vulkan-1.dll"):
+            if os.path.isfile(os.path.join(system32, dll)):
+                seen.append(dll)
+    return "|".join(seen)

@@ -2,8 +2,9 @@
 
 Which binary a launch runs is llamacpp/choice.py's one answer (choose_server); this module
 checks a named binary exists and probes it. Probing runs the binary's --help,
---version and --list-devices; the result is cached by path, size and mtime, so a binary is
-run once per change, not once per `bonsai start`.
+--version and --list-devices; the result is cached by path, size and mtime, and by a summary of
+the GPU devices visible (core/hardware.device_fingerprint), so a binary is run once per change,
+not once per `bonsai start`.
 """
 
 from __future__ import annotations
@@ -150,7 +151,17 @@ def probe(binary: Path) -> Capabilities:
         raise BonsaiError(
             f"{binary} cannot be read ({exc})", "point BONSAI_LLAMA_SERVER at a llama-server binary"
         ) from None
-    stamp = {"schema": PROBE_SCHEMA, "path": str(real), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    from bonsai_launch.core.hardware import device_fingerprint
+
+    # The devices it lists depend on the machine as well as the binary: a GPU build probed
+    # before its GPU (or driver) was there must not keep saying "no GPU" after.
+    stamp = {
+        "schema": PROBE_SCHEMA,
+        "path": str(real),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "devices_seen": device_fingerprint(),
+    }
     cache = _cache_file(real)
     try:
         data = json.loads(cache.read_text())

@@ -8,6 +8,9 @@ source.py         extracting, cloning (tag and commit checked), local folders
 patches.py        our patch series, applied in name order
 toolchain.py      compilers and tools on this machine, with the hint that installs each one
 backend.py        which backend to build (cpu, cuda, metal, vulkan, hip) and why; CUDA/HIP architectures
+cuda_toolkit.py   where the CUDA toolkit's parts are: a system toolkit, NVIDIA's PyPI wheels, or both
+preflight.py      can this machine build the chosen GPU backend? checked in seconds, before any download
+fallback.py       BONSAI_BACKEND, and auto's failed GPU build giving way to the CPU build (remembered)
 cmake.py          configure and compile: hermetic flags, a progress bar, a full log, clean interrupts
 install.py        binaries and the manifest that says what they are
 builder.py        the whole flow, the up-to-date check, `ensure_server` for `bonsai start`

@@ -27,6 +27,7 @@ class BackendChoice:
     backend: str
     cmake_flags: tuple[str, ...]
     reason: str
+    explicit: bool = False  # the user named it (--backend, BONSAI_BACKEND): a failure stops, no CPU fallback
 
 
 def cuda_archs_from_gpus(capabilities: list[str]) -> list[str]:
@@ -69,10 +70,17 @@ def vulkan_sdk_present(tools: Toolchain) -> bool:
     return bool(sdk) or Path("/usr/include/vulkan/vulkan.h").is_file()
 
 
+def cuda_compiler_present(tools: Toolchain) -> bool:
+    """nvcc on this machine or in NVIDIA's wheels (a file check; preflight.py checks the rest)."""
+    from bonsai_launch.llamacpp.builds import cuda_toolkit
+
+    return tools.nvcc.found or cuda_toolkit.wheel_toolkit(cuda_toolkit.wheel_roots()).nvcc is not None
+
+
 def _why_cpu(hardware, tools: Toolchain) -> str:
     """Why auto picked the CPU, naming what was found (a found nvcc is not 'no toolchain')."""
-    if hardware.gpus and not tools.nvcc.found:
-        return "NVIDIA GPU found but no nvcc (CUDA toolkit)"
+    if hardware.gpus and not cuda_compiler_present(tools):
+        return "NVIDIA GPU found but no CUDA toolkit (pip install 'bonsai-launch[cuda]' brings one)"
     if tools.nvcc.found:
         return "nvcc found but no NVIDIA GPU (pass --cuda-archs to build for one anyway)"
     if tools.hipconfig.found:
@@ -95,9 +103,13 @@ def choose_backend(
     # llama.cpp builds Metal on every Mac unless told not to: say so for every other backend.
     no_metal = ("-DGGML_METAL=OFF",) if system == "Darwin" else ()
 
+    explicit = requested != "auto"
     if requested == "auto":
-        if tools.nvcc.found and (gpu_ccs or cuda_archs):
-            requested, why = "cuda", "nvcc and an NVIDIA GPU found"
+        if (gpu_ccs or cuda_archs) and cuda_compiler_present(tools):
+            requested, why = (
+                "cuda",
+                f"an NVIDIA GPU ({hardware.gpus[0].name if hardware.gpus else 'given by --cuda-archs'}) and a CUDA toolkit found",
+            )
         elif macos_arm:
             requested, why = "metal", "macOS on Apple Silicon"
         elif system == "Linux" and tools.hipconfig.found and (gpu_targets or _hip_targets()):
@@ -110,13 +122,13 @@ def choose_backend(
         why = "--backend " + requested
 
     if requested == "cpu":
-        return BackendChoice("cpu", no_metal, why)
+        return BackendChoice("cpu", no_metal, why, explicit)
     if requested == "metal":
         if not macos_arm:
             raise BonsaiError("--backend metal needs macOS on Apple Silicon", hint("metal", system))
-        return BackendChoice("metal", ("-DGGML_METAL=ON",), why)
+        return BackendChoice("metal", ("-DGGML_METAL=ON",), why, explicit)
     if requested == "cuda":
-        if not tools.nvcc.found:
+        if not cuda_compiler_present(tools):
             raise BonsaiError("--backend cuda needs the CUDA toolkit, but nvcc was not found", hint("cuda", system))
         if system == "Windows" and tools.cxx.found and not is_msvc(tools.cxx.path):
             raise BonsaiError(
@@ -131,17 +143,16 @@ def choose_backend(
                 "--backend cuda: no NVIDIA GPU is visible to read the architecture from",
                 "pass --cuda-archs, e.g. 90 (H100/H200), 89 (Ada), 86 or 80 (Ampere), 120a (Blackwell)",
             )
+        # The compiler and library flags come from the preflight (preflight.py), which finds the toolkit.
         flags = ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=" + ";".join(archs)]
-        if not shutil.which("nvcc"):
-            flags.append("-DCMAKE_CUDA_COMPILER=" + str(tools.nvcc.path))
-        return BackendChoice("cuda", tuple(flags), why + f" (architectures {','.join(archs)})")
+        return BackendChoice("cuda", tuple(flags), why + f" (architectures {','.join(archs)})", explicit)
     if requested == "vulkan":
         if not vulkan_sdk_present(tools):
             raise BonsaiError(
                 "--backend vulkan needs the Vulkan SDK (glslc and the Vulkan headers), which was not found",
                 hint("vulkan", system),
             )
-        return BackendChoice("vulkan", ("-DGGML_VULKAN=ON", *no_metal), why)
+        return BackendChoice("vulkan", ("-DGGML_VULKAN=ON", *no_metal), why, explicit)
     # hip
     if system != "Linux":
         raise BonsaiError(f"--backend hip is not supported on {system}", hint("hip", system))
@@ -153,4 +164,4 @@ def choose_backend(
             "--backend hip: no AMD GPU is visible to read the target from",
             "pass --gpu-targets, e.g. gfx1100 (RX 7900) or gfx942 (MI300)",
         )
-    return BackendChoice("hip", ("-DGGML_HIP=ON", "-DGPU_TARGETS=" + ";".join(targets)), why)
+    return BackendChoice("hip", ("-DGGML_HIP=ON", "-DGPU_TARGETS=" + ";".join(targets)), why, explicit)

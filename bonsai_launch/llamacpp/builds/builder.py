@@ -12,15 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.paths import bonsai_home, builds_dir, exe_name
 from bonsai_launch.llamacpp.builds import cmake as cmake_build
-from bonsai_launch.llamacpp.builds import toolchain
+from bonsai_launch.llamacpp.builds import fallback, preflight, toolchain
 from bonsai_launch.llamacpp.builds.backend import choose_backend
 from bonsai_launch.llamacpp.builds.install import install_binaries, installed_builds, read_manifest, write_manifest
 from bonsai_launch.llamacpp.builds.patches import load_series, series_hash
@@ -29,6 +29,10 @@ from bonsai_launch.llamacpp.builds.source import SourceTree, parse_source, prepa
 
 EXE = exe_name("")  # ".exe" on Windows
 COLD_CPU_NOTE = "a cold CPU build takes about 12 minutes on 2 cores (seconds with a warm ccache)"
+COLD_GPU_NOTES = {  # measured: docs/benchmarks.md, Build times
+    "cuda": "a cold CUDA build takes about 21 minutes on 2 cores for one architecture (ccache makes rebuilds cheap)",
+    "vulkan": "a cold Vulkan build takes about 10 minutes on 2 cores (ccache makes rebuilds cheap)",
+}
 COLD_GPU_NOTE = "a cold GPU build takes longer than a CPU one (tens of minutes on a few cores)"
 
 
@@ -42,6 +46,8 @@ class BuildRequest:
     portable: bool = False
     force: bool = False
     targets: tuple[str, ...] = cmake_build.TARGETS
+    # auto's GPU choice, not the user's: when that build fails, say so and build for the CPU (fallback.py)
+    fall_back_to_cpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class BuildPlan:
     ninja: Path
     key_dir: Path
     vcvars: str | None = None  # Windows without a developer prompt: build inside this .bat's environment
+    notes: tuple[str, ...] = ()  # what the preflight wants said (a CUDA toolkit from PyPI, no driver)
 
     @property
     def work_dir(self) -> Path:
@@ -142,13 +149,15 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     )
     if request.jobs is not None and request.jobs < 1:
         raise BonsaiError(f"--jobs {request.jobs} must be at least 1", "omit it to use one job per core")
+    # Before any download or configure: can this machine build the backend? (seconds)
+    checked = preflight.check(choice.backend, tools, needs_layer_settings=spec.kind == "pin")
 
     # Our patches are made against the pinned tree; another ref or a folder is built as it is.
     series = load_series() if spec.kind == "pin" else ()
     source = prepare(spec, pin, series, console=console, force=request.force)
     flags = cmake_build.base_flags(
         source.build_number, source.commit, native=not request.portable, ccache=tools.ccache.found
-    ) + list(choice.cmake_flags)
+    ) + list(choice.cmake_flags + checked.cmake_flags)
     compiler = {"cc": tools.cc.path, "cxx": tools.cxx.path, "id": toolchain.compiler_id(str(tools.cxx.path))}
     patches_id = series_hash(series)
     material = {
@@ -174,6 +183,7 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
         ninja,
         builds_dir() / key,
         tools.vcvars.path,
+        checked.notes,
     )
 
 
@@ -205,11 +215,13 @@ def build_env(vcvars: str | None = None) -> dict[str, str]:
 def _announce(plan: BuildPlan, console) -> None:
     if console is None:
         return
-    note = COLD_CPU_NOTE if plan.backend == "cpu" else COLD_GPU_NOTE
+    note = COLD_CPU_NOTE if plan.backend == "cpu" else COLD_GPU_NOTES.get(plan.backend, COLD_GPU_NOTE)
     console.print(
         f"building llama-server ({plan.backend}: {plan.backend_reason}) from {plan.source.spec} "
         f"with {plan.jobs} job{'s' if plan.jobs != 1 else ''}; {note}"
     )
+    for note in plan.notes:
+        console.print(f"[dim]{note}[/]")
     console.print(f"[dim]build folder {plan.key_dir}, log {plan.log_path}[/]")
 
 
@@ -299,23 +311,43 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
 
 
 def build(request: BuildRequest | None = None, *, console=None) -> BuildResult:
-    """Build (or find up to date) llama-server for `request`; returns the manifest and path."""
+    """Build (or find up to date) llama-server for `request`; returns the manifest and path.
+    A GPU build `auto` chose (request.fall_back_to_cpu) that cannot be built says why, where its
+    log is, and gives way to the CPU build; a backend the user named stops with the error."""
     request = request or BuildRequest()
-    plan = plan_build(request, console=console)
+    try:
+        plan = plan_build(request, console=console)
+    except preflight.PreflightFailed as exc:
+        if not request.fall_back_to_cpu:
+            raise
+        return _fall_back(request, exc.backend, str(exc.message), None, console)
     if not request.force:
         existing = current_install(plan)
         if existing is not None:
             return BuildResult(existing, Path(existing["binaries"]["llama-server"]), True, plan.key_dir)
-    return run_build(plan, console=console, force=request.force)
+    tools = toolchain.detect(versions=False)
+    try:
+        result = run_build(plan, console=console, force=request.force)
+    except ActionFailed as exc:
+        if plan.backend != "cpu":
+            fallback.record_failure(plan.backend, tools, exc.message, plan.log_path)
+        if not request.fall_back_to_cpu or plan.backend == "cpu":
+            raise
+        return _fall_back(request, plan.backend, exc.message.split(";")[0], plan.log_path, console)
+    fallback.clear_failure(plan.backend)
+    return result
+
+
+def _fall_back(request: BuildRequest, backend: str, message: str, log: Path | None, console) -> BuildResult:
+    if console is not None:
+        console.print(fallback.fallback_note(backend, message, log), markup=False, highlight=False)
+    return build(replace(request, backend="cpu", fall_back_to_cpu=False), console=console)
 
 
 def detected_backend() -> str:
-    """What `--backend auto` would build on this machine, without running anything heavy."""
-    tools = toolchain.detect(versions=False)
-    try:
-        return choose_backend("auto", _hardware("auto", tools), tools).backend
-    except BonsaiError:
-        return "cpu"
+    """The backend a launch uses without --backend (fallback.launch_backend): BONSAI_BACKEND, else
+    what `auto` would build here, unless that backend's build failed and nothing changed since."""
+    return fallback.launch_backend(lambda tools: choose_backend("auto", _hardware("auto", tools), tools).backend)
 
 
 def fork_sources() -> list:
@@ -375,13 +407,15 @@ def ensure_server(
     another source (a git ref, a folder) for this backend is used as it is. Otherwise the pin
     is built now, which is announced with how long it takes. A fork build (`flavour="fork"`)
     is any installed fork build of at least `min_release`, else the pinned fork release
-    (`--source prismml`), built now.
+    (`--source prismml`), built now. `auto` (BONSAI_BACKEND unset) falls back to the CPU build
+    when the GPU build it chose cannot be made; a named backend's failure stops.
     """
     if console is None:
         from bonsai_launch.core.console import console as make_console
 
         console = make_console(stderr=True)
-    wanted = detected_backend() if backend == "auto" else backend
+    requested, explicit = fallback.requested_backend(None if backend == "auto" else backend)
+    wanted = requested if explicit else detected_backend()
     if flavour == "fork":
         found = find_installed(wanted, "fork", min_release)
         if found is not None:
@@ -394,11 +428,12 @@ def ensure_server(
             f"no PrismML fork llama-server {'of b' + str(min_release) + ' or newer ' if older else ''}"
             f"is built for {wanted} yet: building {forks[0].ref} now (--source {forks[0].name})"
         )
-        return build(BuildRequest(backend=wanted, source=forks[0].name), console=console).server
+        fork_request = BuildRequest(backend=wanted, source=forks[0].name, fall_back_to_cpu=not explicit)
+        return build(fork_request, console=console).server
     mine = _builds_of(wanted, "mainline")
     pinned = [data for data in mine if data.get("source", {}).get("kind") == "pin"]
     if not pinned and mine:
         return Path(mine[0]["binaries"]["llama-server"])
     if not pinned:
         console.print(f"no llama-server is built for {wanted} yet: building it now")
-    return build(BuildRequest(backend=wanted), console=console).server
+    return build(BuildRequest(backend=wanted, fall_back_to_cpu=not explicit), console=console).server

@@ -38,10 +38,11 @@ INSTALL_HINTS: dict[str, Any] = {  # Linux wording; hint() picks the one for ano
         "`sudo dnf install gcc-c++` (Fedora)",
         "Darwin": "install the Xcode command line tools: `xcode-select --install`",
     },
-    "cuda": "install the CUDA toolkit so that `nvcc` is on PATH: `sudo apt install nvidia-cuda-toolkit` "
+    "cuda": "pip install 'bonsai-launch[cuda]' (NVIDIA's toolkit wheels, no system install), or install the "
+    "CUDA toolkit so that `nvcc` is on PATH: `sudo apt install nvidia-cuda-toolkit` "
     "(Debian/Ubuntu) or NVIDIA's installer from https://developer.nvidia.com/cuda-downloads; "
     "if it is installed, add its bin folder (usually /usr/local/cuda/bin) to PATH",
-    "vulkan": "install the Vulkan SDK: `sudo apt install libvulkan-dev glslc` (Debian/Ubuntu) or "
+    "vulkan": "install the Vulkan SDK: `sudo apt install libvulkan-dev glslc spirv-headers` (Debian/Ubuntu) or "
     "https://vulkan.lunarg.com/sdk/home (then set VULKAN_SDK)",
     "hip": "install ROCm, which provides hipconfig and hipcc: "
     "https://rocm.docs.amd.com/projects/install-on-linux/ (then add /opt/rocm/bin to PATH)",
