@@ -40,6 +40,17 @@ def test_mtp_layer_is_the_last_block_and_not_a_trunk_layer(tmp_path):
     assert not has_usable_mtp(two) and "draft-mtp runs exactly one" in mtp_problems(two)[0]
 
 
+def test_inspect_reports_the_mtp_layer_and_trunk_layers(tmp_path):
+    from start_helpers import bonsai, json_out
+
+    path = tiny_hybrid.write_hybrid_target(tmp_path / "m.gguf", mtp=True)
+    done = bonsai(["inspect", path])
+    assert done.returncode == 0, done.stderr
+    assert "MTP layers" in done.stdout and "4 (block_count 5 minus 1 MTP)" in done.stdout
+    data = json_out(bonsai(["inspect", path, "--json"]))
+    assert data["mtp_layers"] == 1 and data["trunk_layers"] == 4 and data["mtp_problems"] == []
+
+
 @pytest.mark.parametrize("weight_type", ["f16", "q8_0", "q4_0"])
 def test_weight_types_are_what_was_asked(tmp_path, weight_type):
     info = inspect_gguf(tiny_hybrid.write_hybrid_target(tmp_path / "h.gguf", weight_type=weight_type))

@@ -94,7 +94,8 @@ def describe(info: GGUFInfo) -> str:
     if info.nextn_layers <= 0:
         return "0"
     problems = mtp_problems(info)
-    only = "; an MTP-only file (use it as --drafter with BONSAI_SPEC_TYPE=draft-mtp)" if not info.trunk_tensors else ""
     if problems:
-        return f"{info.nextn_layers} (not usable by draft-mtp: {problems[0]}){only}"
-    return f"{info.nextn_layers} (usable: BONSAI_SPEC_TYPE=draft-mtp){only}"
+        return f"{info.nextn_layers} (not usable by draft-mtp: {problems[0]})"
+    if not info.trunk_tensors:
+        return f"{info.nextn_layers} (an MTP-only file: pass it as --drafter to the model it was made for)"
+    return f"{info.nextn_layers} (usable by draft-mtp: BONSAI_SPECULATIVE=1 runs it when no drafter is given)"
