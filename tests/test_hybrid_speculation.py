@@ -180,8 +180,8 @@ NGRAM_PROMPTS = {
     "all": [_seq(10, 180) + _seq(10, 12), _seq(300, 180) + _seq(300, 12)],
     # the repeated text breaks off where the answer goes on counting: right, then wrong
     "part": [_seq(10, 30) + _seq(400, 8) + _seq(10, 20), _seq(200, 30) + _seq(100, 8) + _seq(200, 20)],
-    # the prompt ends where its repeated text says something else next
-    "none": [_seq(10, 30) + _seq(10, 30), _seq(200, 30) + _seq(200, 30)],
+    # the answer's first tokens are in the prompt, followed there by something else
+    "none": [_seq(40, 4) + _seq(200, 8) + _seq(10, 30), _seq(340, 4) + _seq(100, 8) + _seq(310, 30)],
 }
 
 

