@@ -89,3 +89,17 @@ def tiny_pair(tmp_path_factory) -> dict[str, Path]:
         "target": tiny_gguf.write_target(d / "target.gguf"),
         "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", block_size=4),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_pair(tmp_path_factory) -> dict[str, Path]:
+    """A tiny hybrid (qwen35) counter target with Q8_0 layers and a DSpark drafter tapping a
+    delta-net layer and the attention layer: the Bonsai 27B shape of tiny_pair."""
+    import tiny_gguf
+    import tiny_hybrid
+
+    d = tmp_path_factory.mktemp("tiny_hybrid_pair")
+    return {
+        "target": tiny_hybrid.write_hybrid_target(d / "target.gguf", mode="counter", weight_type="q8_0"),
+        "drafter": tiny_gguf.write_dspark_drafter(d / "drafter.gguf", target_layers=(1, 3), block_size=4),
+    }

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import tiny_gguf
+import tiny_hybrid
 from bonsai_launch.server import liveness as speculation_probe
 from bonsai_launch.server.plan import SpecPlan
 from bonsai_launch.server.process import free_port
@@ -146,6 +147,8 @@ def tiny(tmp_path_factory):
     return {
         "target": tiny_gguf.write_target(d / "target.gguf"),
         "const": tiny_gguf.write_target(d / "c.gguf", constant_token=7),
+        # a hybrid (qwen35) target, as every Bonsai 27B: the rollback of its recurrent state
+        "hybrid": tiny_hybrid.write_hybrid_target(d / "h.gguf", mode="counter", weight_type="q8_0"),
     }
 
 
@@ -159,7 +162,7 @@ NGRAM_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngr
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("model", ["target", "const"])
+@pytest.mark.parametrize("model", ["target", "const", "hybrid"])
 @pytest.mark.parametrize("spec_type", NGRAM_TYPES)
 def test_every_ngram_type_drafts_on_the_probe_and_verify_agrees(llama_server, tiny, cleanup, spec_type, model):
     started = json_out(

@@ -14,6 +14,7 @@ import random
 import pytest
 
 import tiny_gguf
+import tiny_hybrid
 from bonsai_launch.bench.measure import RequestResult
 from bonsai_launch.bench.verdicts import equality
 
@@ -72,11 +73,16 @@ def test_random_dspark_pair_is_lossless_at_block_sizes_4_and_7(llama_server, tmp
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("target_seed", [0, 5])
-def test_random_target_with_ngram_mod_is_lossless(llama_server, tmp_path, target_seed):
+@pytest.mark.parametrize("target_seed,hybrid", [(0, False), (5, False), (0, True)])
+def test_random_target_with_ngram_mod_is_lossless(llama_server, tmp_path, target_seed, hybrid):
     # n-gram types draft from repeated text: each prompt is P O P O P, O being the model's own
-    # answer to P, so drafts are proposed and only some of them match what the model says next
-    target = tiny_gguf.write_target(tmp_path / "target.gguf", seed=target_seed)
+    # answer to P, so drafts are proposed and only some of them match what the model says next.
+    # hybrid: the qwen35 counter target (tiny_hybrid.py), whose rejected drafts roll back a
+    # recurrent state (tests/test_hybrid_speculation.py has every type and acceptance level)
+    if hybrid:
+        target = tiny_hybrid.write_hybrid_target(tmp_path / "target.gguf", mode="counter", weight_type="q8_0")
+    else:
+        target = tiny_gguf.write_target(tmp_path / "target.gguf", seed=target_seed)
     base = _prompts(100 + target_seed)
     with tiny_gguf.serve(llama_server, ["-m", target, "-c", "2048", "-np", "1", *THREADS], tmp_path / "plain.log") as s:
         answers = [s.completion(p, n_predict=32, cache_prompt=False, return_tokens=True)["tokens"] for p in base]

@@ -38,7 +38,9 @@ def concurrent_completions(url: str, n: int, tokens: int = 16) -> list[dict]:
         return list(pool.map(one, range(n)))
 
 
-def test_dspark_pair_drafts_on_four_slots(llama_server, tiny_pair):
+@pytest.mark.parametrize("pair", ["tiny_pair", "tiny_hybrid_pair"])
+def test_dspark_pair_drafts_on_four_slots(llama_server, pair, request):
+    tiny_pair = request.getfixturevalue(pair)  # the dense pair, and the hybrid (qwen35) one
     data = json_out(
         bonsai(
             [

@@ -26,15 +26,20 @@ def command(
     from bonsai_launch.cli._output import console, emit_json
     from bonsai_launch.core.errors import BonsaiError
     from bonsai_launch.models.gguf import check_pair, inspect_gguf
+    from bonsai_launch.models.mtp import describe as mtp_describe
+    from bonsai_launch.models.mtp import mtp_pair_problems, mtp_problems
 
     info = inspect_gguf(file)
-    problems = check_pair(inspect_gguf(target), info) if target else []
+    # an MTP file (no DSpark/DFlash drafter) is checked as draft-mtp would use it
+    pair_check = mtp_pair_problems if info.drafter is None and info.nextn_layers else check_pair
+    problems = pair_check(inspect_gguf(target), info) if target else []
     from bonsai_launch.models.drafters.provenance import read_provenance
 
     conversion = read_provenance(file) if info.architecture == "dflash" else None  # bonsai convert-drafter's record
     if json_output:
         data = info.to_json()
         data["conversion"] = conversion.to_json() if conversion else None
+        data["mtp_problems"] = mtp_problems(info) if info.nextn_layers else []
         if target:
             data["pair_problems"] = problems
         emit_json(data)
@@ -46,7 +51,8 @@ def command(
             ("file", f"{info.path} ({info.file_size:,} bytes)"),
             ("architecture", info.architecture),
             ("name", info.name or "-"),
-            ("layers", info.layers),
+            ("layers", _layers_row(info)),
+            ("MTP layers", mtp_describe(info)),
             ("embedding size", info.embedding),
             ("context length", info.context_length),
             ("vocabulary", f"{info.vocab_size} tokens, fingerprint {info.vocab_fingerprint}"),
@@ -91,6 +97,12 @@ def command(
         raise BonsaiError(
             f"{info.path.name} does not fit {target}: {problems[0]}", "use the drafter made for this target"
         )
+
+
+def _layers_row(info) -> str:
+    if not info.nextn_layers:
+        return str(info.layers)
+    return f"{info.trunk_layers} (block_count {info.layers} minus {info.nextn_layers} MTP)"
 
 
 def _log_snr_row(d) -> str:

@@ -39,7 +39,10 @@ PromptsOpt = Annotated[
 ]
 ConfigsOpt = Annotated[
     str | None,
-    typer.Option("--configs", help="Comma list of candidates only (e.g. plain,ngram-mod,ngram-mod/n16,draft-dspark)."),
+    typer.Option(
+        "--configs",
+        help="Comma list of candidates only (e.g. plain,ngram-mod,ngram-mod/n16,draft-dspark; draft-mtp: n-max 1-3 of an MTP model).",
+    ),
 ]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens generated per prompt.")]
 TempOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature of the measurements.")]

@@ -127,7 +127,8 @@ def apply_auto(selection, files, binary: Path | None, profile: str | None, condi
         choice = decision.choice
         values["speculative"] = Resolved(True, "detected")
         values["spec_type"] = Resolved(choice.spec_type, "detected")
-        n_max = None if (choice.spec_type or "").startswith("draft-") else choice.n_max
+        # a block drafter's n-max is its block size; draft-mtp keeps the measured one
+        n_max = None if choice.spec_type in ("draft-dspark", "draft-dflash") else choice.n_max
         values["spec_nmax"] = Resolved(n_max, "detected")
     else:
         values["speculative"] = Resolved(False, "detected")

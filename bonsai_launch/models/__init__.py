@@ -1,6 +1,7 @@
 """Model files: reading GGUF headers, where files live, and getting them (Hub, PyPI, conversion).
 
 gguf.py      what the launcher needs from a GGUF header; whether a drafter fits its target
+mtp.py       multi-token-prediction layers: does a file carry ones llama-server's draft-mtp can run
 gguf_format.py  the format at the byte level: value types and the one header cursor bonsai reads with
 store.py     where downloaded models live, what is known about them, who may write them
 hub.py       the Hugging Face Hub through huggingface_hub: the listing, tokens, resumable downloads

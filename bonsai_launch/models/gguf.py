@@ -100,6 +100,15 @@ class GGUFInfo:
     data_bytes: int  # bytes the tensors need after the header
     drafter: DrafterInfo | None = None
     keys: tuple[str, ...] = field(default=(), repr=False)
+    # MTP ({arch}.nextn_predict_layers, the nextn.* tensors, is the trunk there): models/mtp.py
+    nextn_layers: int = 0
+    mtp_tensors: tuple[str, ...] = field(default=(), repr=False)
+    trunk_tensors: bool = True
+
+    @property
+    def trunk_layers(self) -> int | None:
+        """The layers the model runs (block_count minus the MTP blocks): what a drafter may tap."""
+        return None if self.layers is None else self.layers - self.nextn_layers
 
     @property
     def is_drafter(self) -> bool:
@@ -107,11 +116,12 @@ class GGUFInfo:
 
     def kv_bytes_per_token(self, bytes_per_value: float = 2.0) -> int | None:
         """KV cache cost of one token of context (f16 by default), for context sizing."""
-        if not (self.layers and self.head_count_kv and (self.key_length or self.head_count)):
+        layers = self.trunk_layers
+        if not (layers and self.head_count_kv and (self.key_length or self.head_count)):
             return None
         head_dim = self.key_length or (self.embedding or 0) // (self.head_count or 1)
         value_dim = self.value_length or head_dim
-        return int(self.layers * self.head_count_kv * (head_dim + value_dim) * bytes_per_value)
+        return int(layers * self.head_count_kv * (head_dim + value_dim) * bytes_per_value)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -135,6 +145,8 @@ class GGUFInfo:
             )
         }
         out["path"] = str(self.path)
+        out["trunk_layers"] = self.trunk_layers
+        out["mtp_layers"] = self.nextn_layers
         out["drafter"] = (
             None
             if self.drafter is None
@@ -189,7 +201,7 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
 # Header facts are cached by path, size and mtime: walking a 262k-token vocabulary costs
 # ~0.1 s, and `bonsai start` reads the target and the drafter on every launch. Only successful
 # reads are cached; any change to the file (a truncation, a new download) misses the cache.
-_CACHE_VERSION = 2  # 2: DrafterInfo gained the log-SNR fields
+_CACHE_VERSION = 3  # 2: DrafterInfo gained the log-SNR fields; 3: the MTP fields
 
 
 def _cache_file(path: Path) -> Path:
@@ -215,7 +227,9 @@ def _cache_get(path: Path, stat) -> GGUFInfo | None:
                     "log_snr_tensors": tuple(drafter["log_snr_tensors"]),
                 }
             )
-        return GGUFInfo(**{**data, "path": path, "drafter": drafter, "keys": tuple(data["keys"])})
+        for key in ("keys", "mtp_tensors"):
+            data[key] = tuple(data[key])
+        return GGUFInfo(**{**data, "path": path, "drafter": drafter})
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
@@ -352,6 +366,7 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
         )
 
     tokenizer_model = kv.get("tokenizer.ggml.model")
+    nextn = arch_key("nextn_predict_layers")
     return GGUFInfo(
         path=path,
         file_size=size,
@@ -375,6 +390,9 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
         data_bytes=data_bytes,
         drafter=drafter,
         keys=tuple(kv),
+        nextn_layers=int(nextn) if isinstance(nextn, int) else 0,
+        mtp_tensors=tuple(sorted(n for n in tensor_names if ".nextn." in n)),
+        trunk_tensors="blk.0.attn_norm.weight" in tensor_names,
     )
 
 
@@ -399,9 +417,16 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> list[str]:
         problems.append(f"{name} has no block size (dflash.block_size); it cannot be used, and guessing one is unsafe")
     if drafter.embedding != t.embedding:
         problems.append(f"{name} has embedding size {drafter.embedding} but {tname} has {t.embedding}")
-    bad_layers = [i for i in d.target_layers if t.layers is None or not 0 <= i < t.layers]
+    # the MTP blocks are not run by the target: a tap on one aborts llama-server at the first request
+    trunk = t.trunk_layers
+    bad_layers = [i for i in d.target_layers if trunk is None or not 0 <= i < trunk]
     if bad_layers:
-        problems.append(f"{name} reads target layers {bad_layers} but {tname} has {t.layers} layers")
+        mtp = (
+            f" (and {t.nextn_layers} MTP layer{'s' if t.nextn_layers > 1 else ''} it does not run)"
+            if t.nextn_layers
+            else ""
+        )
+        problems.append(f"{name} reads target layers {bad_layers} but {tname} has {trunk} layers{mtp}")
     if d.mask_token_id is None:
         problems.append(f"{name} has no mask token id (tokenizer.ggml.mask_token_id)")
     elif t.vocab_size is not None and d.mask_token_id >= t.vocab_size:

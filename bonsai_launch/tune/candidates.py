@@ -2,7 +2,8 @@
 
 Pure: from what the binary supports (its --spec-type list), the drafter (if any) and the
 profile's draft-free mode, a list in the order worth measuring when time is short: the
-drafter first (n-max always equals its block size), then the profile's own n-gram type, the
+drafter first (n-max always equals its block size), then the model's own MTP layer at n-max 1,
+2 and 3 (the community measured each of them fastest on some card), then the profile's own n-gram type, the
 other n-gram types at their default draft length, shorter draft lengths of the profile's type,
 and ngram-cache last (it rarely pays: its drafts are seldom accepted).
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.models.mtp import TUNE_N_MAX as MTP_N_MAX
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-map-k4v", "ngram-cache")
 # Draft lengths tried besides each type's default (ngram-mod 64, the map/simple types 48):
@@ -27,6 +29,7 @@ class Candidate:
     name: str  # plain, draft-dspark, ngram-mod, ngram-mod/n16
     spec_type: str | None = None  # None: plain
     n_max: int | None = None  # None: the type's default (the drafter's block size for a drafter)
+    with_drafter: bool = True  # launched with the drafter file (False: the model's own MTP layer)
 
     @property
     def label(self) -> str:
@@ -38,11 +41,12 @@ class Candidate:
         """Settings flags that make the launch plan run this configuration."""
         if self.spec_type is None:
             return {"speculative": False, "spec_type": None, "spec_nmax": None}
-        n_max = None if self.spec_type.startswith("draft-") else self.n_max
+        n_max = None if self.spec_type in BLOCK_DRAFTER_TYPES else self.n_max
         return {"speculative": True, "spec_type": self.spec_type, "spec_nmax": n_max}
 
 
 PLAIN = Candidate("plain")
+BLOCK_DRAFTER_TYPES = ("draft-dspark", "draft-dflash")  # n-max is the drafter's block size
 
 
 def all_candidates(
@@ -50,10 +54,12 @@ def all_candidates(
     drafter_type: str | None = None,
     drafter_block: int | None = None,
     profile_type: str | None = None,
+    mtp: str | None = None,
 ) -> list[Candidate]:
     """Every configuration worth measuring, most promising first. `spec_types` is what the
     binary lists (None: not probed, assume all); `drafter_type` is draft-dspark/draft-dflash
-    when a drafter that fits the target is present."""
+    when a drafter that fits the target is present; `mtp` is "model" when the model carries a
+    usable MTP layer, "file" when the drafter is an MTP file that fits it."""
     known = set(spec_types) if spec_types is not None else None
 
     def supported(t: str) -> bool:
@@ -62,6 +68,8 @@ def all_candidates(
     out = [PLAIN]
     if drafter_type and supported(drafter_type):
         out.append(Candidate(drafter_type, drafter_type, drafter_block))
+    if mtp and supported("draft-mtp"):
+        out += [Candidate(f"draft-mtp/n{n}", "draft-mtp", n, with_drafter=mtp == "file") for n in MTP_N_MAX]
     own = profile_type if profile_type in NGRAM_TYPES else "ngram-mod"
     ordered = [own] + [t for t in NGRAM_TYPES if t not in (own, "ngram-cache")]
     out += [Candidate(t, t) for t in ordered if supported(t)]
@@ -78,7 +86,10 @@ def restrict(candidates: list[Candidate], names: Iterable[str]) -> list[Candidat
     `drafter` for the drafter."""
     by_name = {c.name: c for c in candidates}
     drafter = next((c for c in candidates if c.spec_type and c.spec_type.startswith("draft-")), None)
+    mtp = [c.name for c in candidates if c.spec_type == "draft-mtp"]
     chosen = [PLAIN]
+    # `draft-mtp` alone: every MTP draft length
+    names = [n for raw in names for n in (mtp if raw.strip() == "draft-mtp" and mtp else [raw])]
     for raw in names:
         name = raw.strip()
         if not name or name == "plain":

@@ -53,6 +53,7 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
     """Resolve the files and the candidates; hash what the decision's key needs."""
     from bonsai_launch.llamacpp.binaries import probe
     from bonsai_launch.models.gguf import check_pair, inspect_gguf
+    from bonsai_launch.models.mtp import has_usable_mtp, mtp_pair_problems
     from bonsai_launch.server.inputs import explicit_model, model_files, option_table, select
     from bonsai_launch.server.passthrough import fold_settings
     from bonsai_launch.server.passthrough import parse as parse_passthrough
@@ -73,10 +74,18 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
         unusable["drafter"] = f"{files.drafter.name} is not downloaded"
     elif files.drafter_unavailable:
         unusable["drafter"] = files.drafter_unavailable
+    target = inspect_gguf(files.model)
+    mtp = "model" if has_usable_mtp(target) else None
     if drafter_path is not None:
-        target, drafter = inspect_gguf(files.model), inspect_gguf(drafter_path)
+        drafter = inspect_gguf(drafter_path)
         problems = check_pair(target, drafter)
-        if problems or drafter.drafter is None:
+        if drafter.drafter is None and drafter.nextn_layers:  # an MTP file: draft-mtp runs it
+            mtp_problems = mtp_pair_problems(target, drafter)
+            if mtp_problems:
+                unusable["draft-mtp"] = "the MTP file does not fit the target: " + "; ".join(mtp_problems)
+            else:
+                mtp = "file"
+        elif problems or drafter.drafter is None:
             unusable["drafter"] = "does not fit the target: " + "; ".join(problems or ["not a drafter"])
         else:
             drafter_type = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
@@ -84,7 +93,7 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
     caps = probe(request.binary)
     own = not explicit_model(selection, request.model) or selection.names_model  # the profile's model, or named by it
     profile_type = selection.profile.draft_free_type if own else None
-    found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type)
+    found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type, mtp)
     if configs:
         found = cands.restrict(found, configs)
     args = parse_passthrough(request.passthrough, option_table(caps))
@@ -117,7 +126,9 @@ def plan_candidates(
                 plan = gather_plan(
                     flags,
                     request.model,
-                    request.drafter if cand.spec_type and cand.spec_type.startswith("draft-") else None,
+                    request.drafter
+                    if cand.spec_type and cand.spec_type.startswith("draft-") and cand.with_drafter
+                    else None,
                     request.passthrough,
                     request.binary,
                 )

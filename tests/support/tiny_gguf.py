@@ -179,11 +179,10 @@ def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, 
     return embd, out
 
 
-def _write(
-    path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]], tensors: Sequence[tuple[str, np.ndarray]]
-) -> Path:
+def _write(path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]], tensors: Sequence[tuple]) -> Path:
     """Write a GGUF file atomically. kv items are (kind, key, value), kind one of the
-    GGUFWriter add_* suffixes (uint32, float32, bool, string, array)."""
+    GGUFWriter add_* suffixes (uint32, float32, bool, string, array). Tensors are (name, data)
+    or (name, data, raw_dtype) for data already quantized (gguf.quants.quantize)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
@@ -191,8 +190,8 @@ def _write(
     try:
         for kind, key, value in kv:
             getattr(writer, f"add_{kind}")(key, value)
-        for name, data in tensors:
-            writer.add_tensor(name, data)
+        for name, data, *raw in tensors:
+            writer.add_tensor(name, data, raw_dtype=raw[0] if raw else None)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

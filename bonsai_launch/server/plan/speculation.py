@@ -1,11 +1,14 @@
-"""Speculation in the plan: a drafter's flags (block size = n-max, always), or a draft-free n-gram
-type with its own length flags; what the binary must support for either."""
+"""Speculation in the plan: a drafter's flags (block size = n-max, always), the model's own MTP
+layer (draft-mtp, in the model or in a separate MTP file), or a draft-free n-gram type with its
+own length flags; what the binary must support for each."""
 
 from __future__ import annotations
 
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp.capabilities import Capabilities, require_flag
 from bonsai_launch.models.gguf import GGUFInfo, check_pair
+from bonsai_launch.models.mtp import DEFAULT_N_MAX as MTP_DEFAULT_N_MAX
+from bonsai_launch.models.mtp import has_usable_mtp, mtp_pair_problems, mtp_problems
 from bonsai_launch.server import slots as slot_rules
 from bonsai_launch.server.plan.types import ArgvBuilder, PlanInputs, SpecPlan
 
@@ -46,6 +49,12 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
         drafter = None  # an explicit draft-free type needs no drafter
     if wanted_type == "none":
         raise BonsaiError("BONSAI_SPEC_TYPE='none' contradicts BONSAI_SPECULATIVE=1", "unset one of them")
+    mtp_file = drafter is not None and drafter.drafter is None and drafter.nextn_layers > 0
+    # The model's own MTP layer comes before a profile's draft-free type: it is trained to
+    # predict the model's next token, an n-gram lookup only finds repeated text.
+    own_mtp = wanted_type is None and drafter is None and has_usable_mtp(inputs.model)
+    if wanted_type == "draft-mtp" or mtp_file or own_mtp:
+        return plan_mtp(inputs, ngl, b, drafter)
 
     if drafter is not None:
         problems = check_pair(inputs.model, drafter)
@@ -78,7 +87,10 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
         b.add("-ngld", ngl, "drafter GPU layers follow the target's" + (" (CPU)" if ngl == 0 else ""))
         return SpecPlan(needed, block, str(drafter.path), ngl)
 
-    draft_free = wanted_type or (inputs.profile.draft_free_type if inputs.profile else None)
+    # Without a profile, the draft-free mode the profiles use: it is lossless, costs little when
+    # it finds nothing to draft, and the proof says whether it drafted. A profile without one
+    # (its drafter is the point) is refused instead: n-gram there would hide the missing drafter.
+    draft_free = wanted_type or (inputs.profile.draft_free_type if inputs.profile else NO_PROFILE_DRAFT_FREE)
     if not draft_free:
         name = inputs.profile.name if inputs.profile else "this model"
         why = f" ({inputs.drafter_unavailable})" if inputs.drafter_unavailable else ""
@@ -89,9 +101,10 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
     if not draft_free.startswith("ngram"):
         raise BonsaiError(f"BONSAI_SPEC_TYPE={draft_free!r} needs a drafter model", "pass --drafter PATH")
     require_spec_type(inputs.capabilities, draft_free)
-    b.add(
-        "--spec-type", draft_free, "draft-free n-gram speculation" + (" (profile default)" if not wanted_type else "")
+    origin = (
+        "" if wanted_type else " (profile default)" if inputs.profile else " (no drafter, no MTP layer, no profile)"
     )
+    b.add("--spec-type", draft_free, "draft-free n-gram speculation" + origin)
     n_max = s.get("spec_nmax")
     if n_max is not None:
         for flag, value in ngram_length_flags(draft_free, n_max):
@@ -110,6 +123,7 @@ NGRAM_LENGTH_FLAGS = {t: option for t, (option, _default) in slot_rules.NGRAM_DR
 
 
 NGRAM_MOD_DEFAULT_N_MIN = 48
+NO_PROFILE_DRAFT_FREE = "ngram-mod"  # what every profile with a draft-free mode names
 
 
 def ngram_length_flags(spec_type: str, n_max: int) -> list[tuple[str, int]]:
@@ -121,3 +135,57 @@ def ngram_length_flags(spec_type: str, n_max: int) -> list[tuple[str, int]]:
     if spec_type == "ngram-mod":
         flags.append(("--spec-ngram-mod-n-min", min(n_max, NGRAM_MOD_DEFAULT_N_MIN)))
     return flags
+
+
+def plan_mtp(inputs: PlanInputs, ngl: int, b: ArgvBuilder, mtp_file: GGUFInfo | None) -> SpecPlan:
+    """draft-mtp: the model's own multi-token-prediction layer (or a separate MTP-only file) drafts.
+    Every refusal comes here, before llama-server starts: it exits (no MTP layers) or aborts
+    (two MTP blocks on qwen35) otherwise. models/mtp.py has the facts."""
+    s, wanted = inputs.settings, inputs.settings.get("spec_type")
+    if mtp_file is not None and mtp_file.drafter is not None and has_usable_mtp(inputs.model):
+        b.warnings.append(
+            f"drafter {mtp_file.path.name} is not loaded: draft-mtp drafts with {inputs.model.path.name}'s own MTP layer"
+        )
+        mtp_file = None
+    if mtp_file is not None and mtp_file.drafter is not None:
+        needed = "draft-dspark" if mtp_file.drafter.kind == "dspark" else "draft-dflash"
+        raise BonsaiError(
+            f"BONSAI_SPEC_TYPE='draft-mtp' runs MTP layers, but the drafter {mtp_file.path.name} is a "
+            f"{mtp_file.drafter.kind} drafter (it needs {needed})",
+            "drop --drafter to use the model's own MTP layer, or unset BONSAI_SPEC_TYPE",
+        )
+    if wanted not in (None, "draft-mtp"):
+        assert mtp_file is not None
+        raise BonsaiError(
+            f"BONSAI_SPEC_TYPE={wanted!r} does not match {mtp_file.path.name}, an MTP file, which needs draft-mtp",
+            "unset BONSAI_SPEC_TYPE or set it to draft-mtp",
+        )
+    if mtp_file is not None:
+        problems = mtp_pair_problems(inputs.model, mtp_file)
+        if problems:
+            raise BonsaiError(
+                "the MTP file does not fit the target: " + "; ".join(problems),
+                f"use the MTP file made for {inputs.model.path.name}",
+            )
+    else:
+        problems = mtp_problems(inputs.model)
+        if problems:
+            raise BonsaiError(
+                f"BONSAI_SPEC_TYPE=draft-mtp cannot run on this model: {problems[0]}",
+                "pass --drafter with an MTP file made for this model, or set BONSAI_SPEC_TYPE=ngram-mod (no drafter)",
+            )
+    require_spec_type(inputs.capabilities, "draft-mtp")
+    n_max = s.get("spec_nmax")
+    why = f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')})"
+    if n_max is None:
+        n_max = MTP_DEFAULT_N_MAX
+        why = "draft-mtp default: n-max 2 was slower than 1 on some cards (`bonsai tune` measures 1-3)"
+    where = mtp_file.path.name if mtp_file is not None else inputs.model.path.name
+    if mtp_file is not None:
+        b.add("-md", mtp_file.path, "speculation: the MTP layer's own file")
+    b.add("--spec-type", "draft-mtp", f"the multi-token-prediction layer of {where} drafts")
+    b.add("--spec-draft-n-max", n_max, why)
+    if mtp_file is not None:
+        b.add("-ngld", ngl, "MTP file GPU layers follow the target's" + (" (CPU)" if ngl == 0 else ""))
+        return SpecPlan("draft-mtp", n_max, str(mtp_file.path), ngl)
+    return SpecPlan("draft-mtp", n_max)
