@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-import tiny_gguf  # noqa: E402  (the suite's GGUF writer, reused for the synthetic model)
+import tiny_gguf
 
 SHAPES = {
     # name: write_target keyword arguments
@@ -76,7 +76,21 @@ def models(bin_dir: Path, out: Path, shape: str, types: list[str]) -> dict[str, 
 
 def bench(bin_dir: Path, model: Path, threads: str, prompts: str, gen: int, reps: int) -> dict[tuple[int, str], float]:
     """{(threads, "tg"|"ppN"): tok/s}"""
-    cmd = [bin_dir / f"llama-bench{EXE}", "-m", model, "-t", threads, "-p", prompts, "-n", gen, "-r", reps, "-o", "json"]
+    cmd = [
+        bin_dir / f"llama-bench{EXE}",
+        "-m",
+        model,
+        "-t",
+        threads,
+        "-p",
+        prompts,
+        "-n",
+        gen,
+        "-r",
+        reps,
+        "-o",
+        "json",
+    ]
     rows = json.loads(run(cmd).stdout)
     out = {}
     for r in rows:
@@ -113,11 +127,31 @@ def kl_yardstick(bin_dir: Path, files: dict[str, Path], out: Path, threads: str)
                 run([bin_dir / f"llama-quantize{EXE}", "--allow-requantize", model, twin, "F16"])
             run([ppl, "-m", twin, "-f", text, "-c", "128", "--chunks", "8", "-t", t, "--kl-divergence-base", base])
             twin.unlink()  # 3.4 GB at the 1.7B shape; the .kld file is what is reused
-        proc = run([ppl, "-m", model, "-f", text, "-c", "128", "--chunks", "8", "-t", t, "--kl-divergence-base", base, "--kl-divergence"])
+        proc = run(
+            [
+                ppl,
+                "-m",
+                model,
+                "-f",
+                text,
+                "-c",
+                "128",
+                "--chunks",
+                "8",
+                "-t",
+                t,
+                "--kl-divergence-base",
+                base,
+                "--kl-divergence",
+            ]
+        )
         log = proc.stdout + proc.stderr
         kld = re.search(r"Mean\s+KLD:\s+([-\d.eE+]+)", log)
         top = re.search(r"Same top p:\s+([\d.]+)", log)
-        result[qtype] = {"mean_kld": float(kld.group(1)) if kld else float("nan"), "same_top_pct": float(top.group(1)) if top else float("nan")}
+        result[qtype] = {
+            "mean_kld": float(kld.group(1)) if kld else float("nan"),
+            "same_top_pct": float(top.group(1)) if top else float("nan"),
+        }
     return result
 
 
@@ -127,7 +161,12 @@ def table(results: dict, files: dict[str, Path], tests: list[str], threads: list
         lines.append(f"\n### {th} thread{'s' if th > 1 else ''} (tok/s, before -> after)\n")
         lines.append("| type (file) | " + " | ".join(tests) + " | size x tg (GB/s) | vs Q4_0 |")
         lines.append("|---|" + "---:|" * (len(tests) + 2))
-        q4 = {w: results[w].get("Q4_0", {}).get((th, "tg"), 0) * files["Q4_0"].stat().st_size / 1e9 if "Q4_0" in files else 0 for w in ("before", "after")}
+        q4 = {
+            w: results[w].get("Q4_0", {}).get((th, "tg"), 0) * files["Q4_0"].stat().st_size / 1e9
+            if "Q4_0" in files
+            else 0
+            for w in ("before", "after")
+        }
         for qtype, model in files.items():
             size = model.stat().st_size
             cells = []
@@ -136,20 +175,28 @@ def table(results: dict, files: dict[str, Path], tests: list[str], threads: list
                 cells.append(f"{b:.1f} -> **{a:.1f}**")
             bw = {w: results[w][qtype].get((th, "tg"), 0) * size / 1e9 for w in ("before", "after")}
             share = " -> ".join(f"{100 * bw[w] / q4[w]:.0f}%" if q4[w] else "-" for w in ("before", "after"))
-            lines.append(f"| {qtype} ({size / 1e9:.2f} GB) | " + " | ".join(cells) + f" | {bw['before']:.1f} -> {bw['after']:.1f} | {share} |")
+            lines.append(
+                f"| {qtype} ({size / 1e9:.2f} GB) | "
+                + " | ".join(cells)
+                + f" | {bw['before']:.1f} -> {bw['after']:.1f} | {share} |"
+            )
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", type=Path, default=Path("/var/tmp/bonsai-kernels"), help="models are written and kept here")
+    ap.add_argument(
+        "--dir", type=Path, default=Path("/var/tmp/bonsai-kernels"), help="models are written and kept here"
+    )
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.7b")
     ap.add_argument("--types", default="Q4_0,TQ2_0,Q1_0,Q2_0")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prompts", default="1,2,5,8,64,512")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--before", type=Path, help=f"bin folder of the build without the patches (default: builds/{BEFORE_KEY}/bin)")
+    ap.add_argument(
+        "--before", type=Path, help=f"bin folder of the build without the patches (default: builds/{BEFORE_KEY}/bin)"
+    )
     ap.add_argument("--after", type=Path, help="bin folder of the patched build (default: this checkout's build)")
     ap.add_argument("--kl", action="store_true", help="also top-1 agreement and KL against each file's F16 twin")
     ap.add_argument("--json", type=Path, help="write every number here too")
@@ -168,7 +215,9 @@ def main() -> None:
     for i, (qtype, model) in enumerate(files.items()):
         order = ("before", "after") if i % 2 == 0 else ("after", "before")  # alternate who runs first
         for which in order:
-            results[which][qtype] = bench(before if which == "before" else after, model, args.threads, args.prompts, args.gen, args.reps)
+            results[which][qtype] = bench(
+                before if which == "before" else after, model, args.threads, args.prompts, args.gen, args.reps
+            )
     tests = ["tg"] + [f"pp{p}" for p in args.prompts.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     print(f"## llama-bench, {args.shape} shape, before = {before}, after = {after}")
@@ -180,8 +229,20 @@ def main() -> None:
         for qtype, r in kl.items():
             print(f"| {qtype} | {r['same_top_pct']:.2f} | {r['mean_kld']:.6f} |")
     if args.json:
-        flat = {w: {q: {f"t{t}-{n}": v for (t, n), v in r.items()} for q, r in res.items()} for w, res in results.items()}
-        args.json.write_text(json.dumps({"shape": args.shape, "bench": flat, "kl": kl, "sizes": {q: f.stat().st_size for q, f in files.items()}}, indent=1))
+        flat = {
+            w: {q: {f"t{t}-{n}": v for (t, n), v in r.items()} for q, r in res.items()} for w, res in results.items()
+        }
+        args.json.write_text(
+            json.dumps(
+                {
+                    "shape": args.shape,
+                    "bench": flat,
+                    "kl": kl,
+                    "sizes": {q: f.stat().st_size for q, f in files.items()},
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

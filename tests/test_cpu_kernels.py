@@ -122,7 +122,9 @@ def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_pat
     prompts = _prompts(23)
 
     def run(args: list[str], log: str) -> list[dict]:
-        with tiny_gguf.serve(llama_server, ["-m", target, "-c", "2048", "-np", "1", *THREADS, *args], tmp_path / log) as s:
+        with tiny_gguf.serve(
+            llama_server, ["-m", target, "-c", "2048", "-np", "1", *THREADS, *args], tmp_path / log
+        ) as s:
             return [s.completion(p, n_predict=N_PREDICT, cache_prompt=False, return_tokens=True) for p in prompts]
 
     plain = run([], "plain.log")
@@ -131,7 +133,9 @@ def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_pat
         drafter = tiny_gguf.write_dspark_drafter(
             tmp_path / f"drafter{block}.gguf", seed=7, block_size=block, target_embedding=dims["embedding"]
         )
-        spec = run(["-md", drafter, "--spec-type", "draft-dspark", "--spec-draft-n-max", str(block)], f"spec{block}.log")
+        spec = run(
+            ["-md", drafter, "--spec-type", "draft-dspark", "--spec-draft-n-max", str(block)], f"spec{block}.log"
+        )
         drafted = sum(int(r["timings"].get("draft_n") or 0) for r in spec)
         accepted = sum(int(r["timings"].get("draft_n_accepted") or 0) for r in spec)
         assert drafted > 0, f"{qtype}, block {block}: nothing was drafted"

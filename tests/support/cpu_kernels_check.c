@@ -12,8 +12,8 @@
  *    16-column tiles), odd and even row counts, 1 and 2 threads, against the same reference;
  *    and each batched column bit-identical to that column computed alone (greedy speculative
  *    verification relies on it).
- * Tolerance: |kernel - reference| <= 3e-5 x sum of |terms| (float32 summation order only); the
- * bound llama.cpp's test-quantize-fns uses (error / n <= 0.02) is far looser and also checked.
+ * Tolerance: |kernel - reference| <= 3e-5 x sum of |terms| (float32 summation order only); where
+ * the data has unit scale, also llama.cpp's test-quantize-fns bound (error / n <= 0.02).
  */
 #include "ggml.h"
 #include "ggml-cpu.h"
@@ -75,10 +75,13 @@ static double ref_dot(enum ggml_type t, const void * row, const q8_block * y, in
     return sum;
 }
 
+/* test-quantize-fns' bound (error / n <= 0.02) is meant for data of unit scale; extreme scales
+ * (fp16's largest d, +-127 activations at d = 60000) are held to the relative bound alone */
 static int close_enough(double got, double want, double mag, int n) {
     if (!isfinite(got)) return 0;
     const double err = fabs(got - want);
-    return err <= 3e-5 * mag + 1e-30 && err / n <= 0.02;
+    const int unit_scale = mag / n < 1e3;
+    return err <= 3e-5 * mag + 1e-30 && (!unit_scale || err / n <= 0.02);
 }
 
 enum fill { RANDOM, ALL_LOW, ALL_HIGH, EXTREME };
