@@ -104,8 +104,10 @@ def perplexity_bin(bin_dir: Path) -> Path:
     work = bin_dir.parent / "work"
     if not exe.is_file():
         built = work / "bin" / f"llama-perplexity{EXE}"
-        if not built.is_file():
-            run(["ninja", "-C", work, "llama-perplexity"])
+        if not built.is_file():  # one more target in the kept build folder, with the cmake that made it
+            cache = (work / "CMakeCache.txt").read_text()
+            cmake = re.search(r"^CMAKE_COMMAND:INTERNAL=(.+)$", cache, re.M)
+            run([cmake.group(1) if cmake else "cmake", "--build", work, "--target", "llama-perplexity"])
         return built
     return exe
 
