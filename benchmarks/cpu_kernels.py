@@ -177,8 +177,9 @@ def table(results: dict, files: dict[str, Path], tests: list[str], threads: list
                 cells.append(f"{b:.1f} -> **{a:.1f}**")
             bw = {w: results[w][qtype].get((th, "tg"), 0) * size / 1e9 for w in ("before", "after")}
             share = " -> ".join(f"{100 * bw[w] / q4[w]:.0f}%" if q4[w] else "-" for w in ("before", "after"))
+            shown = f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.2f} MB"
             lines.append(
-                f"| {qtype} ({size / 1e9:.2f} GB) | "
+                f"| {qtype} ({shown}) | "
                 + " | ".join(cells)
                 + f" | {bw['before']:.1f} -> {bw['after']:.1f} | {share} |"
             )
