@@ -14,7 +14,11 @@ Run it only on a quiet machine (nothing else on the cores). The full run, from t
 
     python benchmarks/cpu_kernels.py --kl --json /var/tmp/bonsai-kernels/result.json
 
-A quick proof that it works (tiny shape, one thread count, seconds):
+Expect about 35 minutes on a quiet 2-core machine, most of it the BEFORE build's scalar Q2_0 at
+pp512 (about 4 tok/s); `--prompts 1,2,5,8,64` takes about 15. The models and the twins' .kld
+files stay in --dir, so a second run only benchmarks.
+
+A quick proof that it works (tiny shape, about a minute):
 
     python benchmarks/cpu_kernels.py --shape tiny --threads 1 --prompts 1,5 --reps 1 --kl
 """
