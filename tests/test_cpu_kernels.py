@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,7 @@ def _build_check(server: Path, out: Path) -> Path:
     link = [cc, str(obj), *map(str, libs), "-o", str(exe), "-lpthread", "-lm"]
     if openmp:
         link.insert(1, "-fopenmp")
-    if os.uname().sysname == "Linux":
+    if sys.platform.startswith("linux"):
         link.append("-ldl")
     proc = subprocess.run(link, capture_output=True, text=True)
     assert proc.returncode == 0, f"linking the kernel check failed:\n{proc.stderr[-3000:]}"
