@@ -291,10 +291,13 @@ def write_target(
     token_prefix: str = DEFAULT_TOKEN_PREFIX,
     name: str = "tiny-target",
     layer_scale: float = 0.1,
+    matrix_dtype: type = np.float32,
 ) -> Path:
     """A tiny `qwen3` or `llama` target. `constant_token=k`: it always predicts k.
     With the default layer_scale the embedding dominates and the model mostly repeats its last
-    token; layer_scale=1.0 makes its greedy output vary with the context (lossless tests)."""
+    token; layer_scale=1.0 makes its greedy output vary with the context (lossless tests).
+    matrix_dtype=np.float16 stores the layers' matrices as F16 (half the memory and file: the
+    benchmarks' full-size synthetic models)."""
     if arch not in ("qwen3", "llama"):
         raise ValueError(f"unsupported target architecture {arch!r} (qwen3 or llama)")
     rng = _rng(seed)
@@ -320,7 +323,7 @@ def write_target(
         tensors += [("token_embd.weight", _rand(rng, embedding, vocab, scale=1.0).astype(np.float16))]
     tensors.append(("output_norm.weight", _ones(embedding)))
     for i in range(layers):
-        tensors += _layer_tensors(
+        layer = _layer_tensors(
             rng,
             i,
             embedding=embedding,
@@ -332,6 +335,7 @@ def write_target(
             constant=constant_token is not None,
             scale=layer_scale,
         )
+        tensors += [(n, a.astype(matrix_dtype) if a.ndim == 2 else a) for n, a in layer]
     return _write(path, arch, kv, tensors)
 
 

@@ -1,0 +1,256 @@
+"""Before/after table for Bonsai's formats on the CPU kernels (issue 24: patches 0005-0006).
+
+Writes (once, kept under --dir) a synthetic qwen3 model at the Qwen3-1.7B shape (E=2048, 28
+layers, FF 6144, 16/8 heads of 128, V=151936; random F16 weights: the shape sets the cost, the
+values do not), quantizes it with the build's llama-quantize to each type, then runs llama-bench
+from the BEFORE build (the pin without patches 0005-0006) and the AFTER build on every file:
+tg, pp1, pp2, pp5, pp8, pp64, pp512 at threads 1 and 2, alternating which binary goes first.
+Prints a markdown table: tok/s before and after, and "effective bandwidth" (file size x tg)
+as a share of Q4_0's in the same binary and thread count. With --kl also the correctness
+yardstick: each quantized file against its own dequantized F16 twin (llama-perplexity
+--kl-divergence: top-1 agreement and mean KL), built into the AFTER build's work folder if absent.
+
+Run it only on a quiet machine (nothing else on the cores). The full run, from the repo root:
+
+    python benchmarks/cpu_kernels.py --kl --json /var/tmp/bonsai-kernels/result.json
+
+Expect about 35 minutes on a quiet 2-core machine, most of it the BEFORE build's scalar Q2_0 at
+pp512 (about 4 tok/s); `--prompts 1,2,5,8,64` takes about 15. The models and the twins' .kld
+files stay in --dir, so a second run only benchmarks.
+
+A quick proof that it works (tiny shape, about a minute):
+
+    python benchmarks/cpu_kernels.py --shape tiny --threads 1 --prompts 1,5 --reps 1 --kl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+import tiny_gguf
+
+SHAPES = {
+    # name: write_target keyword arguments
+    "1.7b": dict(embedding=2048, layers=28, vocab=151936, ff=6144, heads=16, heads_kv=8, head_dim=128),
+    "tiny": dict(embedding=256, layers=2, vocab=4096, ff=768, heads=4, heads_kv=2, head_dim=64),
+}
+BEFORE_KEY = "cpu-4a10ccecb885"  # the pin with patches 0001-0002 only
+EXE = ".exe" if os.name == "nt" else ""
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("$ " + " ".join(map(str, cmd)), file=sys.stderr, flush=True)
+    return subprocess.run(list(map(str, cmd)), check=True, capture_output=True, text=True, **kw)
+
+
+def after_bin() -> Path:
+    from bonsai_launch.llamacpp.builds import find_installed
+
+    server = find_installed("cpu")
+    if server is None:
+        sys.exit("no build of this checkout: run `bonsai build` first")
+    return server.resolve().parent
+
+
+def models(bin_dir: Path, out: Path, shape: str, types: list[str]) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    src = out / f"qwen3-{shape}-f16.gguf"
+    if not src.is_file():
+        t = time.time()
+        tiny_gguf.write_target(src, seed=1, layer_scale=1.0, matrix_dtype=np.float16, **SHAPES[shape])
+        print(f"wrote {src} in {time.time() - t:.0f} s", file=sys.stderr)
+    files = {}
+    for qtype in types:
+        dst = out / f"qwen3-{shape}-{qtype.lower()}.gguf"
+        if not dst.is_file():
+            run([bin_dir / f"llama-quantize{EXE}", src, dst, qtype])
+        files[qtype] = dst
+    return files
+
+
+def bench(bin_dir: Path, model: Path, threads: str, prompts: str, gen: int, reps: int) -> dict[tuple[int, str], float]:
+    """{(threads, "tg"|"ppN"): tok/s}"""
+    cmd = [
+        bin_dir / f"llama-bench{EXE}",
+        "-m",
+        model,
+        "-t",
+        threads,
+        "-p",
+        prompts,
+        "-n",
+        gen,
+        "-r",
+        reps,
+        "-o",
+        "json",
+    ]
+    rows = json.loads(run(cmd).stdout)
+    out = {}
+    for r in rows:
+        test = "tg" if r["n_gen"] > 0 else f"pp{r['n_prompt']}"
+        out[(int(r["n_threads"]), test)] = float(r["avg_ts"])
+    return out
+
+
+def perplexity_bin(bin_dir: Path) -> Path:
+    exe = bin_dir / f"llama-perplexity{EXE}"
+    work = bin_dir.parent / "work"
+    if not exe.is_file():
+        built = work / "bin" / f"llama-perplexity{EXE}"
+        if not built.is_file():  # one more target in the kept build folder, with the cmake that made it
+            cache = (work / "CMakeCache.txt").read_text()
+            cmake = re.search(r"^CMAKE_COMMAND:INTERNAL=(.+)$", cache, re.M)
+            run([cmake.group(1) if cmake else "cmake", "--build", work, "--target", "llama-perplexity"])
+        return built
+    return exe
+
+
+def kl_yardstick(bin_dir: Path, files: dict[str, Path], out: Path, threads: str) -> dict[str, dict[str, float]]:
+    """Each file against its own dequantized F16 twin: what the kernels add to the format's loss."""
+    ppl = perplexity_bin(bin_dir)
+    text = out / "kl-text.txt"
+    if not text.is_file():  # any text does for random weights; fixed, so runs are comparable
+        rng = np.random.default_rng(3)
+        text.write_text(" ".join(f"w{int(i)}" for i in rng.integers(0, 3000, 6000)))
+    t = threads.split(",")[-1]
+    result = {}
+    for qtype, model in files.items():
+        twin = out / f"{model.stem}-twin-f16.gguf"
+        base = out / f"{model.stem}-twin.kld"
+        if not base.is_file():
+            if not twin.is_file():
+                run([bin_dir / f"llama-quantize{EXE}", "--allow-requantize", model, twin, "F16"])
+            run([ppl, "-m", twin, "-f", text, "-c", "128", "--chunks", "8", "-t", t, "--kl-divergence-base", base])
+            twin.unlink()  # 3.4 GB at the 1.7B shape; the .kld file is what is reused
+        proc = run(
+            [
+                ppl,
+                "-m",
+                model,
+                "-f",
+                text,
+                "-c",
+                "128",
+                "--chunks",
+                "8",
+                "-t",
+                t,
+                "--kl-divergence-base",
+                base,
+                "--kl-divergence",
+            ]
+        )
+        log = proc.stdout + proc.stderr
+        kld = re.search(r"Mean\s+KLD:\s+([-\d.eE+]+)", log)
+        top = re.search(r"Same top p:\s+([\d.]+)", log)
+        result[qtype] = {
+            "mean_kld": float(kld.group(1)) if kld else float("nan"),
+            "same_top_pct": float(top.group(1)) if top else float("nan"),
+        }
+    return result
+
+
+def table(results: dict, files: dict[str, Path], tests: list[str], threads: list[int]) -> str:
+    lines = []
+    for th in threads:
+        lines.append(f"\n### {th} thread{'s' if th > 1 else ''} (tok/s, before -> after)\n")
+        lines.append("| type (file) | " + " | ".join(tests) + " | size x tg (GB/s) | vs Q4_0 |")
+        lines.append("|---|" + "---:|" * (len(tests) + 2))
+        q4 = {
+            w: results[w].get("Q4_0", {}).get((th, "tg"), 0) * files["Q4_0"].stat().st_size / 1e9
+            if "Q4_0" in files
+            else 0
+            for w in ("before", "after")
+        }
+        for qtype, model in files.items():
+            size = model.stat().st_size
+            cells = []
+            for test in tests:
+                b, a = (results[w][qtype].get((th, test), float("nan")) for w in ("before", "after"))
+                cells.append(f"{b:.1f} -> **{a:.1f}**")
+            bw = {w: results[w][qtype].get((th, "tg"), 0) * size / 1e9 for w in ("before", "after")}
+            share = " -> ".join(f"{100 * bw[w] / q4[w]:.0f}%" if q4[w] else "-" for w in ("before", "after"))
+            shown = f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.2f} MB"
+            lines.append(
+                f"| {qtype} ({shown}) | "
+                + " | ".join(cells)
+                + f" | {bw['before']:.1f} -> {bw['after']:.1f} | {share} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--dir", type=Path, default=Path("/var/tmp/bonsai-kernels"), help="models are written and kept here"
+    )
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1.7b")
+    ap.add_argument("--types", default="Q4_0,TQ2_0,Q1_0,Q2_0")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--prompts", default="1,2,5,8,64,512")
+    ap.add_argument("--gen", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--before", type=Path, help=f"bin folder of the build without the patches (default: builds/{BEFORE_KEY}/bin)"
+    )
+    ap.add_argument("--after", type=Path, help="bin folder of the patched build (default: this checkout's build)")
+    ap.add_argument("--kl", action="store_true", help="also top-1 agreement and KL against each file's F16 twin")
+    ap.add_argument("--json", type=Path, help="write every number here too")
+    args = ap.parse_args()
+
+    from bonsai_launch.core.paths import builds_dir
+
+    before = args.before or builds_dir() / BEFORE_KEY / "bin"
+    after = args.after or after_bin()
+    for label, d in (("--before", before), ("--after", after)):
+        if not (d / f"llama-bench{EXE}").is_file():
+            sys.exit(f"{label} {d}: no llama-bench there; pass the bin folder of a bonsai build")
+    types = args.types.split(",")
+    files = models(after, args.dir, args.shape, types)
+    results: dict = {"before": {}, "after": {}}
+    for i, (qtype, model) in enumerate(files.items()):
+        order = ("before", "after") if i % 2 == 0 else ("after", "before")  # alternate who runs first
+        for which in order:
+            results[which][qtype] = bench(
+                before if which == "before" else after, model, args.threads, args.prompts, args.gen, args.reps
+            )
+    tests = ["tg"] + [f"pp{p}" for p in args.prompts.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    print(f"## llama-bench, {args.shape} shape, before = {before}, after = {after}")
+    print(table(results, files, tests, threads))
+    kl = kl_yardstick(after, files, args.dir, args.threads) if args.kl else {}
+    if kl:
+        print("\n### Against each file's own F16 twin (after build; llama-perplexity -c 128 --chunks 8)\n")
+        print("| type | same top-1 (%) | mean KL |\n|---|---:|---:|")
+        for qtype, r in kl.items():
+            print(f"| {qtype} | {r['same_top_pct']:.2f} | {r['mean_kld']:.6f} |")
+    if args.json:
+        flat = {
+            w: {q: {f"t{t}-{n}": v for (t, n), v in r.items()} for q, r in res.items()} for w, res in results.items()
+        }
+        args.json.write_text(
+            json.dumps(
+                {
+                    "shape": args.shape,
+                    "bench": flat,
+                    "kl": kl,
+                    "sizes": {q: f.stat().st_size for q, f in files.items()},
+                },
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+/* The CPU dot products for Bonsai's formats (Q1_0, Q2_0) checked against a reference written here
+ * from the block layouts, through the built ggml libraries' public API and their mul_mat.
+ *
+ * Built and run by tests/test_cpu_kernels.py against the static libraries of the current
+ * `bonsai build`. Exit 0 and a last line "ok" when every check passes; otherwise one line per
+ * failure and exit 1. Checks:
+ *  - which kernel is wired in (x86 with AVX2: Q2_0's vec_dot is not the scalar reference, patch
+ *    0005; Q1_0 and Q2_0 do 2 rows x 2 columns a call, patch 0006);
+ *  - vec_dot (nrc 1 and, where offered, 2) on random blocks, all-(-1) / all-(+2) codes, extreme
+ *    scales and +-127 activations, at several row lengths, against the exact integer reference;
+ *  - ggml_mul_mat at every batch size 1..9 and 16, 17, 33 (odd tails, the 2x2 pairing and the
+ *    16-column tiles), odd and even row counts, 1 and 2 threads, against the same reference;
+ *    and each batched column bit-identical to that column computed alone (greedy speculative
+ *    verification relies on it).
+ * Tolerance: |kernel - reference| <= 3e-5 x sum of |terms| (float32 summation order only); where
+ * the data has unit scale, also llama.cpp's test-quantize-fns bound (error / n <= 0.02).
+ */
+#include "ggml.h"
+#include "ggml-cpu.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Layouts (ggml-common.h): fp16 scale then the codes. */
+typedef struct { uint16_t d; uint8_t qs[16]; } q1_block; /* 128 weights, bit set = +d, clear = -d */
+typedef struct { uint16_t d; uint8_t qs[16]; } q2_block; /* 64 weights, code {0,1,2,3} = {-1,0,1,2} x d */
+typedef struct { uint16_t d; int8_t qs[32]; } q8_block;  /* 32 activations */
+
+/* The scalar reference shipped in ggml-cpu/quants.c; on x86 builds with patch 0005 it is a
+ * function of its own next to the SIMD one, without the patch its name does not exist. */
+extern void ggml_vec_dot_q2_0_q8_0_generic(int, float *, size_t, const void *, size_t, const void *, size_t, int)
+    __attribute__((weak));
+
+static int failures = 0;
+#define FAIL(...) do { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } while (0)
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
+    return (uint32_t) (rng_state >> 16);
+}
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float) (rnd() % 1000001) / 1000000.0f; }
+
+static float weight(enum ggml_type t, const void * row, int j) {
+    if (t == GGML_TYPE_Q1_0) {
+        const q1_block * b = (const q1_block *) row + j / 128;
+        return ((b->qs[(j % 128) / 8] >> (j % 8)) & 1) ? 1.0f : -1.0f;
+    }
+    const q2_block * b = (const q2_block *) row + j / 64;
+    return (float) (((b->qs[(j % 64) / 4] >> (2 * (j % 4))) & 3) - 1);
+}
+static float wscale(enum ggml_type t, const void * row, int j) {
+    const uint16_t d = t == GGML_TYPE_Q1_0 ? ((const q1_block *) row)[j / 128].d : ((const q2_block *) row)[j / 64].d;
+    return ggml_fp16_to_fp32(d);
+}
+
+/* exact integer sum per Q8_0 block, scaled in double; *mag = sum of |terms| */
+static double ref_dot(enum ggml_type t, const void * row, const q8_block * y, int n, double * mag) {
+    double sum = 0.0, m = 0.0;
+    for (int b = 0; b < n / 32; b++) {
+        long isum = 0, iabs = 0;
+        for (int k = 0; k < 32; k++) {
+            const long p = (long) weight(t, row, 32 * b + k) * y[b].qs[k];
+            isum += p;
+            iabs += labs(p);
+        }
+        const double sc = (double) wscale(t, row, 32 * b) * ggml_fp16_to_fp32(y[b].d);
+        sum += sc * isum;
+        m += fabs(sc) * iabs;
+    }
+    *mag = m;
+    return sum;
+}
+
+/* test-quantize-fns' bound (error / n <= 0.02) is meant for data of unit scale; extreme scales
+ * (fp16's largest d, +-127 activations at d = 60000) are held to the relative bound alone */
+static int close_enough(double got, double want, double mag, int n) {
+    if (!isfinite(got)) return 0;
+    const double err = fabs(got - want);
+    const int unit_scale = mag / n < 1e3;
+    return err <= 3e-5 * mag + 1e-30 && (!unit_scale || err / n <= 0.02);
+}
+
+enum fill { RANDOM, ALL_LOW, ALL_HIGH, EXTREME };
+
+static void fill_weights(enum ggml_type t, void * rows, int nrows, int n, enum fill f) {
+    const int per = t == GGML_TYPE_Q1_0 ? 128 : 64;
+    const int nb = nrows * n / per;
+    for (int i = 0; i < nb; i++) {
+        q2_block * b = (q2_block *) rows + i; /* same size and field offsets as q1_block */
+        float d = frand(-0.05f, 0.05f);
+        if (f == EXTREME) d = (i % 3 == 0) ? 65504.0f : (i % 3 == 1) ? -6.0e-8f : 1.0e-3f;
+        b->d = ggml_fp32_to_fp16(d);
+        for (int k = 0; k < 16; k++) {
+            b->qs[k] = f == ALL_LOW ? 0x00 : f == ALL_HIGH ? 0xFF : (uint8_t) rnd();
+        }
+    }
+}
+
+static void fill_acts(q8_block * y, int nblocks, enum fill f) {
+    for (int i = 0; i < nblocks; i++) {
+        y[i].d = ggml_fp32_to_fp16(f == EXTREME ? ((i % 2) ? 60000.0f : 1.0e-4f) : frand(0.001f, 0.02f));
+        for (int k = 0; k < 32; k++) {
+            y[i].qs[k] = f == EXTREME ? ((rnd() & 1) ? 127 : -127) : (int8_t) ((int) (rnd() % 255) - 127);
+        }
+    }
+}
+
+static const char * tname(enum ggml_type t) { return t == GGML_TYPE_Q1_0 ? "Q1_0" : "Q2_0"; }
+
+static void check_vec_dot(enum ggml_type t) {
+    const struct ggml_type_traits_cpu * tr = ggml_get_type_traits_cpu(t);
+    const int per = t == GGML_TYPE_Q1_0 ? 128 : 64;
+    const size_t bsize = 18;
+    const int lens[] = { per, 2 * per, 3 * per, 5 * per, 2048, 6144 };
+    const enum fill fills[] = { RANDOM, ALL_LOW, ALL_HIGH, EXTREME };
+    for (unsigned li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+        const int n = lens[li];
+        const size_t bx = (size_t) (n / per) * bsize + 64; /* padded strides, as test-quantize-fns does */
+        const size_t by = (size_t) (n / 32) * sizeof(q8_block) + 64;
+        for (unsigned fi = 0; fi < 4; fi++) {
+            for (int rep = 0; rep < 8; rep++) {
+                char * x = calloc(2, bx);
+                char * y = calloc(2, by);
+                fill_weights(t, x, 1, n, fills[fi]);
+                fill_weights(t, x + bx, 1, n, fills[(fi + rep) % 4]);
+                fill_acts((q8_block *) y, n / 32, fills[fi] == EXTREME ? EXTREME : RANDOM);
+                fill_acts((q8_block *) (y + by), n / 32, rep % 2 ? EXTREME : RANDOM);
+                double want[2][2], mag[2][2];
+                for (int r = 0; r < 2; r++)
+                    for (int c = 0; c < 2; c++)
+                        want[r][c] = ref_dot(t, x + r * bx, (const q8_block *) (y + c * by), n, &mag[r][c]);
+                float one[2][2];
+                for (int r = 0; r < 2; r++) {
+                    for (int c = 0; c < 2; c++) {
+                        one[r][c] = NAN;
+                        tr->vec_dot(n, &one[r][c], 0, x + r * bx, 0, y + c * by, 0, 1);
+                        if (!close_enough(one[r][c], want[r][c], mag[r][c], n)) {
+                            FAIL("%s vec_dot nrc=1 n=%d fill=%u: %.9g, reference %.9g", tname(t), n, fi, one[r][c], want[r][c]);
+                        }
+                    }
+                }
+                if (t == GGML_TYPE_Q2_0 && ggml_vec_dot_q2_0_q8_0_generic) {
+                    float g = NAN;
+                    ggml_vec_dot_q2_0_q8_0_generic(n, &g, 0, x, 0, y, 0, 1);
+                    if (!close_enough(g, want[0][0], mag[0][0], n)) {
+                        FAIL("Q2_0 generic n=%d fill=%u: %.9g, reference %.9g (the reference here is wrong?)", n, fi, g, want[0][0]);
+                    }
+                }
+                if (tr->nrows == 2) {
+                    float s[18];
+                    for (int i = 0; i < 18; i++) s[i] = NAN;
+                    tr->vec_dot(n, s, 16, x, bx, y, by, 2);
+                    for (int r = 0; r < 2; r++) {
+                        for (int c = 0; c < 2; c++) {
+                            if (memcmp(&s[c * 16 + r], &one[r][c], sizeof(float)) != 0) {
+                                FAIL("%s vec_dot nrc=2 n=%d fill=%u row %d col %d: %.9g, nrc=1 gives %.9g", tname(t), n, fi, r, c,
+                                     s[c * 16 + r], one[r][c]);
+                            }
+                        }
+                    }
+                }
+                free(x);
+                free(y);
+            }
+        }
+    }
+}
+
+/* ggml_mul_mat(W [n x rows], A [n x batch] f32) through the CPU backend's graph compute */
+static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int threads) {
+    struct ggml_init_params ip = { 64 * 1024 * 1024, NULL, false };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * w = ggml_new_tensor_2d(ctx, t, n, rows);
+    struct ggml_tensor * a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, batch);
+    fill_weights(t, w->data, rows, n, (batch + rows) % 5 == 0 ? ALL_HIGH : (batch + rows) % 7 == 0 ? ALL_LOW : RANDOM);
+    float * af = (float *) a->data;
+    for (int i = 0; i < n * batch; i++) af[i] = frand(-1.0f, 1.0f);
+    struct ggml_tensor * out = ggml_mul_mat(ctx, w, a);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    if (ggml_graph_compute_with_ctx(ctx, gf, threads) != GGML_STATUS_SUCCESS) {
+        FAIL("%s mul_mat n=%d rows=%d batch=%d: compute failed", tname(t), n, rows, batch);
+        ggml_free(ctx);
+        return;
+    }
+    /* the activations as mul_mat quantizes them: the CPU backend's own Q8_0 from_float */
+    const struct ggml_type_traits_cpu * q8 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
+    q8_block * yq = malloc(sizeof(q8_block) * (size_t) (n / 32));
+    const size_t wrow = ggml_row_size(t, n);
+    const float * of = (const float *) out->data;
+    for (int c = 0; c < batch; c++) {
+        q8->from_float(af + (size_t) c * n, yq, n);
+        for (int r = 0; r < rows; r++) {
+            double mag;
+            const double want = ref_dot(t, (const char *) w->data + r * wrow, yq, n, &mag);
+            const float got = of[(size_t) c * rows + r];
+            if (!close_enough(got, want, mag, n)) {
+                FAIL("%s mul_mat n=%d rows=%d batch=%d threads=%d: [%d,%d] %.9g, reference %.9g", tname(t), n, rows, batch,
+                     threads, r, c, got, want);
+                c = batch;
+                break;
+            }
+        }
+    }
+    /* each column alone (a batch of 1, the decode path) gives the same bits */
+    if (batch > 1) {
+        struct ggml_tensor * a1 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, 1);
+        struct ggml_tensor * o1 = ggml_mul_mat(ctx, w, a1);
+        struct ggml_cgraph * g1 = ggml_new_graph(ctx);
+        ggml_build_forward_expand(g1, o1);
+        for (int c = 0; c < batch; c++) {
+            memcpy(a1->data, af + (size_t) c * n, sizeof(float) * (size_t) n);
+            ggml_graph_compute_with_ctx(ctx, g1, threads);
+            if (memcmp(o1->data, of + (size_t) c * rows, sizeof(float) * (size_t) rows) != 0) {
+                FAIL("%s mul_mat n=%d rows=%d batch=%d threads=%d: column %d differs from the same column alone", tname(t), n,
+                     rows, batch, threads, c);
+                break;
+            }
+        }
+    }
+    free(yq);
+    ggml_free(ctx);
+}
+
+int main(int argc, char ** argv) {
+    (void) argv;
+    ggml_cpu_init();
+    const int x86_avx2 = ggml_cpu_has_avx2();
+    const struct ggml_type_traits_cpu * q1 = ggml_get_type_traits_cpu(GGML_TYPE_Q1_0);
+    const struct ggml_type_traits_cpu * q2 = ggml_get_type_traits_cpu(GGML_TYPE_Q2_0);
+    printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s\n", x86_avx2,
+           ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
+           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent");
+    if (argc > 1 || x86_avx2) { /* an argument: expect the x86 kernels even where the probe says no */
+        if (!ggml_vec_dot_q2_0_q8_0_generic) {
+            FAIL("Q2_0 has no x86 kernel: its vec_dot is the scalar reference (patch 0005 missing)");
+        } else if ((void *) q2->vec_dot == (void *) ggml_vec_dot_q2_0_q8_0_generic) {
+            FAIL("Q2_0's vec_dot is the scalar reference on an AVX2 build (patch 0005 not selected)");
+        }
+        if (q1->nrows != 2 || q2->nrows != 2) {
+            FAIL("Q1_0/Q2_0 do one row a call (nrows %lld/%lld), not 2x2 (patch 0006 missing)", (long long) q1->nrows,
+                 (long long) q2->nrows);
+        }
+    }
+    const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0 };
+    for (int ti = 0; ti < 2; ti++) {
+        const enum ggml_type t = types[ti];
+        check_vec_dot(t);
+        const int n = t == GGML_TYPE_Q1_0 ? 384 : 192;
+        const int row_counts[] = { 2, 17, 34 };
+        const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33 };
+        for (int ri = 0; ri < 3; ri++)
+            for (int bi = 0; bi < 12; bi++)
+                for (int th = 1; th <= 2; th++) check_mul_mat(t, n, row_counts[ri], batches[bi], th);
+        check_mul_mat(t, 2048, 64, 5, 2);
+    }
+    if (failures) {
+        printf("%d failures\n", failures);
+        return 1;
+    }
+    printf("ok\n");
+    return 0;
+}

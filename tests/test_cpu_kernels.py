@@ -1,0 +1,145 @@
+"""Bonsai's weight formats (Q1_0, Q2_0) on the CPU kernels of the build we ship.
+
+Patches 0005 (an x86 Q2_0 kernel) and 0006 (Q1_0/Q2_0 two rows by two columns, odd batches
+paired column by column) change arithmetic that every Bonsai model on an x86 CPU runs through.
+Two checks, both against the real build of the current pin and patch series:
+- a small C program (support/cpu_kernels_check.c) linked against that build's static ggml
+  libraries compares the kernels and ggml_mul_mat at every batch size 1..9, 16, 17, 33 with a
+  reference written from the block layouts, and on x86 with AVX2 fails when the SIMD Q2_0 kernel
+  or the 2x2 path is not wired in (so it fails without the patches);
+- a greedy speculative run on a tiny target quantized to Q1_0 and to Q2_0 by the build's own
+  llama-quantize stays token-identical to plain (verify batches of 5 and 8 tokens go through the
+  paired kernels, the decode steps through the one-row ones).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import real_parts
+import tiny_gguf
+
+HERE = Path(__file__).parent
+CHECK_SOURCE = HERE / "support" / "cpu_kernels_check.c"
+THREADS = ["-t", "1"]
+N_PREDICT = 48
+
+
+def _key_dir(server: Path) -> Path:
+    return server.resolve().parent.parent  # <key>/bin/llama-server
+
+
+def _link_parts(server: Path) -> tuple[Path, list[Path], bool]:
+    """(ggml's include folder, its static libraries in link order, whether OpenMP is linked)."""
+    key = _key_dir(server)
+    include = key / "src" / "ggml" / "include"
+    work = key / "work"
+    libs: list[Path] = []
+    for name in ("libggml.a", "libggml-cpu.a", "libggml-base.a"):
+        found = sorted(work.rglob(name)) if work.is_dir() else []
+        if not found:
+            real_parts.missing(
+                f"{name} is not in {work} (the build folder of {server})", "run `bonsai build` (it keeps work/)"
+            )
+        libs.append(found[0])
+    if not (include / "ggml-cpu.h").is_file():
+        real_parts.missing(f"ggml's headers are not in {include}", "run `bonsai build`")
+    cache = work / "CMakeCache.txt"
+    openmp = cache.is_file() and re.search(r"^GGML_OPENMP:BOOL=ON", cache.read_text(), re.M) is not None
+    return include, libs, openmp
+
+
+def _compiler() -> str:
+    for cc in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
+        if cc and shutil.which(cc):
+            return cc
+    real_parts.missing("no C++ compiler", "install the toolchain `bonsai build` uses")
+    raise AssertionError("unreachable")
+
+
+def _build_check(server: Path, out: Path) -> Path:
+    include, libs, openmp = _link_parts(server)
+    cc = _compiler()
+    exe = out / "cpu_kernels_check"
+    obj = out / "cpu_kernels_check.o"
+    # the harness is C; compile it as C, link with the C++ driver (ggml-cpu has C++ parts)
+    c_driver = shutil.which("cc") or cc
+    subprocess.run(
+        [c_driver, "-O2", "-std=c11", "-c", str(CHECK_SOURCE), "-I", str(include), "-o", str(obj)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    link = [cc, str(obj), *map(str, libs), "-o", str(exe), "-lpthread", "-lm"]
+    if openmp:
+        link.insert(1, "-fopenmp")
+    if sys.platform.startswith("linux"):
+        link.append("-ldl")
+    proc = subprocess.run(link, capture_output=True, text=True)
+    assert proc.returncode == 0, f"linking the kernel check failed:\n{proc.stderr[-3000:]}"
+    return exe
+
+
+@pytest.mark.server
+def test_q1_0_q2_0_kernels_match_the_reference(llama_server, tmp_path):
+    exe = _build_check(llama_server, tmp_path)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and out.rstrip().endswith("ok"), out[-4000:]
+    # the first line says which kernels ran: keep it in the log of a passing run too
+    print(out.splitlines()[0])
+
+
+def _quantize(server: Path, src: Path, dst: Path, qtype: str) -> Path:
+    quantize = server.resolve().parent / ("llama-quantize" + server.suffix)
+    if not quantize.is_file():
+        real_parts.missing(f"no llama-quantize beside {server}", "run `bonsai build`")
+    proc = subprocess.run([str(quantize), str(src), str(dst), qtype], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dst
+
+
+def _prompts(seed: int, n: int = 3, length: int = 24) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(512) for _ in range(length)] for _ in range(n)]
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("qtype", ["Q1_0", "Q2_0"])
+def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_path, qtype):
+    # every matrix row is 128 or 256 long, so every layer takes the format (Q1_0 blocks are 128)
+    dims = {"embedding": 128, "ff": 256, "heads": 4, "heads_kv": 2, "head_dim": 32}
+    f32 = tiny_gguf.write_target(tmp_path / "target-f32.gguf", seed=5, layer_scale=1.0, **dims)
+    target = _quantize(llama_server, f32, tmp_path / f"target-{qtype}.gguf", qtype)
+    prompts = _prompts(23)
+
+    def run(args: list[str], log: str) -> list[dict]:
+        with tiny_gguf.serve(
+            llama_server, ["-m", target, "-c", "2048", "-np", "1", *THREADS, *args], tmp_path / log
+        ) as s:
+            return [s.completion(p, n_predict=N_PREDICT, cache_prompt=False, return_tokens=True) for p in prompts]
+
+    plain = run([], "plain.log")
+    assert len({tuple(r["tokens"]) for r in plain}) == len(plain), "outputs must depend on the prompt"
+    for block in (4, 7):  # verify batches of 5 (odd: pairs and a lone column) and 8 tokens
+        drafter = tiny_gguf.write_dspark_drafter(
+            tmp_path / f"drafter{block}.gguf", seed=7, block_size=block, target_embedding=dims["embedding"]
+        )
+        spec = run(
+            ["-md", drafter, "--spec-type", "draft-dspark", "--spec-draft-n-max", str(block)], f"spec{block}.log"
+        )
+        drafted = sum(int(r["timings"].get("draft_n") or 0) for r in spec)
+        accepted = sum(int(r["timings"].get("draft_n_accepted") or 0) for r in spec)
+        assert drafted > 0, f"{qtype}, block {block}: nothing was drafted"
+        assert accepted < drafted, f"{qtype}, block {block}: every draft accepted, rejection path untested"
+        for i, (p, s) in enumerate(zip(plain, spec, strict=True)):
+            assert s["tokens"] == p["tokens"], f"{qtype}, DSpark block {block}: prompt {i} differs from plain"
