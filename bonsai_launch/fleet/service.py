@@ -353,7 +353,7 @@ def down() -> dict[str, Any]:
         if not m.local:
             continue
         inst = live.get(m.instance or "")
-        if inst is None or inst.pid != m.pid:
+        if inst is None:  # (not the pid: a restarted replica has a new one)
             already_gone.append(m.name)
             continue
         (stopped if instances.stop(inst) else left).append(m.name)
