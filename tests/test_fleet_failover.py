@@ -110,7 +110,10 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(
     folder = isolated_home / "models" / "demo"
     folder.mkdir(parents=True)
     os.symlink(demo_gguf, folder / demo_gguf.name)
-    env = {**os.environ, "BONSAI_LLAMA_SERVER": str(llama_server)}
+    # Restarts off: this checks the proxy's failover and `fleet up` reviving a dead replica; with
+    # them on, the replica's keeper brings it back by itself (the same detached path as
+    # tests/test_restart_server.py::test_detached_server_killed_comes_back_proven_and_ps_says_so).
+    env = {**os.environ, "BONSAI_LLAMA_SERVER": str(llama_server), "BONSAI_RESTART": "0"}
     port = free_port_run(3)
     dead_port = free_port_run(1)
     hosts = tmp_path / "fleet.yaml"

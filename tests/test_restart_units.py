@@ -4,6 +4,7 @@ the real binary)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -107,8 +108,52 @@ def test_exit_code_0_and_restarts_off_are_not_restarted(tmp_path):
 def test_ps_cell():
     inst = _instance(1, "x.log")
     assert restarts_cell(inst) == "0"
-    import dataclasses
-
     assert restarts_cell(dataclasses.replace(inst, supervised=False)) == "off"
     crashed = dataclasses.replace(inst, restarts=2, last_exit="was killed by signal 9 (SIGKILL: killed from outside)")
     assert restarts_cell(crashed) == "2 (last: was killed by signal 9)"
+
+
+# answers /health 200 until it is killed
+LIVING_SERVER = DYING_SERVER.replace("threading.Timer(0.4, lambda: os._exit(3)).start()", "")
+
+
+def test_the_keeper_relays_then_restarts_and_stops_on_sigterm(tmp_path):
+    import os
+    import signal
+
+    import psutil
+
+    from bonsai_launch.server.keeper import spawn_kept
+
+    port = free_port()
+    log = tmp_path / "kept.log"
+    argv = [sys.executable, "-c", LIVING_SERVER, str(port)]
+    server, kept = spawn_kept(argv, env={"X_SECRET": "s"}, log_path=log, base_url=f"http://127.0.0.1:{port}")
+    keeper = psutil.Process(kept.keeper.pid)
+    try:
+        assert psutil.Process(server.pid).ppid() == keeper.pid  # the keeper is the parent
+        server.wait_ready(20)
+        inst = dataclasses.replace(_instance(port, str(log)), name="kept", pid=server.pid, detached=True)
+        instances.register(inst)
+        policy = restart.RestartPolicy(backoff_s=(0.05,))
+        kept.hand_over(
+            restart.Job(inst.to_json(), argv, {"X_SECRET": "s"}, die_with_parent=False, policy=policy).to_json()
+        )
+        os.kill(server.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            now = instances.load(instances.state_path("kept"))
+            if now is not None and now.pid != server.pid and now.state == "running":
+                break
+            time.sleep(0.05)
+        assert now is not None and now.restarts == 1 and now.last_exit.startswith("was killed by signal 9"), now
+        assert psutil.Process(now.pid).ppid() == keeper.pid
+        assert "restarting it on port" in log.read_text() and "restarted: llama-server pid" in log.read_text()
+        # a stop is a SIGTERM to the keeper: it stops the server and ends, nothing restarts
+        keeper.terminate()
+        keeper.wait(20)
+        assert not psutil.pid_exists(now.pid) or psutil.Process(now.pid).status() == psutil.STATUS_ZOMBIE
+        assert not instances.state_path("kept").exists()
+    finally:
+        for p in [keeper, *keeper.children(recursive=True)] if keeper.is_running() else []:
+            p.kill()

@@ -32,7 +32,7 @@ from typing import IO, Any
 from bonsai_launch.core import process_control
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.log_files import open_append_shared
-from bonsai_launch.server.process import ServerProcess
+from bonsai_launch.server.process import ServerProcess, exit_cause
 
 
 def _lines(stream: IO[bytes], into: queue.Queue) -> None:
@@ -61,12 +61,14 @@ class KeptChild:
     """What ServerProcess needs of a Popen (pid, poll, wait, kill), for a server whose parent
     is the keeper: the exit code is the one the keeper relays."""
 
-    def __init__(self, keeper: subprocess.Popen, messages: queue.Queue, pid: int) -> None:
+    def __init__(self, keeper: subprocess.Popen, messages: queue.Queue, pid: int, log_path: Path) -> None:
         self.keeper = keeper
+        self.log_path = log_path
         self.pid = pid
         self._messages = messages
         self._code: int | None = None
         self._ended = False  # the keeper's stdout is closed
+        self._handed_over = False
 
     def poll(self) -> int | None:
         while self._code is None and not self._ended:
@@ -78,11 +80,15 @@ class KeptChild:
                 self._ended = True
             elif "exit" in msg:
                 self._code = int(msg["exit"])
-        if self._code is None and self._ended and self.keeper.poll() is not None:
-            # The keeper ended without a word about the server: it is gone with it, or on its own.
+        if self._code is None and self._ended and (self._handed_over or self.keeper.poll() is not None):
+            # The keeper says nothing more (it ended, or it serves on its own now): judge by the pid.
             import psutil
 
-            if not psutil.pid_exists(self.pid):
+            try:
+                gone = psutil.Process(self.pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            if gone:
                 self._code = -9 if self.keeper.returncode in (None, 0) else int(self.keeper.returncode)
         return self._code
 
@@ -107,9 +113,29 @@ class KeptChild:
     def hand_over(self, job: dict[str, Any]) -> None:
         """The server is up and proven: the keeper restarts it from now on."""
         assert self.keeper.stdin is not None
+        self._handed_over = True
         self.keeper.stdin.write(json.dumps({"serve": job}).encode() + b"\n")
         self.keeper.stdin.flush()
         self.keeper.stdin.close()
+        # Wait for the keeper's word: a server that died just now is reported, not lost.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                msg = self._messages.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if msg is None:
+                break
+            if "exit" in msg:
+                self._code = int(msg["exit"])
+                break
+            if msg.get("serving"):
+                return
+        raise ActionFailed(
+            "llama-server ended before its keeper took it over"
+            + (f" ({exit_cause(self._code)})" if self._code is not None else ""),
+            f"see the log {self.log_path}",
+        )
 
     def release(self) -> None:
         """The front gave up (the server is stopped): let the keeper end."""
@@ -154,7 +180,7 @@ def spawn_kept(
         keeper.wait(5)
         reason = (first or {}).get("error") or "the keeper process did not start it"
         raise ActionFailed(f"cannot start llama-server: {reason}", f"see the log {log_path}")
-    child = KeptChild(keeper, messages, int(first["pid"]))
+    child = KeptChild(keeper, messages, int(first["pid"]), log_path)
     server = ServerProcess(child, base_url, log_path, argv, control, None, detached=True)  # type: ignore[arg-type]
     return server, child
 
@@ -207,6 +233,7 @@ def main() -> int:
                     return 0
                 if "serve" in msg:
                     job = Job.from_json(msg["serve"])
+                    _say({"serving": True})
                     break
             _detach_stdout()
 
