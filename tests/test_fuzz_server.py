@@ -24,13 +24,13 @@ def cleanup():
     stop_all()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1])
 def test_no_request_kills_the_server(llama_server, tiny_pair, monkeypatch, seed):
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))
     target = http_fuzz.BonsaiTarget(tiny_pair["target"], free_port())
     target.start()
     try:
-        report = http_fuzz.run(target, seed=seed, requests=250, seconds=20, vocab=512, request_timeout=30)
+        report = http_fuzz.run(target, seed=seed, requests=200, seconds=12, vocab=512, request_timeout=30)
         assert report.sent >= 50, report.to_json()  # the run really ran
         assert report.crashes == [], report.to_json()
         assert report.no_status == [], report.to_json()

@@ -18,6 +18,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -223,9 +224,10 @@ def cases(seed: int, vocab: int) -> Callable[[], Case]:
             else:
                 name = rng.choice(FIELDS)
                 body[name] = _value(rng, vocab)
-        # keep generation short: a tiny model runs to n_predict, and -c bounds the rest
+        # keep generation short: the tiny model runs to n_predict (a request without one gets the
+        # server's -n, see BonsaiTarget)
         for cap in ("n_predict", "max_tokens", "max_completion_tokens"):
-            if isinstance(body.get(cap), int) and body[cap] > 64 and rng.random() < 0.8:
+            if isinstance(body.get(cap), int) and body[cap] > 64:
                 body[cap] = 64
         roll = rng.random()
         if roll < 0.03:
@@ -362,7 +364,9 @@ class BonsaiTarget(Target):
     """llama-server as `bonsai start --detach` launches it (restarts on, as by default), in the
     caller's BONSAI_HOME and with the caller's BONSAI_LLAMA_SERVER."""
 
-    def __init__(self, model: Path, port: int, *, ctx: int = 512, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, model: Path, port: int, *, ctx: int = 512, extra: tuple[str, ...] = (), memory_limit: int = 2**30
+    ) -> None:
         self.base_url = f"http://127.0.0.1:{port}"
         self.args = [
             "start",
@@ -375,11 +379,19 @@ class BonsaiTarget(Target):
             "--detach",
             "--json",
             *extra,
+            "--",
+            "-n",  # what a request without n_predict/max_tokens generates (else the whole context)
+            "16",
         ]
         self.name = ""
         self.log: Path | None = None
         self.offset = 0
         self.starts = 0
+        # A request that makes the server allocate gigabytes is a crash too (the out-of-memory
+        # killer's, on most machines): past `memory_limit` bytes of RSS the fuzzer kills it.
+        self.memory_limit = memory_limit
+        self.over_memory: int | None = None
+        self._watching = threading.Event()
 
     def start(self) -> None:
         done = subprocess.run(
@@ -395,6 +407,23 @@ class BonsaiTarget(Target):
         self.name, self.log = data["name"], Path(data["log"])
         self.offset = self.log.stat().st_size
         self.starts += 1
+        if not self._watching.is_set():
+            self._watching.set()
+            threading.Thread(target=self._watch_memory, daemon=True).start()
+
+    def _watch_memory(self) -> None:
+        import psutil
+
+        while self._watching.is_set():
+            pid = self.pid()
+            try:
+                rss = psutil.Process(pid).memory_info().rss if pid else 0
+                if rss > self.memory_limit:
+                    self.over_memory = rss
+                    psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+            time.sleep(0.02)
 
     def instance(self):
         from bonsai_launch.server import instances
@@ -406,11 +435,16 @@ class BonsaiTarget(Target):
         return inst.pid if inst is not None and inst.state == "running" else None
 
     def crash_reason(self) -> str:
+        if self.over_memory is not None:
+            rss, self.over_memory = self.over_memory, None
+            return f"RSS over {self.memory_limit >> 20} MiB ({rss >> 20} MiB): killed by the fuzzer"
         time.sleep(0.5)  # the keeper writes the exit cause into the log
         text = self.log.read_bytes()[self.offset :].decode("utf-8", "replace") if self.log else ""
         lines = [ln.strip() for ln in text.splitlines()]
         cause = next((ln for ln in lines if "[bonsai" in ln and "llama-server" in ln), "")
-        for line in lines:
+        for n, line in enumerate(lines):
+            if "terminate called" in line and n + 1 < len(lines) and "what():" in lines[n + 1]:
+                return f"{line} {lines[n + 1]}"[:200]  # the exception's type and message
             if any(m in line for m in _WHY_MARKERS):
                 # file:line: GGML_ASSERT(...) without the build's path: one fault, one signature
                 found = re.search(r"([\w.-]+\.(?:cpp|c|h|hpp)):(\d+): (GGML_\w+.*)", line)
@@ -436,6 +470,7 @@ class BonsaiTarget(Target):
         return True
 
     def stop(self) -> None:
+        self._watching.clear()
         if self.name:
             subprocess.run(
                 [sys.executable, "-m", "bonsai_launch", "stop", self.name],
