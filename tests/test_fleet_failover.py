@@ -3,9 +3,8 @@ model), bounded in count and time.
 
 One fleet lifecycle: up with 2 replicas and a remote member that never answers (reported, not
 routed to); 40 requests, 4 at a time, with one replica SIGKILLed after about a third (restarts
-off): every
-request answers 200; `fleet ps` shows the dead member; `fleet up` again brings it back; `fleet
-down` leaves no llama-server or proxy process. With restarts on (the default), a killed replica
+off): every request answers 200; `fleet ps` shows the dead member; `fleet up` again brings it
+back; `fleet down` leaves no llama-server or proxy process. With restarts on (the default), a killed replica
 is brought back by its keeper and the proxy routes to it again.
 """
 
