@@ -2,9 +2,10 @@
 model), bounded in count and time.
 
 One fleet lifecycle: up with 2 replicas and a remote member that never answers (reported, not
-routed to); 40 requests, 4 at a time, with one replica SIGKILLed after about a third: every
-request answers 200; `fleet ps` shows the dead member; `fleet up` again brings it back; `fleet
-down` leaves no llama-server or proxy process.
+routed to); 40 requests, 4 at a time, with one replica SIGKILLed after about a third (restarts
+off): every request answers 200; `fleet ps` shows the dead member; `fleet up` again brings it
+back; `fleet down` leaves no llama-server or proxy process. With restarts on (the default), a killed replica
+is brought back by its keeper and the proxy routes to it again.
 """
 
 from __future__ import annotations
@@ -110,7 +111,10 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(
     folder = isolated_home / "models" / "demo"
     folder.mkdir(parents=True)
     os.symlink(demo_gguf, folder / demo_gguf.name)
-    env = {**os.environ, "BONSAI_LLAMA_SERVER": str(llama_server)}
+    # Restarts off: this checks the proxy's failover and `fleet up` reviving a dead replica; with
+    # them on, the replica's keeper brings it back by itself (the same detached path as
+    # tests/test_restart_server.py::test_detached_server_killed_comes_back_proven_and_ps_says_so).
+    env = {**os.environ, "BONSAI_LLAMA_SERVER": str(llama_server), "BONSAI_RESTART": "0"}
     port = free_port_run(3)
     dead_port = free_port_run(1)
     hosts = tmp_path / "fleet.yaml"
@@ -213,3 +217,59 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(
         stop_all()
         if proxy_pid is not None and not gone(proxy_pid, timeout=1):
             os.kill(proxy_pid, signal.SIGKILL)
+
+
+def test_a_killed_replica_is_restarted_by_its_keeper(llama_server, demo_gguf, isolated_home, litellm_proxy):
+    """Restarts on (the default): the replica comes back by itself on its port, `fleet ps` shows
+    the new pid and the restart, and `fleet down` ends the keeper too."""
+    from bonsai_launch.fleet.configs import COOLDOWN_S, HEALTH_CHECK_INTERVAL_S
+    from bonsai_launch.server import instances
+
+    folder = isolated_home / "models" / "demo"
+    folder.mkdir(parents=True)
+    os.symlink(demo_gguf, folder / demo_gguf.name)
+    env = {**os.environ, "BONSAI_LLAMA_SERVER": str(llama_server)}
+    port = free_port_run(2)
+    try:
+        up = json_of(
+            bonsai(
+                ["fleet", "up", "--profile", "demo", "--replicas", "1", "--port", port, "--ctx", "2048", "--json"],
+                env=env,
+                timeout=400,
+            )
+        )
+        member = up["members"][0]
+        keeper = next(i.supervisor_pid for i in instances.running() if i.name == member["instance"])
+        assert keeper and psutil.pid_exists(keeper)
+        os.kill(member["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ps = json_of(bonsai(["fleet", "ps", "--json"], env=env))["members"][0]
+            if ps["health"] == "ok" and ps["pid"] != member["pid"]:
+                break
+            time.sleep(0.5)
+        assert ps["health"] == "ok" and ps["pid"] != member["pid"], ps
+        assert (
+            ps["restarts"] == 1 and ps["last_exit"].startswith("was killed by signal 9") and ps["url"] == member["url"]
+        )
+        # The proxy routes to it again once its health check or cooldown lets it back in
+        # (fleet/configs.py: HEALTH_CHECK_INTERVAL_S, COOLDOWN_S); until then it answers 429.
+        deadline = time.monotonic() + COOLDOWN_S + 3 * HEALTH_CHECK_INTERVAL_S
+        while True:
+            r = httpx.post(
+                up["url"] + "/v1/chat/completions",
+                timeout=120,
+                trust_env=False,
+                headers={"Authorization": f"Bearer {up['api_key']}"},
+                json={"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
+            )
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert r.status_code == 200, r.text
+        assert bonsai(["fleet", "down"], env=env, timeout=120).returncode == 0
+        assert gone(ps["pid"]) and gone(keeper)
+        assert no_server_left(folder / demo_gguf.name)
+    finally:
+        bonsai(["fleet", "down"], env=env, timeout=120)
+        stop_all()

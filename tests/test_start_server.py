@@ -205,7 +205,12 @@ def test_user_stop_exits_zero_and_leaves_nothing(llama_server, tiny, tmp_path, s
 
 
 def test_server_killed_exits_nonzero_with_log_tail(llama_server, tiny, tmp_path):
-    fg = Foreground(start_args(tiny["target"]), llama_server, tmp_path)
+    # With restarts off (BONSAI_RESTART=0); on, it comes back (tests/test_restart_server.py).
+    from start_helpers import bonsai_env
+
+    fg = Foreground(
+        start_args(tiny["target"]), llama_server, tmp_path, env=bonsai_env(llama_server, BONSAI_RESTART="0")
+    )
     try:
         inst = fg.wait_serving()
         os.kill(inst.pid, signal.SIGKILL)

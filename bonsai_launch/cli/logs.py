@@ -66,7 +66,8 @@ def command(name: NameArg = None, follow: FollowOpt = False, lines: LinesOpt = 1
         return
 
     def alive() -> bool:
-        return any(i.pid == inst.pid for i in instances.running())
+        # by name: a server restarted after a crash (same log) has a new pid
+        return any(i.name == inst.name for i in instances.running())
 
     try:
         for line in follow_lines(path, offset=offset, alive=alive):

@@ -23,7 +23,7 @@ def format_uptime(seconds: float) -> str:
 
 def command(json_output: JsonOpt = False) -> None:
     """List running servers: profile, bind address, whether an API key is required (KEY), pid,
-    uptime, whether speculation is live.
+    uptime, whether speculation is live, restarts after crashes and the last cause.
 
     State files of servers that are gone are removed, never trusted."""
     from bonsai_launch.cli._output import console, emit_json
@@ -42,7 +42,7 @@ def command(json_output: JsonOpt = False) -> None:
 
     table = Table(box=None, pad_edge=False)
     tuned = any(i.tuning for i in live)
-    for col in ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE") + (
+    for col in ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE", "RESTARTS") + (
         ("AUTO DECISION",) if tuned else ()
     ):
         table.add_column(col, no_wrap=True)
@@ -58,10 +58,11 @@ def command(json_output: JsonOpt = False) -> None:
             i.profile or "-",
             address,
             "yes" if i.api_key_required else "no",
-            str(i.pid),
+            str(i.pid) if i.state == "running" else f"{i.state}",
             format_uptime(i.uptime),
             spec,
             "detached" if i.detached else "foreground",
+            restarts_cell(i),
         ]
         if tuned:
             row.append(decision_cell(i.tuning))
@@ -69,6 +70,16 @@ def command(json_output: JsonOpt = False) -> None:
     if not out.is_terminal:
         out.width = max(out.width, 160)  # piped into a script or a file: never cut a row short
     out.print(table)
+
+
+def restarts_cell(inst) -> str:
+    """`0`, `2 (last: was killed by signal 9 ...)`, or `off` when BONSAI_RESTART=0 started it."""
+    if not inst.supervised:
+        return "off"
+    if not inst.restarts and not inst.last_exit:
+        return "0"
+    short = (inst.last_exit or "").split(" (")[0]  # the full cause is in --json and the log
+    return f"{inst.restarts} (last: {short})"
 
 
 def decision_cell(tuning: dict | None) -> str:

@@ -368,4 +368,4 @@ def start_server(
             raise
         if detach:
             return 0
-        return supervisor.serve(launched)
+        return supervisor.serve(launched, forwarder=forwarder)

@@ -324,6 +324,16 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("BONSAI_LLAMA_VERBOSE", "verbose", "bool", "Pass --verbose to llama-server.", _START, default=False),
     Setting(
+        "BONSAI_RESTART",
+        "restart",
+        "bool",
+        "Restart a llama-server that dies on its own (a signal, an abort, a non-zero exit) on the same port, "
+        "with backoff, for `bonsai start` in the foreground, --detach and fleet replicas; 5 exits within 60 s "
+        "stop it (a crash loop). Never after `bonsai stop` or Ctrl+C.",
+        ("start", "fleet", "config"),
+        default=True,
+    ),
+    Setting(
         "BONSAI_ALLOW_REMOTE",
         "allow_remote",
         "bool",

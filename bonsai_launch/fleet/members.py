@@ -51,7 +51,11 @@ def launch_replica(member: MemberState, status: Status):
         plan = dataclasses.replace(plan, env={**plan.env, **member.env})
     status(f"{member.name}: starting llama-server on port {plan.port} ({member.share})")
     launched = supervisor.launch(
-        plan, detach=True, spec_fallback=False, on_status=lambda s: status(f"{member.name}: {s}")
+        plan,
+        detach=True,
+        spec_fallback=False,
+        on_status=lambda s: status(f"{member.name}: {s}"),
+        cores=tuple(member.cores or ()),  # its keeper pins a restarted server again
     )
     if member.cores:
         hosts.pin_threads(launched.server.pid, tuple(member.cores))
@@ -77,7 +81,8 @@ def replica_slots(argv) -> int:
 def local_alive(member: MemberState) -> bool:
     from bonsai_launch.server import instances
 
-    return any(i.name == member.instance and i.pid == member.pid for i in instances.running())
+    # By name: a replica that crashed and was restarted by its keeper has a new pid.
+    return any(i.name == member.instance for i in instances.running())
 
 
 def replica_members(opts: UpOptions, replicas: int, backend: str) -> list[MemberState]:

@@ -305,14 +305,21 @@ def ps() -> dict[str, Any]:
     st = fleet_state.load()
     if st is None:
         return {"running": False, "url": None, "model": None, "proxy": None, "members": [], "excluded": []}
+    from bonsai_launch.server import instances
+
+    live = {i.name: i for i in instances.running()}
     members = []
     for m in st.members:
         p = probe.probe(m.url, probe.member_key(m.api_key_env))
-        alive = local_alive(m) if m.local else None
+        inst = live.get(m.instance or "") if m.local else None
+        alive = (inst is not None) if m.local else None
         health = p.health if (alive is not False) else "dead"
+        # a replica its keeper restarted runs under a new pid: the live one, and why it restarted
+        restarted = {"pid": inst.pid, "restarts": inst.restarts, "last_exit": inst.last_exit} if inst else {}
         members.append(
             {
                 **_member_json(m),
+                **restarted,
                 "alive": alive,
                 "health": health,
                 "in_flight": p.in_flight,
@@ -353,7 +360,7 @@ def down() -> dict[str, Any]:
         if not m.local:
             continue
         inst = live.get(m.instance or "")
-        if inst is None or inst.pid != m.pid:
+        if inst is None:  # (not the pid: a restarted replica has a new one)
             already_gone.append(m.name)
             continue
         (stopped if instances.stop(inst) else left).append(m.name)

@@ -8,6 +8,8 @@ prompt_cache.py  prompt-cache flags for long, repeated chats
 plan.py          the launch plan: a pure function from what we know to the exact command, with reasons
 process.py       one llama-server child: spawn, wait until it serves, stop, read its log
 supervisor.py    running a plan: checks before spawning, readiness, proof of speculation, signals
+restart.py       restarting a server that died on its own: backoff, crash loop, notes in its log
+keeper.py        the parent of a detached server, so that it is restarted with its exit cause known
 instances.py     running servers bonsai knows about (`bonsai ps`), one state file each
 liveness.py      is speculation live? one probe and one rule for every command, on one slot or several
 client.py        a small client for llama-server and OpenAI-compatible servers

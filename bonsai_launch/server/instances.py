@@ -43,6 +43,14 @@ class Instance:
     api_key_required: bool = False
     argv: tuple[str, ...] = field(default_factory=tuple)
     tuning: dict[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision it runs (tune/auto.py)
+    # Restarts (server/restart.py): the process restarting this server when it dies (a foreground
+    # `bonsai start`, or the keeper of a detached one), how often it did, and the last cause.
+    supervisor_create_time: float | None = None
+    supervised: bool = False  # restarted when it dies (BONSAI_RESTART)
+    restarts: int = 0
+    last_exit: str | None = None  # `was killed by signal 9 (...)`
+    last_exit_at: float | None = None
+    state: str = "running"  # "restarting" between a crash and the new server's /health 200
 
     @property
     def uptime(self) -> float:
@@ -139,7 +147,8 @@ def running() -> list[Instance]:
         return found
     for path in sorted(folder.glob("*.json")):
         inst = load(path)
-        if inst is None or not _matches(inst):
+        # A server that died is still listed while its supervisor lives: it is being restarted.
+        if inst is None or not (_matches(inst) or _supervisor(inst, include_self=True) is not None):
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -203,17 +212,22 @@ def _wait_gone(proc, timeout: float) -> bool:
         delay = min(delay * 2, 0.05)
 
 
-def _supervisor(inst: Instance):
-    """The live `bonsai start` process of a foreground server, or None."""
+def _supervisor(inst: Instance, include_self: bool = False):
+    """The live process watching this server (a foreground `bonsai start`, or the keeper of a
+    detached one), or None."""
     import psutil
 
-    if inst.detached or not inst.supervisor_pid or inst.supervisor_pid == os.getpid():
+    if not inst.supervisor_pid or (inst.supervisor_pid == os.getpid() and not include_self):
         return None
     try:
         sup = psutil.Process(inst.supervisor_pid)
-        # It started before the server it spawned; a reused pid would be younger.
-        if sup.create_time() > inst.create_time + CREATE_TIME_SLACK or sup.status() == psutil.STATUS_ZOMBIE:
+        if sup.status() == psutil.STATUS_ZOMBIE:
             return None
+        if inst.supervisor_create_time is not None:
+            if abs(sup.create_time() - inst.supervisor_create_time) > CREATE_TIME_SLACK:
+                return None  # a reused pid
+        elif sup.create_time() > inst.create_time + CREATE_TIME_SLACK:
+            return None  # it started before the server it spawned; a reused pid would be younger
         return sup
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
@@ -228,21 +242,23 @@ def stop(inst: Instance, timeout: float = 10.0, control: process_control.Process
     import psutil
 
     control = control or process_control.current()
+    supervisor = _supervisor(inst)
+    if supervisor is not None:
+        # A supervisor watches this server (a foreground `bonsai start`, or a detached one's
+        # keeper): ask it to stop, so that it stops the server on purpose, never restarts it,
+        # and a foreground one exits 0 as for Ctrl+C. (On Windows this is TerminateProcess of
+        # that process; a foreground one's Job Object then ends the server.)
+        try:
+            supervisor.terminate()
+        except psutil.NoSuchProcess:
+            pass
+        _wait_gone(supervisor, timeout + 5)
+        # then make sure the server is gone too (a keeper killed on Windows leaves it)
     if not _matches(inst):
         unregister(inst.name)
         return True
     try:
         proc = psutil.Process(inst.pid)
-        supervisor = _supervisor(inst)
-        if supervisor is not None:
-            # A foreground `bonsai start` watches this server: ask it to stop, so it exits 0
-            # as for Ctrl+C instead of reporting a server that died. (On Windows this is
-            # TerminateProcess of that bonsai; its Job Object then ends the server.)
-            supervisor.terminate()
-            if _wait_gone(proc, timeout + 5):
-                unregister(inst.name)
-                return True
-            # else fall through and stop the server ourselves
         sent = control.request_stop(inst.pid, shares_console=False)
         resend = min(timeout, RESEND_AFTER)
         if sent and not _wait_gone(proc, resend) and timeout > resend:

@@ -161,17 +161,8 @@ class ServerProcess:
 
     def _exit_message(self, code: int, when: str) -> str:
         tail = self.log_tail(30)
-        if code < 0:
-            how = f"was killed by signal {-code}"
-        elif code >= 0xC0000000:
-            how = f"exited with code {code:#x}"
-        else:
-            how = f"exited with code {code}"
-        hint = exit_hint(code)
-        if hint:
-            how += f" ({hint})"
         body = "\n".join("  " + line for line in tail) if tail else "  (the log is empty)"
-        return f"llama-server {how} {when}; last log lines:\n{body}"
+        return f"llama-server {exit_cause(code)} {when}; last log lines:\n{body}"
 
     def exit_message(self, when: str = "") -> str:
         """What to tell the user when the server ended on its own."""
@@ -208,6 +199,18 @@ class ServerProcess:
             self._guard.release()  # only once the server is gone: a Job Object's close would end it
             self._guard = None
         return self._popen.poll()
+
+
+def exit_cause(code: int) -> str:
+    """`was killed by signal 9 (SIGKILL: ...)`, `exited with code 1`: how a process ended."""
+    if code < 0:
+        how = f"was killed by signal {-code}"
+    elif code >= 0xC0000000:
+        how = f"exited with code {code:#x}"
+    else:
+        how = f"exited with code {code}"
+    hint = exit_hint(code)
+    return f"{how} ({hint})" if hint else how
 
 
 def free_port(host: str = "127.0.0.1") -> int:

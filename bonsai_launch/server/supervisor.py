@@ -27,8 +27,9 @@ from bonsai_launch.core import process_control
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.log_files import open_read_shared
 from bonsai_launch.core.paths import logs_dir
-from bonsai_launch.server import instances
+from bonsai_launch.server import instances, restart
 from bonsai_launch.server import liveness as speculation_probe
+from bonsai_launch.server.keeper import KeptChild, spawn_kept
 from bonsai_launch.server.liveness import PROOF_PROMPT, PROOF_TOKENS, SpecProof, speculation_failure_reason  # noqa: F401 - re-exported
 from bonsai_launch.server.plan import LaunchPlan, SpecPlan
 from bonsai_launch.server.process import ServerProcess
@@ -151,6 +152,7 @@ class Launched:
     ready_s: float  # from spawn to /health 200
     proof: SpecProof | None
     slots_proof: SlotsProof | None = None  # with several slots: concurrent requests, each drafted
+    job: restart.Job | None = None  # how to restart it (None: restarts off)
 
 
 def launch(
@@ -161,18 +163,27 @@ def launch(
     on_status: Callable[[str], None] | None = None,
     forwarder: SignalForwarder | None = None,
     ready_timeout: float = 600.0,
+    cores: tuple[int, ...] = (),
 ) -> Launched:
     """Spawn, register, wait until ready, prove speculation. On any failure the server is
-    stopped and unregistered before the error propagates."""
+    stopped and unregistered before the error propagates. With restarts on (BONSAI_RESTART), a
+    detached server is spawned by its keeper (server/keeper.py), which restarts it later;
+    `cores` is the CPU affinity a restarted server gets again (fleet replicas)."""
     preflight(plan)
+    policy = restart.policy_from_env()
     name = instances.unique_name(plan.profile or Path(plan.model).stem, plan.port)
     log_path = log_path_for(name)
     started = time.monotonic()
-    server = ServerProcess.spawn(
-        plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url, die_with_parent=not detach
-    )
+    kept: KeptChild | None = None
+    if detach and policy.enabled:
+        server, kept = spawn_kept(plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url)
+    else:
+        server = ServerProcess.spawn(
+            plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url, die_with_parent=not detach
+        )
     if forwarder is not None:
         forwarder.server = server
+    watcher = kept.keeper.pid if kept is not None else (None if detach else _own_pid())
     ok = False
     try:
         inst = instances.Instance(
@@ -189,10 +200,12 @@ def launch(
             detached=detach,
             speculative=False,
             spec_type=plan.speculative.spec_type if plan.speculative else None,
-            supervisor_pid=None if detach else _own_pid(),
+            supervisor_pid=watcher,
             api_key_required=bool(plan.env.get("LLAMA_API_KEY")),
             argv=plan.argv,
             tuning=getattr(plan, "tuning", None),
+            supervisor_create_time=instances.process_create_time(watcher) if watcher else None,
+            supervised=policy.enabled,
         )
         instances.register(inst)
         server.wait_ready(ready_timeout, on_status)
@@ -211,12 +224,34 @@ def launch(
             if proof.live:
                 instances.update(name, speculative=True)
                 inst = instances.load(instances.state_path(name)) or inst
+        job = _job(plan, inst, policy, detach, cores) if policy.enabled else None
+        if kept is not None and job is not None:
+            kept.hand_over(job.to_json())
         ok = True
-        return Launched(server, inst, ready_s, proof, slots_proof)
+        return Launched(server, inst, ready_s, proof, slots_proof, job)
     finally:
         if not ok:
             _stop(server)
             instances.unregister(name, server.pid)
+            if kept is not None:
+                kept.release()
+
+
+def _job(
+    plan: LaunchPlan, inst: instances.Instance, policy: restart.RestartPolicy, detach: bool, cores: tuple[int, ...]
+) -> restart.Job:
+    spec = plan.speculative
+    return restart.Job(
+        instance=inst.to_json(),
+        argv=list(plan.argv),
+        env=dict(plan.env),
+        spec_type=spec.spec_type if spec is not None and inst.speculative else None,
+        n_max=spec.n_max if spec is not None else None,
+        api_key=plan.api_key,
+        cores=list(cores),
+        die_with_parent=not detach,
+        policy=policy,
+    )
 
 
 def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> SlotsProof | None:
@@ -248,15 +283,20 @@ def _own_pid() -> int:
     return os.getpid()
 
 
-def serve(launched: Launched, *, poll: float = 0.25) -> int:
-    """Wait while the server runs. Returns 0 when the user stopped it (StopRequested is
-    caught here); raises ActionFailed with the log tail when it dies on its own."""
-    server = launched.server
+def serve(launched: Launched, *, poll: float = 0.25, forwarder: SignalForwarder | None = None) -> int:
+    """Wait while the server runs, restarting it when it dies on its own (server/restart.py).
+    Returns 0 when the user stopped it (StopRequested is caught here); raises ActionFailed with
+    the log tail when it exits with code 0, restarts are off, or on a crash loop."""
+
+    def current(server: ServerProcess) -> None:
+        launched.server = server
+        if forwarder is not None:
+            forwarder.server = server
+
     try:
-        while True:
-            code = server.wait(poll)
-            if code is not None:
-                raise ActionFailed(server.exit_message("while serving"), f"full log: {server.log_path}")
+        job = launched.job or restart.Job(launched.instance.to_json(), [], {}, policy=restart.RestartPolicy(False))
+        restart.supervise(job, launched.server, on_server=current, on_event=restart.stderr_event, poll=poll)
+        return 1  # not reached: supervise only ends by raising
     except StopRequested:
         return 0
     finally:
