@@ -123,7 +123,9 @@ def remote_members(path: Path | None) -> list[MemberState]:
     if path is None:
         return []
     return [
-        MemberState(name=m.name, url=m.url, local=False, api_key_env=m.api_key_env, parallel=m.parallel)
+        MemberState(
+            name=m.name, url=m.url, local=False, api_key_env=m.api_key_env, parallel=m.parallel, timeout=m.timeout
+        )
         for m in hosts.parse_fleet_file(path)
     ]
 

@@ -77,7 +77,8 @@ def _write_configs(model: str, members: list[MemberState]) -> tuple[Path, Path]:
     import yaml
 
     routed = [
-        configs.Member(m.name, m.url, m.local, m.api_key_env, tuple(m.argv), dict(m.env), m.parallel) for m in members
+        configs.Member(m.name, m.url, m.local, m.api_key_env, tuple(m.argv), dict(m.env), m.parallel, m.timeout)
+        for m in members
     ]
     folder = fleet_state.fleet_dir()
     litellm_path, swap_path = folder / "litellm.yaml", folder / "llama-swap.yaml"
