@@ -266,6 +266,7 @@ def test_no_request_lost_under_a_fault(fleet: Fleet, kind: str):
         "lost": len(out.lost),
         "during_p50_ms": round(pct(out.during_ms, 50)),
         "during_p95_ms": round(pct(out.during_ms, 95)),
+        "during_max_ms": round(max(out.during_ms, default=float("nan"))),
         "out_of_pool_s": None if watch.out_at is None else round(watch.out_at - out.fault_at, 1),
         "back_in_pool_s": None if watch.in_at is None else round(watch.in_at - out.heal_at, 1),
         "load_s": round(out.took, 1),
