@@ -306,3 +306,77 @@ def test_members_are_separate_hosts(fleet: Fleet):
         trust_env=False,
     )
     assert r.status_code == 200, r.text
+
+
+def wait_verdict(fleet: Fleet, name: str, healthy: bool) -> None:
+    deadline = time.monotonic() + POOL_WAIT_S
+    while proxy_verdicts(fleet).get(name) is not healthy:
+        assert time.monotonic() < deadline, f"the proxy never saw {name} as healthy={healthy}"
+        time.sleep(1)
+
+
+def remote_states(fleet: Fleet, with_key: bool = True) -> dict[str, dict]:
+    env = {**fleet.env, "BONSAI_API_KEY": fleet.key} if with_key else fleet.env
+    done = bonsai(["fleet", "ps", "--json"], env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return {m["name"]: m for m in json.loads(done.stdout)["members"]}
+
+
+def test_fleet_ps_and_up_show_what_the_proxy_sees(fleet: Fleet, tmp_path):
+    """`fleet ps`: each remote member's state as the proxy sees it and its last error; a second
+    `fleet up` with the same fleet file refuses a member that answers 401, one line, unless
+    --allow-down."""
+    hosts, victim = fleet.hosts, fleet.members[1]
+    name, key = f"host{victim.index}", victim.key
+    states = remote_states(fleet)
+    assert [states[n]["state"] for n in ("host0", "host1")] == ["healthy", "healthy"]
+    assert all(m["proxy_view"] for m in states.values())
+    assert not remote_states(fleet, with_key=False)["host0"]["proxy_view"]  # without the key: direct looks only
+    try:
+        hosts.link(victim, False)
+        wait_verdict(fleet, name, False)
+        st = remote_states(fleet)[name]
+        assert st["state"] == "unreachable" and st["last_error"], st
+        hosts.link(victim, True)
+        wait_verdict(fleet, name, True)
+        assert remote_states(fleet)[name]["state"] == "healthy"
+
+        hosts.kill(victim)
+        hosts.start(victim, key + "-rotated")
+        wait_verdict(fleet, name, False)
+        st = remote_states(fleet)[name]
+        assert st["state"] == "wrong key" and st["last_error"], st
+        text = bonsai(["fleet", "ps"], env={**fleet.env, "BONSAI_API_KEY": fleet.key}, timeout=60).stdout
+        assert "wrong key" in text and "last error" in text
+
+        other = {**fleet.env, "BONSAI_HOME": str(tmp_path / "second")}
+        args = [
+            "fleet",
+            "up",
+            "--profile",
+            "demo",
+            "--replicas",
+            "0",
+            "--hosts",
+            fleet.hosts_file,
+            "--remote-wait",
+            "5",
+        ]
+        refused = bonsai([*args, "--port", free_port()], env=other, timeout=300)
+        assert refused.returncode != 0
+        lines = [line.strip() for line in refused.stderr.splitlines() if line.strip().startswith(f"{name} (")]
+        assert len(lines) == 1 and "401" in lines[0] and member_key_env(victim) in lines[0], refused.stderr
+        assert "host0 (" not in refused.stderr.split("not usable", 1)[1]
+        allowed = bonsai([*args, "--port", free_port(), "--allow-down", "--json"], env=other, timeout=400)
+        try:
+            assert allowed.returncode == 0, allowed.stderr
+            data = json.loads(allowed.stdout)
+            assert [m["name"] for m in data["members"]] == ["host0"] and [e["name"] for e in data["excluded"]] == [name]
+        finally:
+            bonsai(["fleet", "down"], env=other, timeout=120)
+    finally:
+        hosts.link(victim, True)
+        if not hosts.answers(victim, key):
+            hosts.kill(victim)
+            hosts.start(victim, key)
+        wait_verdict(fleet, name, True)

@@ -32,6 +32,7 @@ class UpOptions:
     hosts_file: Path | None = None
     passthrough: tuple[str, ...] = ()
     remote_wait_s: float = REMOTE_WAIT_S
+    allow_down: bool = False  # start even when remote members are unreachable or refuse their key
 
 
 Status = Callable[[str], None]
