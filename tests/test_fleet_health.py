@@ -129,3 +129,18 @@ def test_fleet_up_refuses_unusable_members_one_line_each(stub_member, tmp_path):
     assert "unreachable" in lines[1] and dead in lines[1]
     assert "--allow-down" in done.stderr
     assert not json.loads(bonsai(["fleet", "ps", "--json"], env=env).stdout)["running"]
+
+
+def test_hosts_harness_skips_only_without_namespaces(monkeypatch):
+    import os
+    import shutil
+    import sys
+
+    import netns_hosts
+
+    monkeypatch.setattr(sys, "platform", "linux")  # the fast lane runs on macOS and Windows too
+    monkeypatch.setattr(os, "geteuid", lambda: 1000, raising=False)
+    assert "needs root" in (netns_hosts.why_no_namespaces() or "")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "iproute2" in (netns_hosts.why_no_namespaces() or "")
