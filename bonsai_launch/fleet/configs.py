@@ -20,9 +20,17 @@ from dataclasses import dataclass, field
 # member as idle, and the cooldown is recorded by a failure callback that can run after the
 # retry. Enough immediate retries outlast that race (each one to a dead member fails in
 # milliseconds); the background health check takes the member out within seconds.
+# Measured across network hosts (tests/test_fleet_hosts.py, docs/serving-a-team.md "Faults,
+# measured"; 3 runs on a loaded 2-core machine, 0 requests lost in each): a killed member is out
+# of the pool in 3.5-7 s, a hung one or one whose link dropped in 11-15 s (interval + check
+# timeout), a recovered one back in 1-5 s. Those times come from these settings, not the CPU.
 NUM_RETRIES = 8
 ALLOWED_FAILS = 0
+# Longer than the slowest verdict (interval + check timeout = 15 s), so a member that failed a
+# request is judged by at least one health check before it can be picked again: no flapping.
 COOLDOWN_S = 30
+# Each check is one 1-token request per member; every 5 s costs nothing measurable and bounds
+# how long a dead member stays in the pool (the retries cover requests in that window).
 HEALTH_CHECK_INTERVAL_S = 5
 # One background check asks each member for 1 token. LiteLLM waits 60 s for it by default, and
 # the checks of all members are gathered: one hung member (SIGSTOP: connections accepted, no
