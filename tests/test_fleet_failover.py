@@ -139,6 +139,7 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(
                     hosts,
                     "--remote-wait",
                     "2",
+                    "--allow-down",
                     "--json",
                 ],
                 env=env,

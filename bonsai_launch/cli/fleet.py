@@ -61,6 +61,13 @@ RemoteWaitOpt = Annotated[
     float,
     typer.Option("--remote-wait", help="Seconds a remote member may take to answer /health 200 before it is left out."),
 ]
+AllowDownOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-down",
+        help="Start even when remote members are unreachable or refuse their key (they are left out and listed).",
+    ),
+]
 HostsOpt = Annotated[Path | None, typer.Option("--hosts", help="Fleet file listing remote members (url, api_key_env).")]
 
 
@@ -83,6 +90,7 @@ def up(
     ngl: NglOpt = None,
     kv4: Kv4Opt = None,
     remote_wait: RemoteWaitOpt = 60.0,
+    allow_down: AllowDownOpt = False,
     json_output: JsonOpt = False,
 ) -> None:
     """Start replicas and the proxy; return once the proxy and every member answer.
@@ -117,6 +125,7 @@ def up(
         hosts_file=hosts,
         passthrough=passthrough_args(ctx),
         remote_wait_s=remote_wait,
+        allow_down=allow_down,
     )
 
     def status(text: str) -> None:
@@ -210,8 +219,8 @@ def ps(json_output: JsonOpt = False) -> None:
     for col in ("MEMBER", "URL", "PID", "HEALTH", "IN FLIGHT", "ACCEPTANCE"):
         table.add_column(col, no_wrap=True)
     for m in data["members"]:
-        health = m["health"]
-        colour = "green" if health == "ok" else "red"
+        health = m["health"] if m["local"] else (m.get("state") or m["health"])  # remote: as the proxy sees it
+        colour = "green" if health in ("ok", "healthy") else "yellow" if health == "cooling down" else "red"
         acc = f"{m['acceptance'] * 100:.1f}% ({m['accepted']}/{m['drafted']})" if m["acceptance"] is not None else "-"
         table.add_row(
             m["name"],
@@ -222,9 +231,16 @@ def ps(json_output: JsonOpt = False) -> None:
             acc,
         )
     out.print(table)
+    for m in data["members"]:
+        if m.get("last_error"):
+            out.print(f"  {m['name']}: last error: {m['last_error']}", markup=False, highlight=False)
+    if any(not m["local"] and not m.get("proxy_view") for m in data["members"]):
+        out.print(
+            "  (remote states are what each member answers now; export BONSAI_API_KEY=<proxy key> to see the proxy's view)"
+        )
     for e in data["excluded"]:
         out.print(f"[yellow]left out at start[/] {e['name']} ({e['url']}): {e['why']}")
-    if any(m["health"] != "ok" for m in data["members"]):
+    if any(m["health"] != "ok" or m.get("state") not in (None, "healthy") for m in data["members"]):
         out.print("a member is down: the proxy routes around it; `bonsai fleet up` starts dead local replicas again")
 
 

@@ -20,10 +20,27 @@ from dataclasses import dataclass, field
 # member as idle, and the cooldown is recorded by a failure callback that can run after the
 # retry. Enough immediate retries outlast that race (each one to a dead member fails in
 # milliseconds); the background health check takes the member out within seconds.
+# Measured across network hosts (tests/test_fleet_hosts.py, docs/serving-a-team.md "Faults,
+# measured"; 3 runs on a loaded 2-core machine, 0 requests lost in each): a killed member is out
+# of the pool in 3.5-7 s, a hung one or one whose link dropped in 11-15 s (interval + check
+# timeout), a recovered one back in 1-5 s. Those times come from these settings, not the CPU.
 NUM_RETRIES = 8
 ALLOWED_FAILS = 0
+# Longer than the slowest verdict (interval + check timeout = 15 s), so a member that failed a
+# request is judged by at least one health check before it can be picked again: no flapping.
 COOLDOWN_S = 30
+# Each check is one 1-token request per member; every 5 s costs nothing measurable and bounds
+# how long a dead member stays in the pool (the retries cover requests in that window).
 HEALTH_CHECK_INTERVAL_S = 5
+# One background check asks each member for 1 token. LiteLLM waits 60 s for it by default, and
+# the checks of all members are gathered: one hung member (SIGSTOP: connections accepted, no
+# answer) would freeze every member's verdict for a minute. A loaded CPU member answers 1 token
+# in well under 2 s (tests/test_fleet_hosts.py), so 10 s is generous and a hung member leaves
+# the pool within interval + 10 s.
+HEALTH_CHECK_TIMEOUT_S = 10
+# How long one request may take. Long answers on a CPU member legitimately take minutes, so the
+# default is long; a hung member or a dropped link then holds the requests already sent to it
+# this long before they are retried elsewhere. A fleet file can set `timeout` per member.
 REQUEST_TIMEOUT_S = 600
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"  # the proxy reads the key from its environment, never from the file
 
@@ -39,6 +56,7 @@ class Member:
     argv: tuple[str, ...] = ()  # local replicas: the llama-server command line
     env: dict[str, str] = field(default_factory=dict)  # local replicas: device selection
     parallel: int = 1  # slots: requests it serves at once
+    timeout: float | None = None  # seconds one request to it may take (None: REQUEST_TIMEOUT_S)
 
     def to_json(self) -> dict:
         return {"name": self.name, "url": self.url, "local": self.local, "api_key_env": self.api_key_env}
@@ -53,7 +71,7 @@ def litellm_config(model: str, members: list[Member]) -> dict:
             "model": f"openai/{model}",
             "api_base": m.url.rstrip("/") + "/v1",
             "api_key": f"os.environ/{m.api_key_env}" if m.api_key_env else "none",
-            "timeout": REQUEST_TIMEOUT_S,
+            "timeout": m.timeout or REQUEST_TIMEOUT_S,
         }
         # No max_parallel_requests: LiteLLM answers 429 past it, while llama-server queues
         # requests beyond its slots itself; least-busy already prefers the idlest member.
@@ -61,7 +79,12 @@ def litellm_config(model: str, members: list[Member]) -> dict:
             {
                 "model_name": model,
                 "litellm_params": params,
-                "model_info": {"id": m.name, "mode": "chat", "health_check_max_tokens": 1},
+                "model_info": {
+                    "id": m.name,
+                    "mode": "chat",
+                    "health_check_max_tokens": 1,
+                    "health_check_timeout": HEALTH_CHECK_TIMEOUT_S,
+                },
             }
         )
     return {

@@ -9,7 +9,7 @@ from pathlib import Path
 from bonsai_launch.core.errors import BonsaiError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MEMBER_KEYS = {"url", "name", "api_key_env", "parallel"}
+_MEMBER_KEYS = {"url", "name", "api_key_env", "parallel", "timeout"}
 
 # The variable that selects a replica's GPU, per llama.cpp backend.
 DEVICE_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "hip": "HIP_VISIBLE_DEVICES", "vulkan": "GGML_VK_VISIBLE_DEVICES"}
@@ -21,6 +21,7 @@ class RemoteMember:
     url: str
     api_key_env: str | None
     parallel: int = 1
+    timeout: float | None = None  # seconds the proxy waits on one request to it (None: the fleet's default)
 
 
 def parse_fleet_file(path: Path) -> list[RemoteMember]:
@@ -66,8 +67,14 @@ def parse_fleet_file(path: Path) -> list[RemoteMember]:
         parallel = entry.get("parallel", 1)
         if not isinstance(parallel, int) or parallel < 1:
             raise BonsaiError(f"{label}: parallel={parallel!r} must be a whole number >= 1", "its llama-server's -np")
+        timeout = entry.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise BonsaiError(
+                f"{label}: timeout={timeout!r} must be a number of seconds > 0",
+                "the longest one answer from this member may take, e.g. timeout: 120",
+            )
         name = str(entry.get("name") or re.sub(r"[^A-Za-z0-9_.-]+", "-", url.split("://", 1)[1]))
-        out.append(RemoteMember(name, url, str(key_env) if key_env else None, parallel))
+        out.append(RemoteMember(name, url, str(key_env) if key_env else None, parallel, timeout))
     names = [m.name for m in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -32,6 +32,7 @@ class UpOptions:
     hosts_file: Path | None = None
     passthrough: tuple[str, ...] = ()
     remote_wait_s: float = REMOTE_WAIT_S
+    allow_down: bool = False  # start even when remote members are unreachable or refuse their key
 
 
 Status = Callable[[str], None]
@@ -128,7 +129,9 @@ def remote_members(path: Path | None) -> list[MemberState]:
     if path is None:
         return []
     return [
-        MemberState(name=m.name, url=m.url, local=False, api_key_env=m.api_key_env, parallel=m.parallel)
+        MemberState(
+            name=m.name, url=m.url, local=False, api_key_env=m.api_key_env, parallel=m.parallel, timeout=m.timeout
+        )
         for m in hosts.parse_fleet_file(path)
     ]
 

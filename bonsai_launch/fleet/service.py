@@ -11,6 +11,7 @@ checks that nothing is left.
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
-from bonsai_launch.fleet import configs, probe, proxy
+from bonsai_launch.fleet import configs, health, probe, proxy
 from bonsai_launch.fleet import state as fleet_state
 from bonsai_launch.fleet.members import (
     DEFAULT_PROXY_PORT,
@@ -30,7 +31,6 @@ from bonsai_launch.fleet.members import (
     remote_members,
     replica_backend,
     replica_members,
-    wait_healthy,
 )
 from bonsai_launch.fleet.state import FleetState, MemberState, ProxyState
 
@@ -77,7 +77,8 @@ def _write_configs(model: str, members: list[MemberState]) -> tuple[Path, Path]:
     import yaml
 
     routed = [
-        configs.Member(m.name, m.url, m.local, m.api_key_env, tuple(m.argv), dict(m.env), m.parallel) for m in members
+        configs.Member(m.name, m.url, m.local, m.api_key_env, tuple(m.argv), dict(m.env), m.parallel, m.timeout)
+        for m in members
     ]
     folder = fleet_state.fleet_dir()
     litellm_path, swap_path = folder / "litellm.yaml", folder / "llama-swap.yaml"
@@ -223,14 +224,14 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
                     # A bad setting or a busy port (BonsaiError) fails every replica alike: raised once.
                 proofs[m.name] = launched.proof.to_json() if launched.proof else None
                 started.append(m)
-            for m in remote:
-                status(f"{m.name}: waiting for {m.url}/health")
-                why = wait_healthy(m, opts.remote_wait_s)
-                if why:
-                    excluded.append({"name": m.name, "url": m.url, "why": why})
-                    status(f"{m.name}: not healthy, left out: {why}")
-                else:
-                    started.append(m)
+            refused = _check_remote(remote, opts, started, excluded, status)
+            if refused and not opts.allow_down:
+                raise BonsaiError(
+                    "remote member(s) not usable; fix each, or pass --allow-down to start without them:\n  "
+                    + "\n  ".join(refused)
+                    + "\n",
+                    "docs/serving-a-team.md says how to set up a member (bind address, key, firewall)",
+                )
             if not started:
                 raise ActionFailed(
                     "no member of the fleet became healthy: " + "; ".join(f"{e['name']}: {e['why']}" for e in excluded),
@@ -250,6 +251,30 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
             raise
     members = [_member_json(m, True, proofs.get(m.name)) for m in started]
     return UpResult(proxy_st.url, key, source, model, members, excluded, str(litellm_path), str(swap_path))
+
+
+def _check_remote(
+    remote: list[MemberState], opts: UpOptions, started: list[MemberState], excluded: list[dict[str, str]], status
+) -> list[str]:
+    """Each remote member must answer its key (/v1/models: llama-server's /health needs none).
+    Healthy ones join `started`, the others `excluded`; returns one line per member left out."""
+    lines = []
+    for m in remote:
+        if m.api_key_env and not os.environ.get(m.api_key_env):
+            why = f"its key variable {m.api_key_env} is not set"
+            lines.append(f"{m.name} ({m.url}): {why}")
+            excluded.append({"name": m.name, "url": m.url, "why": why})
+            continue
+        status(f"{m.name}: waiting for {m.url} to answer its key")
+        got = health.wait_reach(m.url, probe.member_key(m.api_key_env), opts.remote_wait_s)
+        if got.state == health.HEALTHY:
+            started.append(m)
+            continue
+        line = health.refusal_line(m.name, m.url, got, m.api_key_env)
+        lines.append(line)
+        excluded.append({"name": m.name, "url": m.url, "why": line.split(": ", 1)[1]})
+        status(f"not usable: {line}")
+    return lines
 
 
 def _model_name(opts: UpOptions) -> str:
@@ -309,19 +334,27 @@ def ps() -> dict[str, Any]:
 
     live = {i.name: i for i in instances.running()}
     members = []
+    verdicts = _proxy_view(st)
     for m in st.members:
         p = probe.probe(m.url, probe.member_key(m.api_key_env))
         inst = live.get(m.instance or "") if m.local else None
         alive = (inst is not None) if m.local else None
-        health = p.health if (alive is not False) else "dead"
+        health_text = p.health if (alive is not False) else "dead"
         # a replica its keeper restarted runs under a new pid: the live one, and why it restarted
         restarted = {"pid": inst.pid, "restarts": inst.restarts, "last_exit": inst.last_exit} if inst else {}
+        state, last_error = None, None
+        if not m.local:  # as the proxy sees it, refined by what the member answers its key now
+            direct = health.reach(m.url, probe.member_key(m.api_key_env))
+            state, last_error = health.member_state(None if verdicts is None else verdicts.get(m.name), direct)
         members.append(
             {
                 **_member_json(m),
                 **restarted,
                 "alive": alive,
-                "health": health,
+                "health": health_text,
+                "state": state,
+                "last_error": last_error,
+                "proxy_view": verdicts is not None,
                 "in_flight": p.in_flight,
                 "drafted": p.drafted,
                 "accepted": p.accepted,
@@ -338,6 +371,16 @@ def ps() -> dict[str, Any]:
         "excluded": st.excluded,
         "llama_swap": st.llama_swap,
     }
+
+
+def _proxy_view(st: FleetState) -> dict[str, health.ProxyVerdict] | None:
+    """The proxy's last health verdicts; asking needs its key (BONSAI_API_KEY, as clients use)."""
+    from bonsai_launch.config.settings import resolve
+
+    if st.proxy is None or not proxy.alive(st.proxy):
+        return None
+    key = (resolve({}).get("api_key") or "").split(",")[0].strip()
+    return health.proxy_verdicts(st.proxy.url, key or None)
 
 
 # -- down --------------------------------------------------------------------------------------------

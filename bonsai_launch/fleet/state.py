@@ -36,6 +36,7 @@ class MemberState:
     share: str = ""
     cores: list[int] = field(default_factory=list)  # local CPU replicas: the cores its threads are held to
     argv: list[str] = field(default_factory=list)  # local: the llama-server command line, for llama-swap
+    timeout: float | None = None  # remote: the fleet file's per-member request timeout
 
 
 @dataclass
