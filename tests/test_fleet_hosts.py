@@ -272,7 +272,9 @@ def test_no_request_lost_under_a_fault(fleet: Fleet, kind: str):
         "load_s": round(out.took, 1),
     }
     print("FAULT-ROW " + json.dumps(row))
-    with open(ROOT / ".pytest_cache" / "fault-rows.jsonl", "a", encoding="utf-8") as f:
+    rows = ROOT / ".pytest_cache" / "fault-rows.jsonl"
+    rows.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no .pytest_cache yet
+    with open(rows, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
     # The member is back in the pool before the next fault starts (bounded, generously).
     deadline = time.monotonic() + POOL_WAIT_S
