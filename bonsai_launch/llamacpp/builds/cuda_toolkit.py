@@ -107,7 +107,8 @@ def wheel_roots(locations: list[str] | None = None) -> list[Path]:
     return [p for p in roots if not p.name.startswith("__")]
 
 
-def _first(folders: list[Path], patterns: tuple[str, ...]) -> Path | None:
+def first_match(folders: list[Path], patterns: tuple[str, ...] | list[str]) -> Path | None:
+    """The first file (sorted) matching any pattern, folder by folder."""
     for folder in folders:
         for pattern in patterns:
             found = sorted(glob.glob(str(folder / pattern)))
@@ -158,7 +159,7 @@ def find_driver(system_root: Path | None = None, stub_dirs: list[Path] | None = 
         system_root / "usr/lib",
         *(stub_dirs or []),
     ]
-    return _first(folders, _DRIVER[:2])
+    return first_match(folders, _DRIVER[:2])
 
 
 def _from_root(root: Path) -> dict[str, Path | None]:
@@ -167,12 +168,12 @@ def _from_root(root: Path) -> dict[str, Path | None]:
     nvcc = root / "bin" / exe_name("nvcc")
     return {
         "nvcc": nvcc if nvcc.is_file() else None,
-        "cudart_header": _first(inc, ("cuda_runtime.h",)),
-        "cudart": _first(lib, _LIBS["cudart"]),
-        "cublas_header": _first(inc, ("cublas_v2.h",)),
-        "cublas": _first(lib, _LIBS["cublas"]),
-        "cublasLt": _first(lib, _LIBS["cublasLt"]),
-        "cub": _first(inc, ("cub/cub.cuh",)),
+        "cudart_header": first_match(inc, ("cuda_runtime.h",)),
+        "cudart": first_match(lib, _LIBS["cudart"]),
+        "cublas_header": first_match(inc, ("cublas_v2.h",)),
+        "cublas": first_match(lib, _LIBS["cublas"]),
+        "cublasLt": first_match(lib, _LIBS["cublasLt"]),
+        "cub": first_match(inc, ("cub/cub.cuh",)),
     }
 
 
@@ -187,12 +188,12 @@ def system_toolkit(nvcc: str | None, system_root: Path | None = None) -> CudaToo
     return CudaToolkit(
         "system",
         nvcc=Path(nvcc),
-        cudart_header=_first(inc, ("cuda_runtime.h",)),
-        cudart=_first(lib, _LIBS["cudart"]),
-        cublas_header=_first(inc, ("cublas_v2.h",)),
-        cublas=_first(lib, _LIBS["cublas"]),
-        cublasLt=_first(lib, _LIBS["cublasLt"]),
-        cub=_first(inc + [p / "cccl" for p in inc], ("cub/cub.cuh",)),
+        cudart_header=first_match(inc, ("cuda_runtime.h",)),
+        cudart=first_match(lib, _LIBS["cudart"]),
+        cublas_header=first_match(inc, ("cublas_v2.h",)),
+        cublas=first_match(lib, _LIBS["cublas"]),
+        cublasLt=first_match(lib, _LIBS["cublasLt"]),
+        cub=first_match(inc + [p / "cccl" for p in inc], ("cub/cub.cuh",)),
         driver=find_driver(system_root, stubs),
     )
 

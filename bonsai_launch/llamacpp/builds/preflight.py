@@ -146,17 +146,6 @@ def vulkan_headers(system_root: Path | None = None) -> tuple[Path | None, int | 
     return None, None, False
 
 
-def _found_any(roots: list[Path], patterns: list[str]) -> Path | None:
-    import glob
-
-    for root in roots:
-        for pattern in patterns:
-            hits = sorted(glob.glob(str(root / pattern)))
-            if hits:
-                return Path(hits[0])
-    return None
-
-
 def check_vulkan(tools: Toolchain, *, needs_layer_settings: bool = True, system_root: Path | None = None) -> Preflight:
     apt = "`sudo apt install libvulkan-dev glslc spirv-headers` (Debian/Ubuntu), or the LunarG Vulkan SDK"
     if not tools.glslc.found:
@@ -172,7 +161,7 @@ def check_vulkan(tools: Toolchain, *, needs_layer_settings: bool = True, system_
             VULKAN_HEADERS_HINT,
         )
     roots = _vulkan_roots(system_root)
-    spirv = _found_any(
+    spirv = cuda_toolkit.first_match(
         roots,
         [f"{d}/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake" for d in ("share", "lib", "lib/*-linux-gnu", "lib64")],
     )
@@ -182,9 +171,9 @@ def check_vulkan(tools: Toolchain, *, needs_layer_settings: bool = True, system_
             "SPIRV-Headers (its CMake package, which ggml-vulkan requires) was not found",
             "`sudo apt install spirv-headers` (Debian/Ubuntu), or the LunarG Vulkan SDK",
         )
-    loader = _found_any(
+    loader = cuda_toolkit.first_match(
         roots, ["lib/*-linux-gnu/libvulkan.so", "lib64/libvulkan.so", "lib/libvulkan.so", "lib/libvulkan.dylib"]
-    ) or _found_any(roots, ["Lib/vulkan-1.lib", "lib/vulkan-1.lib"])
+    ) or cuda_toolkit.first_match(roots, ["Lib/vulkan-1.lib", "lib/vulkan-1.lib"])
     if loader is None:
         raise PreflightFailed("vulkan", "the Vulkan loader library (libvulkan.so) was not found", apt)
     from bonsai_launch.core import hardware
@@ -223,7 +212,9 @@ def check_hip(tools: Toolchain, *, root: Path | None = None) -> Preflight:
     if version is not None and _version_tuple(version) < MIN_ROCM:
         raise PreflightFailed("hip", f"ROCm {version} at {root} is older than the 6.1 llama.cpp needs", rocm)
     for package in ("hip", "hipblas", "rocblas"):
-        if _found_any([root], [f"lib/cmake/{package}/{package}-config.cmake", f"lib*/cmake/{package}/*onfig.cmake"]):
+        if cuda_toolkit.first_match(
+            [root], [f"lib/cmake/{package}/{package}-config.cmake", f"lib*/cmake/{package}/*onfig.cmake"]
+        ):
             continue
         raise PreflightFailed("hip", f"ROCm at {root} has no {package} CMake package", rocm)
     return Preflight("hip", details={"rocm": str(root), "version": version})
