@@ -10,6 +10,7 @@ failures, not skips, unless SKIP_REAL_SERVER_TESTS=1 is set (see tests/support/r
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,27 @@ _BONSAI_VARS = [k for k in os.environ if k.startswith("BONSAI_")]
 
 REAL_SERVER, REAL_SERVER_PROBLEM = real_parts.find_real_server()
 
+# Named lanes: tests that need more than this checkout and a CPU build (root and network
+# namespaces, a Vulkan build) or take minutes. They stay out of the README's test command and run
+# only when a -m expression names them (`pytest -m hosts`); .ci/run runs each one after it.
+NAMED_LANES = ("hosts", "vulkan")
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """A test that uses the real llama-server is a `server` test even where the marker was
     forgotten, so the fast lane (`pytest -m "not server and not slow"`, run on macOS and
     Windows in CI) never needs a build; one that loads the demo model into it is also `slow`.
-    tryfirst: before -m deselects anything."""
+    Tests of a named lane are deselected unless -m names the lane. tryfirst: before -m
+    deselects anything."""
+    asked = config.getoption("markexpr") or ""
+    kept, dropped = [], []
+    for item in items:
+        lane = next((m for m in NAMED_LANES if item.get_closest_marker(m) is not None), None)
+        (dropped if lane is not None and not re.search(rf"\b{lane}\b", asked) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "llama_server" in fixtures and item.get_closest_marker("server") is None:
