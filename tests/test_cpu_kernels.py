@@ -143,3 +143,25 @@ def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_pat
         assert accepted < drafted, f"{qtype}, block {block}: every draft accepted, rejection path untested"
         for i, (p, s) in enumerate(zip(plain, spec, strict=True)):
             assert s["tokens"] == p["tokens"], f"{qtype}, DSpark block {block}: prompt {i} differs from plain"
+
+
+def _ceiling_module():
+    """benchmarks/speculation_ceiling.py imports its sibling cpu_kernels by name."""
+    bench_dir = str(HERE.parent / "benchmarks")
+    sys.path.insert(0, bench_dir)
+    try:
+        import speculation_ceiling
+    finally:
+        sys.path.remove(bench_dir)
+    return speculation_ceiling
+
+
+def test_the_ceiling_estimate_scales_with_tokens_per_verify_cycle():
+    ceiling = _ceiling_module()
+    assert ceiling.expected_tokens(1.0, 4) == 5  # every draft accepted, plus the verify's own token
+    assert ceiling.expected_tokens(0.0, 4) == 1  # the first draft rejected: the verify's token only
+    assert ceiling.expected_tokens(0.5, 4) == pytest.approx(1.9375)
+    # 1.16x with perfect drafts pays only above ~93% acceptance; a ratio <= 1 never pays
+    assert ceiling.break_even(1.157) == pytest.approx(0.927, abs=0.002)
+    assert ceiling.break_even(1.0) is None
+    assert ceiling.break_even(5.0) == pytest.approx(0.0, abs=1e-6)
