@@ -6,15 +6,25 @@ projection for the second sequence of a batch from memory past the weight: with 
 concurrent requests one answer was garbage. The "pure" counter target makes that visible: its
 answer is last+1 whatever the context, so any other token is a wrong computation. The same run
 on one slot is the reference. Skipped, with the reason, only where the CPU has no AMX.
+
+On every other x86 machine the AMX code is compiled out of a native build, so a patch that broke
+it would reach only AMX users. The second test compiles the patched AMX sources of the build
+under test for Sapphire Rapids, with the build's own flags, on any x86 machine with a compiler
+that knows that target.
 """
 
 from __future__ import annotations
 
+import json
+import platform
+import shlex
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+import real_parts
 import tiny_gguf
 import tiny_hybrid
 
@@ -62,3 +72,33 @@ def test_two_concurrent_sequences_match_one_slot_with_repacking_on(llama_server,
     assert "AMX model buffer size" in log_head, "the weights must be in the AMX buffer for this test to mean anything"
     for got in rounds:
         assert got == one, "2 slots x 2 concurrent requests differ from one slot (the AMX batched-matmul bug)"
+
+
+# A symbol each source defines only inside its `#if defined(__AMX_INT8__) && defined(__AVX512VNNI__)`
+# block: present in the object only if the AMX code was really compiled.
+AMX_SYMBOLS = {"amx.cpp": "ggml_backend_amx_buffer_type", "mmq.cpp": "ggml_backend_amx_mul_mat"}
+
+
+@pytest.mark.parametrize("source", sorted(AMX_SYMBOLS))
+def test_the_patched_amx_sources_compile_for_an_amx_cpu(llama_server, tmp_path, source):
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"ggml's AMX code is x86 only; this machine is {platform.machine()}")
+    work = llama_server.resolve().parent.parent / "work"
+    commands = work / "compile_commands.json"
+    if not commands.is_file():
+        real_parts.missing(f"{commands} is missing (the build folder of {llama_server})", "run `bonsai build`")
+    entry = next((e for e in json.loads(commands.read_text()) if e["file"].endswith(f"ggml-cpu/amx/{source}")), None)
+    assert entry is not None, f"the build compiled no ggml-cpu/amx/{source}: the AMX sources moved?"
+    argv = shlex.split(entry["command"]) if "command" in entry else list(entry["arguments"])
+    obj = tmp_path / (source + ".o")
+    # the build's flags with this machine's -march replaced by an AMX CPU's
+    argv = [a for a in argv if not a.startswith(("-march=", "-mtune=", "-mcpu="))]
+    out = argv.index("-o")
+    argv[out + 1] = str(obj)
+    argv.insert(1, "-march=sapphirerapids")
+    proc = subprocess.run(argv, cwd=entry["directory"], capture_output=True, text=True)
+    if proc.returncode != 0 and "sapphirerapids" in proc.stderr and "bad value" in proc.stderr:
+        pytest.skip(f"{argv[0]} does not know -march=sapphirerapids (GCC 11+, Clang 12+ do)")
+    assert proc.returncode == 0, f"the patched {source} does not compile for an AMX CPU:\n{proc.stderr[-4000:]}"
+    symbols = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True, check=True).stdout
+    assert AMX_SYMBOLS[source] in symbols, f"{source} compiled without its AMX code (is the #if still the same?)"
