@@ -311,14 +311,24 @@ def test_running_fleet_refuses_a_different_ask(monkeypatch):
 
 
 def test_remote_member_without_its_key_is_left_out_with_the_reason(monkeypatch):
-    from bonsai_launch.fleet import members
+    from bonsai_launch.fleet import service
+    from bonsai_launch.fleet.members import UpOptions
     from bonsai_launch.fleet.state import MemberState
 
     monkeypatch.delenv("GPU_BOX_KEY", raising=False)
     m = MemberState("gpu-box", "http://127.0.0.1:9", False, api_key_env="GPU_BOX_KEY")
-    assert members.wait_healthy(m, 0) == "its key variable GPU_BOX_KEY is not set"
+    opts = UpOptions(flags={}, replicas=None, remote_wait_s=0)
+    started: list = []
+    excluded: list = []
+    lines = service._check_remote([m], opts, started, excluded, lambda _: None)
+    assert lines == ["gpu-box (http://127.0.0.1:9): its key variable GPU_BOX_KEY is not set"]
+    assert not started and excluded == [
+        {"name": "gpu-box", "url": "http://127.0.0.1:9", "why": "its key variable GPU_BOX_KEY is not set"}
+    ]
     monkeypatch.setenv("GPU_BOX_KEY", "k")
-    assert members.wait_healthy(m, 0) == "/health is down after 0 s"  # nothing listens on port 9
+    excluded.clear()
+    lines = service._check_remote([m], opts, started, excluded, lambda _: None)
+    assert not started and len(lines) == 1 and lines[0].startswith("gpu-box (http://127.0.0.1:9): unreachable")
 
 
 def test_master_key_is_bonsai_api_key_or_generated(monkeypatch):

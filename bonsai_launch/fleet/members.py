@@ -1,19 +1,17 @@
 """The members of a fleet: what `fleet up` is asked for (UpOptions), local replicas (each a detached
-`bonsai start` with its share of GPUs or cores) and remote hosts from a fleet file, and waiting
-until a member answers."""
+`bonsai start` with its share of GPUs or cores) and remote hosts from a fleet file. Waiting for a
+remote member to answer is fleet/health.py's (wait_reach)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bonsai_launch.fleet import hosts, probe
+from bonsai_launch.fleet import hosts
 from bonsai_launch.fleet.state import MemberState
 
 DEFAULT_PROXY_PORT = 4000  # LiteLLM's own default
@@ -134,17 +132,3 @@ def remote_members(path: Path | None) -> list[MemberState]:
         )
         for m in hosts.parse_fleet_file(path)
     ]
-
-
-def wait_healthy(member: MemberState, wait_s: float) -> str | None:
-    """None once /health is 200; else why not, after `wait_s`."""
-    if member.api_key_env and not os.environ.get(member.api_key_env):
-        return f"its key variable {member.api_key_env} is not set"
-    deadline = time.monotonic() + wait_s
-    while True:
-        p = probe.probe(member.url, probe.member_key(member.api_key_env))
-        if p.healthy:
-            return None
-        if time.monotonic() >= deadline:
-            return f"/health is {p.health} after {wait_s:.0f} s"
-        time.sleep(1.0)
