@@ -322,11 +322,11 @@ class Hosts:
         `bonsai stop` did not end (killed here, but reported), and what could not be removed."""
         problems: list[str] = []
         for host in self.hosts:
-            try:
-                self.refresh(host)  # the current pids: a keeper may have restarted the server
-                self.stop(host)
-            except Exception as exc:  # keep going: the namespaces must go whatever happened
-                problems.append(f"{host.ns}: {exc}")
+            for step in (self.refresh, self.stop) if host.key else ():  # key: start() was called
+                try:
+                    step(host)
+                except Exception as exc:  # keep going: the namespaces must go whatever happened
+                    problems.append(f"{host.ns}: {exc}")
             problems += [f"{host.ns}: still running after `bonsai stop --all`: {p}" for p in self.reap(host.ns)]
             for pid in sorted(host.seen):  # e.g. a server that left the namespace's process list
                 if not gone(pid, timeout=0.5):
