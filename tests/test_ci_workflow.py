@@ -4,6 +4,7 @@ from drifting until it does.)"""
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -42,3 +43,28 @@ def test_full_lane_is_the_landing_check():
     assert "bash .ci/run" in runs
     assert ci["jobs"]["full"]["runs-on"] == "ubuntu-latest"
     assert (ROOT / ".ci" / "run").is_file()
+
+
+def named_lanes() -> tuple[str, ...]:
+    """NAMED_LANES as tests/conftest.py declares it (read, not imported: conftest is pytest's)."""
+    tree = ast.parse((ROOT / "tests" / "conftest.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "NAMED_LANES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise AssertionError("tests/conftest.py declares no NAMED_LANES")
+
+
+def test_ci_runs_every_named_lane_in_use_after_the_readme_command():
+    """A named lane is deselected by the README's command, so .ci/run must name it, or its
+    tests never run in CI. Lanes no test module uses yet are not required."""
+    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    steps = [line for line in steps if line and not line.startswith("#")]
+    readme = steps.index("python -m pytest -q")
+    sources = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    used = [lane for lane in named_lanes() if re.search(rf"pytest\.mark\.{lane}\b", sources)]
+    assert "hosts" in used
+    for lane in used:
+        runs = [
+            i for i, line in enumerate(steps) if "pytest" in line and re.search(rf"-m [\"']?[^\n]*\b{lane}\b", line)
+        ]
+        assert runs and min(runs) > readme, f".ci/run does not run the named lane {lane!r} after the README's command"

@@ -8,6 +8,15 @@ Latency during the fault and the times until the member is out of and back in th
 are measured and printed (`-s` shows them; docs/serving-a-team.md has a run's figures); they
 are bounded only generously, never timed.
 
+Members run as a user's do, with the restart keeper (BONSAI_RESTART on): a SIGKILLed server
+comes back by itself under a new pid, and that recovery is what the SIGKILL fault measures.
+None of the faults needs the keeper off: SIGSTOP is not an exit (the keeper waits for its
+server's exit, and a stopped child does not report one), a link down or slow touches no
+process, and the member with another key is restarted as its operator would (`bonsai stop`,
+which ends the keeper first, then `bonsai start`). A member that dies and stays dead (its
+machine off) looks to the proxy like the link-down fault: no answer, no connection.
+
+A named lane (`python -m pytest -q -m hosts`, tests/conftest.py): .ci/run runs it as root.
 Skipped, with the reason, only where namespaces cannot be made (not root, no `ip`).
 """
 
@@ -93,9 +102,12 @@ def fleet(tmp_path_factory, demo_gguf):
         assert [m["name"] for m in data["members"]] == ["host0", "host1"] and not data["excluded"]
         yield Fleet(hosts, members, env, data["url"], data["api_key"], str(hosts_file))
     finally:
+        left: list[str] = []
         if env:
-            bonsai(["fleet", "down"], env=env, timeout=120)
-        left = hosts.close()
+            down = bonsai(["fleet", "down"], env=env, timeout=120)
+            if down.returncode != 0:
+                left.append(f"`bonsai fleet down`: exit {down.returncode}: {down.stderr.strip()[-500:]}")
+        left += hosts.close()  # the members stopped with `bonsai stop`, then the namespaces emptied
         assert not left, f"left behind: {left}"
 
 
@@ -147,11 +159,23 @@ class PoolWatch:
 
 
 @dataclass
+class Fault:
+    """What a fault does to the victim and how it ends. `heal` runs after HEAL_AT answers; a
+    fault that heals by itself (SIGKILL: the keeper restarts the server) has none, and its
+    `start` records `back_at`, when the member answered its key again."""
+
+    start: Callable[[], None]
+    heal: Callable[[], None] | None
+    back_at: float | None = None
+    note: str = ""  # how it was made, where that varies (the slow link's qdisc)
+
+
+@dataclass
 class Outcome:
     codes: list[tuple[int, str]]
     during_ms: list[float]  # latency of the requests that started while the fault was on
     fault_at: float
-    heal_at: float
+    heal_at: float | None  # the heal step, or when a self-healing member answered again
     took: float
 
     @property
@@ -159,7 +183,7 @@ class Outcome:
         return [c for c in self.codes if c[0] != 200]
 
 
-def load(fleet: Fleet, fault: Callable[[], None], heal: Callable[[], None], seed: int) -> Outcome:
+def load(fleet: Fleet, fault: Fault, seed: int) -> Outcome:
     rng = random.Random(seed)
     prompts = [f"Say the number {rng.randint(0, 9999)}." for _ in range(REQUESTS)]
     answered = 0
@@ -167,10 +191,18 @@ def load(fleet: Fleet, fault: Callable[[], None], heal: Callable[[], None], seed
     marks: dict[str, float] = {}
     starts: list[tuple[float, float]] = []  # (start, latency)
     actions: list[threading.Thread] = []
+    errors: list[BaseException] = []
 
     def act(name: str, fn: Callable[[], None]) -> None:
         marks[name] = time.monotonic()
-        t = threading.Thread(target=fn)  # a restart takes seconds: the load goes on meanwhile
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # a fault that was not made must fail the test, not vanish
+                errors.append(exc)
+
+        t = threading.Thread(target=run)  # a restart takes seconds: the load goes on meanwhile
         t.start()
         actions.append(t)
 
@@ -192,9 +224,9 @@ def load(fleet: Fleet, fault: Callable[[], None], heal: Callable[[], None], seed
             starts.append((t0, (time.monotonic() - t0) * 1000))
             answered += 1
             if answered == FAULT_AT:
-                act("fault", fault)
-            if answered == HEAL_AT:
-                act("heal", heal)
+                act("fault", fault.start)
+            if answered == HEAL_AT and fault.heal is not None:
+                act("heal", fault.heal)
         return result
 
     t_start = time.monotonic()
@@ -202,8 +234,13 @@ def load(fleet: Fleet, fault: Callable[[], None], heal: Callable[[], None], seed
         codes = list(pool.map(one, range(REQUESTS)))
     for t in actions:
         t.join(timeout=300)
-    during = [ms for t0, ms in starts if marks["fault"] <= t0 < marks["heal"]]
-    return Outcome(codes, during, marks["fault"], marks["heal"], time.monotonic() - t_start)
+    if errors:
+        raise errors[0]
+    assert all(not t.is_alive() for t in actions), "a fault or heal step still runs after 300 s"
+    heal_at = marks.get("heal", fault.back_at)
+    end = heal_at if heal_at is not None else float("inf")
+    during = [ms for t0, ms in starts if marks["fault"] <= t0 < end]
+    return Outcome(codes, during, marks["fault"], heal_at, time.monotonic() - t_start)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -217,42 +254,56 @@ def pct(values: list[float], q: float) -> float:
 FAULTS = ["sigkill", "sigstop", "link-down", "slow-link", "new-key"]
 
 
-def fault_actions(fleet: Fleet, kind: str) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
-    """(fault, heal, restore-after): restore puts the member back as the fixture made it."""
+def make_fault(fleet: Fleet, kind: str) -> Fault:
     hosts, victim = fleet.hosts, fleet.members[1]
     key = victim.key
-    nothing = lambda: None  # noqa: E731
-    if kind == "sigkill":
-        return lambda: hosts.kill(victim), lambda: hosts.start(victim, key), nothing
-    if kind == "sigstop":
-        return lambda: hosts.hang(victim), lambda: hosts.resume(victim), nothing
-    if kind == "link-down":
-        return lambda: hosts.link(victim, False), lambda: hosts.link(victim, True), nothing
-    if kind == "slow-link":
-        kinds: list[str] = []
-        return lambda: kinds.append(hosts.slow(victim, True)), lambda: hosts.slow(victim, False), nothing
+    if kind == "sigkill":  # the keeper brings it back: no heal step, `back_at` marks its return
 
-    def new_key() -> None:
-        hosts.kill(victim)
+        def crash() -> None:
+            old = hosts.crash(victim)
+            hosts.wait_restarted(victim, old)
+            fault.back_at = time.monotonic()
+
+        fault = Fault(crash, None)
+        return fault
+    if kind == "sigstop":
+        return Fault(lambda: hosts.hang(victim), lambda: hosts.resume(victim))
+    if kind == "link-down":
+        return Fault(lambda: hosts.link(victim, False), lambda: hosts.link(victim, True))
+    if kind == "slow-link":
+
+        def shape() -> None:
+            fault.note = hosts.slow(victim, True)  # netem, or tbf where the kernel lacks it
+
+        def unshape() -> None:
+            hosts.slow(victim, False)
+
+        fault = Fault(shape, unshape)
+        return fault
+
+    def new_key() -> None:  # the operator restarts the member with another key
+        hosts.stop(victim)
         hosts.start(victim, key + "-rotated")
 
-    def old_key() -> None:  # the operator puts the fleet file's key back
-        hosts.kill(victim)
+    def old_key() -> None:  # ... and puts the fleet file's key back
+        hosts.stop(victim)
         hosts.start(victim, key)
 
-    return new_key, old_key, nothing
+    return Fault(new_key, old_key)
 
 
 @pytest.mark.parametrize("kind", FAULTS)
 def test_no_request_lost_under_a_fault(fleet: Fleet, kind: str):
     victim = fleet.members[1]
     assert fleet.hosts.answers(victim) and fleet.hosts.answers(fleet.members[0])
-    fault, heal, _ = fault_actions(fleet, kind)
+    assert fleet.hosts.refresh(victim) is not None
+    pid_before, keeper, restarts_before = victim.pid, victim.keeper, victim.restarts
+    fault = make_fault(fleet, kind)
     watch = PoolWatch(fleet, f"host{victim.index}")
     watcher = threading.Thread(target=watch.run, daemon=True)
     watcher.start()
     try:
-        out = load(fleet, fault, heal, seed=FAULTS.index(kind))
+        out = load(fleet, fault, seed=FAULTS.index(kind))
         deadline = time.monotonic() + POOL_WAIT_S
         while watch.out_at is not None and watch.in_at is None and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -260,6 +311,12 @@ def test_no_request_lost_under_a_fault(fleet: Fleet, kind: str):
         watch.stop.set()
         watcher.join(timeout=60)
     assert not out.lost, (kind, out.lost[:5], proxy_log_errors(fleet))
+    if kind == "sigkill":  # the keeper restarted it: same keeper, a new server, one restart more
+        assert fault.back_at is not None
+        assert (victim.keeper, victim.restarts) == (keeper, restarts_before + 1) and victim.pid != pid_before
+    # Pool times: "out" from the fault; "back in" from the heal step, and for SIGKILL, which
+    # has none (the keeper restarts the server at once), from the kill too.
+    back_from = out.fault_at if kind == "sigkill" else out.heal_at
     row = {
         "fault": kind,
         "requests": REQUESTS,
@@ -268,9 +325,12 @@ def test_no_request_lost_under_a_fault(fleet: Fleet, kind: str):
         "during_p95_ms": round(pct(out.during_ms, 95)),
         "during_max_ms": round(max(out.during_ms, default=float("nan"))),
         "out_of_pool_s": None if watch.out_at is None else round(watch.out_at - out.fault_at, 1),
-        "back_in_pool_s": None if watch.in_at is None else round(watch.in_at - out.heal_at, 1),
+        "back_in_pool_s": None if watch.in_at is None or back_from is None else round(watch.in_at - back_from, 1),
+        "member_back_s": None if fault.back_at is None else round(fault.back_at - out.fault_at, 1),
         "load_s": round(out.took, 1),
     }
+    if fault.note:
+        row["made_with"] = fault.note
     print("FAULT-ROW " + json.dumps(row))
     rows = ROOT / ".pytest_cache" / "fault-rows.jsonl"
     rows.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no .pytest_cache yet
@@ -299,7 +359,9 @@ def test_members_are_separate_hosts(fleet: Fleet):
     and the proxy reaches both through their links."""
     for host in fleet.members:
         assert fleet.hosts.answers(host) and not fleet.hosts.answers(host, key="wrong")
+        assert fleet.hosts.refresh(host) is not None
         assert host.pid is not None and not gone(host.pid, timeout=0.1)
+        assert host.keeper is not None and not gone(host.keeper, timeout=0.1)  # BONSAI_RESTART on
     r = httpx.post(
         fleet.url + "/v1/chat/completions",
         headers={"Authorization": f"Bearer {fleet.key}"},
@@ -343,7 +405,7 @@ def test_fleet_ps_and_up_show_what_the_proxy_sees(fleet: Fleet, tmp_path):
         wait_verdict(fleet, name, True)
         assert remote_states(fleet)[name]["state"] == "healthy"
 
-        hosts.kill(victim)
+        hosts.stop(victim)
         hosts.start(victim, key + "-rotated")
         wait_verdict(fleet, name, False)
         st = remote_states(fleet)[name]
@@ -379,6 +441,6 @@ def test_fleet_ps_and_up_show_what_the_proxy_sees(fleet: Fleet, tmp_path):
     finally:
         hosts.link(victim, True)
         if not hosts.answers(victim, key):
-            hosts.kill(victim)
+            hosts.stop(victim)
             hosts.start(victim, key)
         wait_verdict(fleet, name, True)

@@ -7,10 +7,18 @@ can leave. Names carry a unique prefix (`bnsi-<pid>-`) so runs never collide, an
 removes every namespace, veth and process it made, whatever happened before (call it from a
 fixture finalizer).
 
-The faults a network really has are made here: SIGKILL, SIGSTOP/SIGCONT (a hung server: the
-kernel still accepts connections, nothing answers), the member's link down and up, a slow link
-(`tc netem` where the kernel has it; a `tbf` rate limit otherwise, which this machine's kernel
-has), and a restart with a different key.
+The faults a network really has are made here: SIGKILL of the member's llama-server (its
+keeper, `bonsai start --detach`'s supervisor, starts it again under a new pid: BONSAI_RESTART is
+on, as for a user), SIGSTOP/SIGCONT (a hung server: the kernel still accepts connections, nothing
+answers), the member's link down and up, a slow link (`tc netem` where the kernel has it; a `tbf`
+rate limit otherwise, which this machine's kernel has), and a restart with a different key.
+
+Members are stopped as a user stops them: `bonsai stop --all` on that host (its namespace and
+BONSAI_HOME), which ends the keeper first so that nothing restarts. Pids are never kept as
+facts: the keeper changes the server's pid, so each action reads the current one from `bonsai
+ps --json` first. `close()` then makes sure: whatever still runs inside a namespace is frozen
+(SIGSTOP: no keeper can spawn a new server meanwhile) and killed, until the namespace is empty,
+and is reported, as is any server or keeper pid ever seen that still runs.
 """
 
 from __future__ import annotations
@@ -65,7 +73,10 @@ class Host:
     addr: str
     home: Path
     key: str
-    pid: int | None = None
+    pid: int | None = None  # its llama-server as `bonsai ps` last showed it (a restart changes it)
+    keeper: int | None = None  # the process that restarts it (the instance's supervisor)
+    restarts: int = 0  # `bonsai ps`'s RESTARTS: how often the keeper brought it back
+    seen: set[int] = field(default_factory=set)  # every server and keeper pid it had: all must end
     shaped: bool = False
 
     @property
@@ -114,33 +125,103 @@ class Hosts:
 
     # -- the member's server ------------------------------------------------------------------
 
+    def env(self, host: Host) -> dict[str, str]:
+        """The member host's environment: its own BONSAI_HOME, address and key. No BONSAI_*
+        variable from outside (a module fixture runs before the per-test isolation), and
+        BONSAI_RESTART=1 said outright: every fault runs with the keeper, as a user's member
+        does (tests/test_fleet_hosts.py says why none needs it off)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BONSAI_")}
+        env.update(
+            {
+                "BONSAI_HOME": str(host.home),
+                "BONSAI_LLAMA_SERVER": str(self.llama_server),
+                "BONSAI_ALLOW_REMOTE": "1",
+                "BONSAI_API_KEY": host.key,
+                "BONSAI_HOST": host.addr,
+                "BONSAI_RESTART": "1",
+            }
+        )
+        return env
+
+    def bonsai(self, host: Host, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """`bonsai ARGS` on the member host: inside its namespace, with its environment."""
+        argv = ["ip", "netns", "exec", host.ns, sys.executable, "-m", "bonsai_launch", *args]
+        return subprocess.run(
+            argv,
+            env=self.env(host),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+        )
+
     def start(self, host: Host, key: str, wait_s: float = 180) -> None:
         """`bonsai start --profile demo --detach` inside the host's namespace, on its address,
         with the opt-in to a non-loopback bind and `key`; returns once /v1/models answers 200."""
         host.key = key
-        env = {
-            **os.environ,
-            "BONSAI_HOME": str(host.home),
-            "BONSAI_LLAMA_SERVER": str(self.llama_server),
-            "BONSAI_ALLOW_REMOTE": "1",
-            "BONSAI_API_KEY": key,
-            "BONSAI_HOST": host.addr,
-        }
-        argv = ["ip", "netns", "exec", host.ns, sys.executable, "-m", "bonsai_launch", "start", "--profile", "demo"]
         # One thread each: members share this machine's cores with the proxy and the client.
-        argv += ["--ctx", "2048", "--port", str(PORT), "--detach", "--", "--threads", "1", "--threads-batch", "1"]
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=wait_s, cwd=ROOT)
+        args = ["start", "--profile", "demo", "--ctx", "2048", "--port", str(PORT), "--detach"]
+        done = self.bonsai(host, *args, "--", "--threads", "1", "--threads-batch", "1", timeout=wait_s)
         if done.returncode != 0:
             raise RuntimeError(f"member {host.ns} did not start: exit {done.returncode}\n{done.stderr[-2000:]}")
-        ps = subprocess.run(
-            [sys.executable, "-m", "bonsai_launch", "ps", "--json"], env=env, capture_output=True, text=True, cwd=ROOT
-        )
-        host.pid = next(i["pid"] for i in json.loads(ps.stdout) if i["port"] == PORT)
+        if self.refresh(host) is None:
+            raise RuntimeError(f"member {host.ns} started, but `bonsai ps` does not list it")
         deadline = time.monotonic() + wait_s
         while not self.answers(host):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"member {host.ns} never answered /v1/models with its key")
             time.sleep(0.5)
+
+    def refresh(self, host: Host) -> dict | None:
+        """The member's server as `bonsai ps --json` on its host shows it now (None: not
+        running); sets host.pid, host.keeper and host.restarts from it."""
+        done = self.bonsai(host, "ps", "--json")
+        if done.returncode != 0:
+            raise RuntimeError(f"`bonsai ps` on {host.ns}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
+        inst = next((i for i in json.loads(done.stdout) if i["port"] == PORT), None)
+        host.pid = inst["pid"] if inst else None
+        host.keeper = inst.get("supervisor_pid") if inst else None
+        host.restarts = int(inst.get("restarts") or 0) if inst else 0
+        host.seen.update(p for p in (host.pid, host.keeper) if p)
+        return inst
+
+    def stop(self, host: Host) -> None:
+        """`bonsai stop --all` on the member host, as its operator would: the keeper is asked to
+        stop first, so the server is stopped on purpose and not restarted."""
+        if host.pid is not None:
+            self._signal(host.pid, signal.SIGCONT)  # a frozen server takes its SIGTERM at once
+        done = self.bonsai(host, "stop", "--all", timeout=90)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"`bonsai stop --all` on {host.ns}: exit {done.returncode}: {done.stderr.strip()[-500:]}"
+            )
+        for pid in (host.pid, host.keeper):
+            if pid is not None and not gone(pid, timeout=15):
+                raise RuntimeError(f"{host.ns}: pid {pid} still runs after `bonsai stop --all`")
+        host.pid = host.keeper = None
+
+    def crash(self, host: Host) -> int:
+        """SIGKILL to the member's llama-server only (as the out-of-memory killer picks it): its
+        keeper stays and starts it again. Returns the killed pid."""
+        if self.refresh(host) is None or host.pid is None:
+            raise RuntimeError(f"{host.ns}: no server to kill")
+        pid = host.pid
+        self._signal(pid, signal.SIGKILL)
+        if not gone(pid, timeout=15):
+            raise RuntimeError(f"{host.ns}: pid {pid} survived SIGKILL")
+        return pid
+
+    def wait_restarted(self, host: Host, old_pid: int, wait_s: float = 180) -> None:
+        """Until the keeper's new server (another pid, state running) answers its key."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            inst = self.refresh(host)
+            if inst and host.pid != old_pid and inst.get("state") == "running" and self.answers(host):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{host.ns}: the keeper did not bring the server back within {wait_s:.0f} s: {inst}")
+            time.sleep(0.25)
 
     def answers(self, host: Host, key: str | None = None) -> bool:
         try:
@@ -154,23 +235,22 @@ class Hosts:
             return False
         return r.status_code == 200
 
-    def kill(self, host: Host) -> None:
-        if host.pid is not None:
-            try:
-                os.kill(host.pid, signal.SIGCONT)  # a stopped process dies only once continued
-                os.kill(host.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            gone(host.pid, timeout=15)
-            host.pid = None
-
     def hang(self, host: Host) -> None:
-        assert host.pid is not None
-        os.kill(host.pid, signal.SIGSTOP)
+        if self.refresh(host) is None or host.pid is None:
+            raise RuntimeError(f"{host.ns}: no server to freeze")
+        self._signal(host.pid, signal.SIGSTOP)
 
     def resume(self, host: Host) -> None:
-        assert host.pid is not None
-        os.kill(host.pid, signal.SIGCONT)
+        if host.pid is None:
+            raise RuntimeError(f"{host.ns}: no frozen server to continue")
+        self._signal(host.pid, signal.SIGCONT)
+
+    @staticmethod
+    def _signal(pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
     # -- the member's link --------------------------------------------------------------------
 
@@ -217,21 +297,41 @@ class Hosts:
 
     # -- cleanup ------------------------------------------------------------------------------
 
+    def reap(self, ns: str, wait_s: float = 20) -> list[str]:
+        """Kill everything that runs inside namespace `ns`; what was found there. Each pass
+        freezes them all before killing any, so that a keeper cannot start a new server between
+        a listing and its own kill; passes repeat until the namespace is empty."""
+        found: dict[int, str] = {}
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            pids = [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split() if p.isdigit()]
+            if not pids:
+                return list(found.values())
+            for pid in pids:
+                found.setdefault(pid, f"pid {pid}: {_cmdline(pid)}")
+                self._signal(pid, signal.SIGSTOP)
+            for pid in pids:
+                self._signal(pid, signal.SIGKILL)
+            for pid in pids:
+                gone(pid, timeout=5)
+        return [*found.values(), f"{ns} still not empty after {wait_s:.0f} s"]
+
     def close(self) -> list[str]:
-        """Remove every process, namespace and veth this run made; what could not be removed."""
+        """Stop every member the way a user does, then remove every process, namespace and
+        veth this run made, whatever happened before; returns what was left behind: anything
+        `bonsai stop` did not end (killed here, but reported), and what could not be removed."""
         problems: list[str] = []
         for host in self.hosts:
-            try:
-                self.kill(host)
-            except Exception as exc:  # keep going: the namespaces must go whatever happened
-                problems.append(f"{host.ns}: {exc}")
-            # Anything still running inside the namespace (a member started by hand, a leftover).
-            pids = sh("ip", "netns", "pids", host.ns, check=False).stdout.split()
-            for pid in pids:
+            for step in (self.refresh, self.stop) if host.key else ():  # key: start() was called
                 try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+                    step(host)
+                except Exception as exc:  # keep going: the namespaces must go whatever happened
+                    problems.append(f"{host.ns}: {exc}")
+            problems += [f"{host.ns}: still running after `bonsai stop --all`: {p}" for p in self.reap(host.ns)]
+            for pid in sorted(host.seen):  # e.g. a server that left the namespace's process list
+                if not gone(pid, timeout=0.5):
+                    problems.append(f"{host.ns}: pid {pid} still running: {_cmdline(pid)}")
+                    self._signal(pid, signal.SIGKILL)
             sh("ip", "link", "del", host.veth_root, check=False)  # removes its peer too
             sh("ip", "netns", "del", host.ns, check=False)
         left = [line for line in sh("ip", "netns", "list", check=False).stdout.splitlines() if self.prefix in line]
@@ -239,3 +339,10 @@ class Hosts:
             line for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines() if self.prefix in line
         ]
         return problems + left + links
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "(gone)"
