@@ -70,3 +70,17 @@ def test_pinned_source_with_patches_gets_its_own_folder(tmp_path, monkeypatch):
     assert "draft-patched" in (patched.path / "server.c").read_text()
     assert "draft-patched" not in (plain.path / "server.c").read_text()
     assert patched.patches == ("0001-add-type.patch",)
+
+
+def test_0007_guards_the_vulkan_layer_settings_block():
+    """Debian 12's Vulkan headers (1.3.239) have no VK_EXT_layer_settings; the pin's ggml-vulkan
+    uses it unconditionally. The vulkan lane builds and runs the result; this checks the patch's
+    shape: every line it leaves using the extension's types sits under the guard, with an #else."""
+    patch = next(p for p in load_series() if p.name.startswith("0007-"))
+    lines = patch.path.read_text().partition("\n--- a/")[2].splitlines()
+    assert "+++ b/ggml/src/ggml-vulkan/ggml-vulkan.cpp" in lines
+    hunk = [ln[1:] for ln in lines if ln[:1] in (" ", "+")]
+    start, other, end = (hunk.index(x) for x in ("#if defined(VK_EXT_layer_settings)", "#else", "#endif"))
+    uses = [i for i, ln in enumerate(hunk) if "LayerSetting" in ln]
+    assert uses and all(start < i < other for i in uses), "a VK_EXT_layer_settings use outside the guard"
+    assert "vk::InstanceCreateInfo instance_create_info(" in "\n".join(hunk[other:end])

@@ -150,7 +150,7 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     if request.jobs is not None and request.jobs < 1:
         raise BonsaiError(f"--jobs {request.jobs} must be at least 1", "omit it to use one job per core")
     # Before any download or configure: can this machine build the backend? (seconds)
-    checked = preflight.check(choice.backend, tools, needs_layer_settings=spec.kind == "pin")
+    checked = preflight.check(choice.backend, tools)
 
     # Our patches are made against the pinned tree; another ref or a folder is built as it is.
     series = load_series() if spec.kind == "pin" else ()

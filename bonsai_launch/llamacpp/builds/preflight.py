@@ -3,14 +3,15 @@
 Each check names the one thing missing and the command that fixes it, so a half-installed
 toolkit is refused here instead of minutes later inside cmake (a partial CUDA toolkit, nvcc and
 cudart without cuBLAS, used to pass bonsai's checks and fail in cmake's generate step with
-`CUDA::cublas ... not found`; Debian 12's Vulkan headers failed ten minutes into a compile).
+`CUDA::cublas ... not found`).
 
 - CUDA: nvcc and its version, the runtime, cuBLAS and CCCL headers and libraries (a system
   toolkit, or NVIDIA's PyPI wheels: cuda_toolkit.py), and whether nvcc accepts the host C++
   compiler (a preprocessing run of a one-line .cu file: nvcc checks the host compiler's version
   there). The CMake flags that point at the toolkit come back with the result.
-- Vulkan: glslc, the headers (the pin's ggml-vulkan needs VK_EXT_layer_settings, which Debian
-  12's 1.3.239 headers lack), SPIRV-Headers' CMake package, the loader library.
+- Vulkan: glslc, the headers, SPIRV-Headers' CMake package (ggml-vulkan requires it and neither
+  libvulkan-dev nor glslc brings it), the loader library. Any 1.3 headers do: the pin's use of
+  VK_EXT_layer_settings, which Debian 12's 1.3.239 headers lack, is guarded by patch 0007.
 - HIP: ROCm 6.1 or newer with hipBLAS and rocBLAS.
 - Metal: nothing beyond the compiler (checked for every build) and macOS on Apple Silicon
   (backend.py): llama.cpp compiles its shaders at run time.
@@ -34,12 +35,7 @@ CUDA_EXTRA_HINT = (
     "uses when no complete system toolkit is found"
 )
 MIN_CUDA = (11, 7)
-# The pinned llama.cpp's ggml-vulkan.cpp uses vk::LayerSettingEXT unconditionally.
-VULKAN_NEEDS = "VK_EXT_layer_settings"
-VULKAN_HEADERS_HINT = (
-    "install newer Vulkan headers: the LunarG Vulkan SDK (1.3.275 or newer, https://vulkan.lunarg.com/sdk/home, "
-    "then set VULKAN_SDK), or use --backend cpu"
-)
+VULKAN_APT = "`sudo apt install libvulkan-dev glslc spirv-headers` (Debian/Ubuntu), or the LunarG Vulkan SDK"
 MIN_ROCM = (6, 1)
 
 
@@ -134,32 +130,25 @@ def _vulkan_roots(system_root: Path | None) -> list[Path]:
     return roots + [system_root / "usr", system_root / "usr/local"]
 
 
-def vulkan_headers(system_root: Path | None = None) -> tuple[Path | None, int | None, bool]:
-    """(vulkan_core.h, VK_HEADER_VERSION, has VK_EXT_layer_settings) of the headers CMake would use."""
+def vulkan_headers(system_root: Path | None = None) -> tuple[Path | None, int | None]:
+    """(vulkan_core.h, VK_HEADER_VERSION) of the headers CMake would use."""
     for root in _vulkan_roots(system_root):
         for inc in ("include", "Include"):  # the Windows SDK says Include
             header = root / inc / "vulkan" / "vulkan_core.h"
             if header.is_file():
                 text = header.read_text(errors="replace")
                 m = re.search(r"#define\s+VK_HEADER_VERSION\s+(\d+)", text)
-                return header, int(m.group(1)) if m else None, VULKAN_NEEDS in text
-    return None, None, False
+                return header, int(m.group(1)) if m else None
+    return None, None
 
 
-def check_vulkan(tools: Toolchain, *, needs_layer_settings: bool = True, system_root: Path | None = None) -> Preflight:
-    apt = "`sudo apt install libvulkan-dev glslc spirv-headers` (Debian/Ubuntu), or the LunarG Vulkan SDK"
+def check_vulkan(tools: Toolchain, *, system_root: Path | None = None) -> Preflight:
+    apt = VULKAN_APT
     if not tools.glslc.found:
         raise PreflightFailed("vulkan", "glslc (the shader compiler) was not found", apt)
-    header, version, has_settings = vulkan_headers(system_root)
+    header, version = vulkan_headers(system_root)
     if header is None:
         raise PreflightFailed("vulkan", "the Vulkan headers (vulkan/vulkan_core.h) were not found", apt)
-    if needs_layer_settings and not has_settings:
-        raise PreflightFailed(
-            "vulkan",
-            f"the Vulkan headers at {header.parent} (1.3.{version}) lack {VULKAN_NEEDS}, which the pinned "
-            "llama.cpp uses",
-            VULKAN_HEADERS_HINT,
-        )
     roots = _vulkan_roots(system_root)
     spirv = cuda_toolkit.first_match(
         roots,
@@ -220,12 +209,12 @@ def check_hip(tools: Toolchain, *, root: Path | None = None) -> Preflight:
     return Preflight("hip", details={"rocm": str(root), "version": version})
 
 
-def check(backend: str, tools: Toolchain, *, needs_layer_settings: bool = True) -> Preflight:
+def check(backend: str, tools: Toolchain) -> Preflight:
     """The preflight of `backend` (cpu and metal need nothing more than the compiler)."""
     if backend == "cuda":
         return check_cuda(tools)
     if backend == "vulkan":
-        return check_vulkan(tools, needs_layer_settings=needs_layer_settings)
+        return check_vulkan(tools)
     if backend == "hip":
         return check_hip(tools)
     return Preflight(backend)
