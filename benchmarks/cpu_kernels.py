@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,15 +66,21 @@ def after_bin() -> Path:
 
 
 def models(bin_dir: Path, out: Path, shape: str, types: list[str]) -> dict[str, Path]:
+    return quantized_targets(bin_dir, out, f"qwen3-{shape}", types, seed=1, layer_scale=1.0, **SHAPES[shape])
+
+
+def quantized_targets(bin_dir: Path, out: Path, stem: str, types: list[str], **target: Any) -> dict[str, Path]:
+    """{type: STEM-type.gguf}: tiny_gguf.write_target(**target) as F16 once, then each type made
+    from it by the build's llama-quantize; every file is kept in `out` and reused."""
     out.mkdir(parents=True, exist_ok=True)
-    src = out / f"qwen3-{shape}-f16.gguf"
+    src = out / f"{stem}-f16.gguf"
     if not src.is_file():
         t = time.time()
-        tiny_gguf.write_target(src, seed=1, layer_scale=1.0, matrix_dtype=np.float16, **SHAPES[shape])
+        tiny_gguf.write_target(src, matrix_dtype=np.float16, **target)
         print(f"wrote {src} in {time.time() - t:.0f} s", file=sys.stderr)
     files = {}
     for qtype in types:
-        dst = out / f"qwen3-{shape}-{qtype.lower()}.gguf"
+        dst = out / f"{stem}-{qtype.lower()}.gguf"
         if not dst.is_file():
             run([bin_dir / f"llama-quantize{EXE}", src, dst, qtype])
         files[qtype] = dst
@@ -120,10 +127,7 @@ def bench(
     out = llama_bench(bin_dir, model, threads, short, gen, reps) if short else {}
     for p in (p for p in sizes if p >= LONG):
         for t in threads.split(","):
-            rates = [v for (th, test), v in out.items() if th == int(t) and test.startswith("pp")]
-            rate = out.get((int(t), f"pp{max((q for q in sizes if q < LONG), default=0)}")) or (
-                max(rates) if rates else 0
-            )
+            rate = out.get((int(t), f"pp{max((q for q in sizes if q < LONG), default=0)}"))
             if rate and p / rate > long_budget:
                 print(
                     f"skipped pp{p} at {t} thread(s): about {p / rate / 60:.0f} min at {rate:.1f} tok/s",

@@ -27,36 +27,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from cpu_kernels import EXE, run
+from cpu_kernels import EXE, SHAPES, quantized_targets, run
 from cpu_kernels import after_bin as bin_dir
 
 import tiny_gguf
 
-SHAPE = dict(embedding=2048, layers=28, vocab=151936, ff=6144, heads=16, heads_kv=8, head_dim=128)
+SHAPE = SHAPES["1.7b"]
 TOKEN = 1000  # the one token both models predict
 BLOCK = 4  # Bonsai's DSpark drafters (v1): 4 drafted tokens per verify
 PUBLISHED_ACCEPTANCE = (0.65, 0.77)
 
 
 def write_models(bins: Path, out: Path, types: list[str]) -> tuple[dict[str, Path], Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    src = out / "const-1.7b-f16.gguf"
-    if not src.is_file():
-        t = time.time()
-        tiny_gguf.write_target(src, constant_token=TOKEN, matrix_dtype=np.float16, **SHAPE)
-        print(f"wrote {src} in {time.time() - t:.0f} s", file=sys.stderr)
-    targets = {}
-    for qtype in types:
-        dst = out / f"const-1.7b-{qtype.lower()}.gguf"
-        if not dst.is_file():
-            run([bins / f"llama-quantize{EXE}", src, dst, qtype])
-        targets[qtype] = dst
+    targets = quantized_targets(bins, out, "const-1.7b", types, constant_token=TOKEN, **SHAPE)
     drafter = out / "const-1.7b-dspark-q4_0.gguf"
     if not drafter.is_file():
         f32 = out / "const-1.7b-dspark-f32.gguf"
