@@ -230,7 +230,7 @@ def _fresh(opts: UpOptions, status: Status) -> UpResult:
                     "remote member(s) not usable; fix each, or pass --allow-down to start without them:\n  "
                     + "\n  ".join(refused)
                     + "\n",
-                    "docs/serving-a-team.md says how to set up a member (bind address, key, firewall)",
+                    "set each member up as docs/serving-a-team.md says: bind address, key, firewall",
                 )
             if not started:
                 raise ActionFailed(
