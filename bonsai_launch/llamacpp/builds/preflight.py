@@ -143,12 +143,11 @@ def vulkan_headers(system_root: Path | None = None) -> tuple[Path | None, int | 
 
 
 def check_vulkan(tools: Toolchain, *, system_root: Path | None = None) -> Preflight:
-    apt = VULKAN_APT
     if not tools.glslc.found:
-        raise PreflightFailed("vulkan", "glslc (the shader compiler) was not found", apt)
+        raise PreflightFailed("vulkan", "glslc (the shader compiler) was not found", VULKAN_APT)
     header, version = vulkan_headers(system_root)
     if header is None:
-        raise PreflightFailed("vulkan", "the Vulkan headers (vulkan/vulkan_core.h) were not found", apt)
+        raise PreflightFailed("vulkan", "the Vulkan headers (vulkan/vulkan_core.h) were not found", VULKAN_APT)
     roots = _vulkan_roots(system_root)
     spirv = cuda_toolkit.first_match(
         roots,
@@ -164,7 +163,7 @@ def check_vulkan(tools: Toolchain, *, system_root: Path | None = None) -> Prefli
         roots, ["lib/*-linux-gnu/libvulkan.so", "lib64/libvulkan.so", "lib/libvulkan.so", "lib/libvulkan.dylib"]
     ) or cuda_toolkit.first_match(roots, ["Lib/vulkan-1.lib", "lib/vulkan-1.lib"])
     if loader is None:
-        raise PreflightFailed("vulkan", "the Vulkan loader library (libvulkan.so) was not found", apt)
+        raise PreflightFailed("vulkan", "the Vulkan loader library (libvulkan.so) was not found", VULKAN_APT)
     from bonsai_launch.core import hardware
 
     seen = hardware.vulkan_devices()
