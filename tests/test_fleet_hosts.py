@@ -36,8 +36,10 @@ import httpx
 import pytest
 
 import real_parts
+from bonsai_launch.fleet import health
 from netns_hosts import Host, Hosts, why_no_namespaces
 from start_helpers import ROOT, bonsai, gone
+from tiny_gguf import free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.hosts]
 
@@ -111,24 +113,13 @@ def fleet(tmp_path_factory, demo_gguf):
         assert not left, f"left behind: {left}"
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # -- the proxy's view of a member --------------------------------------------------------------------
 
 
 def proxy_verdicts(fleet: Fleet) -> dict[str, bool]:
-    """member name -> healthy, from the proxy's cached background health checks."""
-    r = httpx.get(fleet.url + "/health", headers={"Authorization": f"Bearer {fleet.key}"}, timeout=30, trust_env=False)
-    body = r.json()
-    out = {e.get("model_id"): True for e in body.get("healthy_endpoints", [])}
-    out.update({e.get("model_id"): False for e in body.get("unhealthy_endpoints", [])})
-    return {k: v for k, v in out.items() if k}
+    """member name -> healthy, from the proxy's cached background health checks: the same reading
+    `bonsai fleet ps` makes (empty while the proxy cannot be asked)."""
+    return {name: v.healthy for name, v in (health.proxy_verdicts(fleet.url, fleet.key) or {}).items()}
 
 
 @dataclass
@@ -143,10 +134,7 @@ class PoolWatch:
 
     def run(self) -> None:
         while not self.stop.is_set():
-            try:
-                healthy = proxy_verdicts(self.fleet).get(self.name)
-            except (httpx.HTTPError, ValueError):
-                healthy = None
+            healthy = proxy_verdicts(self.fleet).get(self.name)
             now = time.monotonic()
             if healthy is False and self.out_at is None:
                 self.out_at = now
