@@ -37,6 +37,31 @@ def test_fast_lane_filters_on_registered_markers():
     assert "[demo,test]" in runs  # the test extra brings the PowerShell grammar
 
 
+def test_full_lane_runs_the_vulkan_lane_on_its_own_build():
+    """.ci/run installs Debian's Vulkan packages (spirv-headers included: ggml-vulkan's CMake
+    requires it and nothing pulls it in), fails when it cannot, builds the Vulkan backend, and
+    runs the lane by name after the suite (the README's command deselects it)."""
+    run = (ROOT / ".ci" / "run").read_text()
+    lines = [ln.strip() for ln in run.splitlines()]
+    packages = re.search(r'^vulkan_packages="([^"]+)"', run, re.M)
+    assert packages and set(packages.group(1).split()) == {
+        "libvulkan-dev",
+        "glslc",
+        "spirv-headers",
+        "mesa-vulkan-drivers",
+        "vulkan-tools",
+    }
+    install = next(i for i, ln in enumerate(lines) if "apt-get install" in ln and "$vulkan_packages" in ln)
+    assert lines[install + 1].startswith("echo") and lines[install + 2] == "exit 1"  # fails, never skips
+    # lavapipe new enough (Mesa 22.3's segfaults under a speculative verify), checked after apt
+    assert re.search(r"^lavapipe_min=(\d+)$", run, re.M).group(1) == "25"
+    check = next(i for i, ln in enumerate(lines) if i > install and "--compare-versions" in ln)
+    assert lines[check + 1].startswith("echo") and lines[check + 2] == "exit 1"
+    build = lines.index("vulkan_server=$(bonsai build --backend vulkan)")
+    lane = lines.index("python -m pytest -q -m vulkan")
+    assert lines.index("python -m pytest -q") < install < build < lane
+
+
 def test_full_lane_is_the_landing_check():
     ci, _ = _load()
     runs = [step.get("run", "") for step in ci["jobs"]["full"]["steps"]]

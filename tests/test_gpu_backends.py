@@ -463,8 +463,8 @@ def test_doctor_lists_a_gpu_builds_devices_as_they_are_now(monkeypatch):
 
 # -- the vulkan lane's test-rig settings stay in the tests ---------------------------------------
 
-# Settings the vulkan lane needs for Mesa 22.3's lavapipe (tests/test_vulkan_lane.py): on a real
-# GPU they would expose a software device, turn off fusion or serialize submissions (slower).
+# Settings a lavapipe test rig has needed (Mesa 22.3's; tests/test_vulkan_lane.py): on a real
+# GPU they would turn off fusion, half precision or parallel submissions (slower).
 LAVAPIPE_RIG = ("GGML_VK_DISABLE_FUSION", "GGML_VK_SERIALIZE_SUBMISSIONS", "GGML_VK_DISABLE_F16")
 
 

@@ -590,6 +590,7 @@ class TinyServer:
     url: str
     process: subprocess.Popen
     log_path: Path
+    request_timeout: float = 60.0  # seconds per request
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -598,7 +599,7 @@ class TinyServer:
         req = urllib.request.Request(
             f"{self.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with urllib.request.urlopen(req, timeout=self.request_timeout) as resp:
             return json.load(resp)
 
     def completion(self, prompt: str = "hello world", n_predict: int = 8, **extra: object) -> dict:
@@ -629,11 +630,13 @@ def serve(
     *,
     timeout: float = 60.0,
     env: dict[str, str] | None = None,
+    request_timeout: float = 60.0,
 ) -> Iterator[TinyServer]:
     """Run `binary args --host 127.0.0.1 --port <free>` until /health answers 200; always kill it.
 
     Raises ServerExited if the process ends first (a refused model), TimeoutError otherwise.
-    `env` adds variables to the inherited environment.
+    `env` adds variables to the inherited environment; `request_timeout` bounds each request
+    (a software GPU compiles its shaders at their first use).
     """
     log_path = Path(log_path)
     port = free_port()
@@ -657,7 +660,7 @@ def serve(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"llama-server not healthy after {timeout}s:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.05)
-        yield TinyServer(url=url, process=proc, log_path=log_path)
+        yield TinyServer(url=url, process=proc, log_path=log_path, request_timeout=request_timeout)
     finally:
         if proc.poll() is None:
             proc.terminate()
