@@ -308,6 +308,9 @@ def test_auto_builds_vulkan_only_for_a_vulkan_gpu_never_for_lavapipe(monkeypatch
 
     lavapipe = machine.parse_vulkaninfo_summary(LAVAPIPE_SUMMARY)
     assert lavapipe == (machine.VulkanDevice("llvmpipe (LLVM 15.0.6, 256 bits)", "CPU (software)"),)
+    mesa = "Mesa 25.0.7-2~bpo12+1 (LLVM 15.0.6)"
+    with_driver = LAVAPIPE_SUMMARY.replace("\tdeviceName", f"\tdriverInfo         = {mesa}\n\tdeviceName")
+    assert machine.parse_vulkaninfo_summary(with_driver)[0].driver == mesa
     both = machine.parse_vulkaninfo_summary(RADEON_SUMMARY)
     assert [d.is_gpu for d in both] == [False, True] and both[1].name.startswith("AMD Radeon")
 

@@ -117,6 +117,7 @@ _VULKAN_GPU_TYPES = {
 class VulkanDevice:
     name: str
     kind: str  # "discrete GPU", "integrated GPU", "virtual GPU", "CPU (software)" or "other"
+    driver: str = ""  # vulkaninfo's driverInfo, e.g. "Mesa 25.0.7-2~bpo12+1 (LLVM 15.0.6)"
 
     @property
     def is_gpu(self) -> bool:
@@ -124,19 +125,23 @@ class VulkanDevice:
 
 
 def parse_vulkaninfo_summary(text: str) -> tuple[VulkanDevice, ...]:
-    """The devices `vulkaninfo --summary` lists (its deviceType and deviceName lines, per GPUn block)."""
-    devices, kind, name = [], None, None
+    """The devices `vulkaninfo --summary` lists (its deviceType, deviceName and driverInfo lines,
+    per GPUn block)."""
+    devices, kind, name, driver = [], None, None, ""
     for line in text.splitlines() + ["GPU_END:"]:
         stripped = line.strip()
         if stripped.startswith("GPU") and stripped.endswith(":"):
             if kind is not None or name is not None:
-                devices.append(VulkanDevice(name or "unnamed", kind or "other"))
+                devices.append(VulkanDevice(name or "unnamed", kind or "other", driver))
             kind = name = None
+            driver = ""
         elif stripped.startswith("deviceType"):
             value = stripped.partition("=")[2].strip()
             kind = _VULKAN_GPU_TYPES.get(value, "CPU (software)" if value.endswith("_CPU") else "other")
         elif stripped.startswith("deviceName"):
             name = stripped.partition("=")[2].strip()
+        elif stripped.startswith("driverInfo"):
+            driver = stripped.partition("=")[2].strip()
     return tuple(devices)
 
 
