@@ -133,8 +133,11 @@ def verify_cost(pp: dict[int, float]) -> dict[str, float]:
 
 
 def offloaded(log: str) -> list[str]:
-    """llama.cpp's `offloaded N/M layers to GPU` lines, one per model loaded (target, then drafter)."""
-    return [ln.split("offloaded", 1)[1].strip() for ln in log.splitlines() if "offloaded" in ln and "layers" in ln]
+    """`N/M layers to GPU` for each model loaded (target, then drafter), as llama.cpp logs it;
+    the memory-fitting pass's dry loads are left out (tiny_gguf.offloaded_layers)."""
+    import tiny_gguf
+
+    return [f"{done}/{total} layers to GPU" for done, total in tiny_gguf.offloaded_layers(log)]
 
 
 def fully_offloaded(lines: list[str]) -> bool:

@@ -65,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -605,6 +606,18 @@ class TinyServer:
     def completion(self, prompt: str = "hello world", n_predict: int = 8, **extra: object) -> dict:
         """POST /completion at temperature 0; the answer's `timings` has draft_n when speculating."""
         return self.post("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": 0, **extra})
+
+
+def offloaded_layers(log: str) -> list[tuple[int, int]]:
+    """(offloaded, total) layers of each model a llama-server log shows loaded, in load order
+    (the target first); the memory-fitting pass's dry loads (`load_mode = none`) are left out."""
+    loads, dry = [], False
+    for line in log.splitlines():
+        if mode := re.search(r"load_mode = (\w+)", line):
+            dry = mode.group(1) == "none"
+        elif (done := re.search(r"offloaded (\d+)/(\d+) layers to GPU", line)) and not dry:
+            loads.append((int(done.group(1)), int(done.group(2))))
+    return loads
 
 
 def free_port() -> int:
