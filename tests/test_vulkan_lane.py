@@ -32,6 +32,7 @@ import pytest
 import real_parts
 import tiny_gguf
 import tiny_hybrid
+from bonsai_launch.server import client
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.server]
 
@@ -74,29 +75,16 @@ def vulkan_server() -> Path:
     return VULKAN_SERVER
 
 
-def offloaded(log: str) -> list[tuple[int, int]]:
-    """(offloaded, total) layers of each model the server loaded, in load order (the target
-    first); the memory-fitting pass's dry loads (`load_mode = none`) are left out."""
-    loads, dry = [], False
-    for line in log.splitlines():
-        if mode := re.search(r"load_mode = (\w+)", line):
-            dry = mode.group(1) == "none"
-        elif (done := re.search(r"offloaded (\d+)/(\d+) layers to GPU", line)) and not dry:
-            loads.append((int(done.group(1)), int(done.group(2))))
-    return loads
-
-
-def lavapipe_mesa_major() -> int:
-    """The Mesa release of the lavapipe device (vulkaninfo's driverInfo), 0 when none is listed."""
-    out = subprocess.run(["vulkaninfo", "--summary"], capture_output=True, text=True, timeout=30).stdout
-    found = re.search(r"driverInfo\s*=\s*Mesa (\d+)\.", out)
-    return int(found.group(1)) if found else 0
+def lavapipe_mesa_major(devices) -> int:
+    """The Mesa release of the lavapipe device among `devices` (from its driverInfo), 0 if none."""
+    found = [re.match(r"Mesa (\d+)\.", d.driver) for d in devices if "llvmpipe" in d.name]
+    return max((int(m.group(1)) for m in found if m), default=0)
 
 
 def assert_on_vulkan(log: str, label: str, *, models: int = 1) -> None:
     """The server's -v log shows each of its `models` (the target, then a drafter) with every
     layer on lavapipe, and the KV cache there."""
-    loads = offloaded(log)
+    loads = tiny_gguf.offloaded_layers(log)
     assert len(loads) == models, (
         f"{label}: {models} model load(s) expected in the -v log, found {loads}:\n{log[-3000:]}"
     )
@@ -126,8 +114,8 @@ def _tokens(answers: list[dict]) -> list[list[int]]:
 
 
 def _draft_counts(answers: list[dict]) -> tuple[int, int]:
-    t = [a.get("timings") or {} for a in answers]
-    return sum(int(x.get("draft_n") or 0) for x in t), sum(int(x.get("draft_n_accepted") or 0) for x in t)
+    counts = [client.acceptance(a.get("timings") or {}) for a in answers]
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def _probs(step: dict) -> dict[int, float]:
@@ -230,7 +218,7 @@ def test_lavapipe_is_here_and_auto_does_not_build_for_it():
     if not any("llvmpipe" in d.name for d in seen.devices):
         pytest.fail(f"no lavapipe device ({seen.how}: {names}): apt-get install mesa-vulkan-drivers vulkan-tools")
     assert not seen.gpus, f"this lane is meant for a machine without a Vulkan GPU: {names}"
-    mesa = lavapipe_mesa_major()
+    mesa = lavapipe_mesa_major(seen.devices)
     assert mesa >= LAVAPIPE_MIN, (
         f"lavapipe is Mesa {mesa}; the lane needs Mesa {LAVAPIPE_MIN} or newer (22.3 segfaults under a"
         " speculative verify): on Debian 12, apt-get install -t bookworm-backports mesa-vulkan-drivers"
