@@ -30,7 +30,7 @@ def test_no_request_kills_the_server(llama_server, tiny_pair, monkeypatch, seed)
     target = http_fuzz.BonsaiTarget(tiny_pair["target"], free_port())
     target.start()
     try:
-        report = http_fuzz.run(target, seed=seed, requests=200, seconds=12, vocab=512, request_timeout=30)
+        report = http_fuzz.run(target, seed=seed, requests=200, seconds=30, vocab=512, request_timeout=30)
         assert report.sent >= 50, report.to_json()  # the run really ran
         assert report.crashes == [], report.to_json()
         assert report.no_status == [], report.to_json()
