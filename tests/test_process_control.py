@@ -545,3 +545,25 @@ def test_no_posix_only_signal_or_call_outside_the_posix_parts():
                 if node.value.id == "os" and node.attr in ("killpg", "getpgid", "setsid", "setpgid"):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
     assert offenders == []
+
+
+@posix_only
+def test_a_stop_signal_held_during_a_spawn_is_acted_on_when_the_hold_ends():
+    from bonsai_launch.server.supervisor import SignalForwarder, StopRequested
+
+    steps = []
+    with SignalForwarder((signal.SIGUSR2,)) as forwarder:
+        with pytest.raises(StopRequested):
+            with forwarder.held():
+                os.kill(os.getpid(), signal.SIGUSR2)  # the handler runs before os.kill returns
+                steps.append("after the signal, still inside")
+            steps.append("not reached")
+        assert steps == ["after the signal, still inside"]
+        assert forwarder.received == signal.SIGUSR2
+        # a hold that starts while already stopping raises nothing more
+        with forwarder.held():
+            pass
+    # without a signal a hold is transparent
+    with SignalForwarder((signal.SIGUSR2,)) as quiet, quiet.held():
+        steps.append("quiet")
+    assert quiet.received is None and steps[-1] == "quiet"

@@ -252,6 +252,39 @@ def test_ctrl_c_while_loading_stops_the_server(llama_server, tiny, tmp_path):
         fg.kill()
 
 
+def test_a_stop_during_the_spawn_stops_the_server_it_started(llama_server, tiny, monkeypatch):
+    # The window the test above hits by chance on a loaded machine, forced: the stop signal arrives
+    # once the server process exists but before bonsai has recorded it. bonsai must still know it
+    # started a server (exit 0 rather than 130) and stop it, not leave it to die with its parent.
+    from bonsai_launch.server import supervisor
+    from bonsai_launch.server.plan import LaunchPlan
+    from bonsai_launch.server.process import ServerProcess
+
+    spawned: list[ServerProcess] = []
+    real_spawn = ServerProcess.spawn
+
+    def spawn_then_stop(*args, **kwargs):
+        server = real_spawn(*args, **kwargs)
+        spawned.append(server)
+        os.kill(os.getpid(), signal.SIGUSR1)  # Python runs the handler before this call returns
+        return server
+
+    monkeypatch.setattr(ServerProcess, "spawn", spawn_then_stop)
+    port = free_port()
+    argv = (str(llama_server), "-m", str(tiny["target"]), "--host", "127.0.0.1", "--port", str(port))
+    plan = LaunchPlan(argv, {}, (), (), None, str(tiny["target"]), "127.0.0.1", port, 512, 0, "cpu", None)
+    try:
+        with supervisor.SignalForwarder((signal.SIGUSR1,)) as forwarder, pytest.raises(supervisor.StopRequested):
+            supervisor.launch(plan, forwarder=forwarder)
+        assert len(spawned) == 1
+        assert forwarder.server is spawned[0]
+        assert gone(spawned[0].pid)
+        assert instances.running() == []
+    finally:
+        for server in spawned:
+            server.kill()
+
+
 # -- detach, ps, logs, stop ---------------------------------------------------------------------------
 
 

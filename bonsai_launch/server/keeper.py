@@ -205,18 +205,20 @@ def main() -> int:
         return 2
     with SignalForwarder() as forwarder:
         try:
-            try:
-                server = ServerProcess.spawn(
-                    first["argv"],
-                    env=first["env"],
-                    log_path=Path(first["log_path"]),
-                    base_url=first["base_url"],
-                    die_with_parent=False,
-                )
-            except BonsaiError as exc:
-                _say({"error": exc.message})
-                return 1
-            forwarder.server = server
+            # a stop during the spawn waits until `server` is set, so the finally below stops it
+            with forwarder.held():
+                try:
+                    server = ServerProcess.spawn(
+                        first["argv"],
+                        env=first["env"],
+                        log_path=Path(first["log_path"]),
+                        base_url=first["base_url"],
+                        die_with_parent=False,
+                    )
+                except BonsaiError as exc:
+                    _say({"error": exc.message})
+                    return 1
+                forwarder.server = server
             _say({"pid": server.pid})
             commands = _reader(sys.stdin.buffer)
             while True:  # until the hand-over: the front decides, the keeper relays

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -111,13 +112,29 @@ class SignalForwarder:
         self.received: int | None = None
         self._signals = signals
         self._previous: dict[int, object] = {}
+        self._holding = False
 
     def _handle(self, signum, frame) -> None:  # signal handler signature
         if self.received is None:
             self.received = signum
-            raise StopRequested(signum)
-        if self.server is not None:
+            if not self._holding:
+                raise StopRequested(signum)
+        elif self.server is not None:
             self.server.kill()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A first stop signal inside is acted on when the block ends. Spawning the server and
+        recording it here is one step that way: a stop that arrives between the two would
+        otherwise find a running server that bonsai did not know it had started."""
+        arrived_before = self.received is not None
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self.received is not None and not arrived_before:
+            raise StopRequested(self.received)
 
     def __enter__(self) -> SignalForwarder:
         if threading.current_thread() is threading.main_thread():
@@ -175,17 +192,21 @@ def launch(
     log_path = log_path_for(name)
     started = time.monotonic()
     kept: KeptChild | None = None
-    if detach and policy.enabled:
-        server, kept = spawn_kept(plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url)
-    else:
-        server = ServerProcess.spawn(
-            plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url, die_with_parent=not detach
-        )
-    if forwarder is not None:
-        forwarder.server = server
-    watcher = kept.keeper.pid if kept is not None else (None if detach else _own_pid())
+    server: ServerProcess | None = None
     ok = False
     try:
+        # A stop during the spawn is acted on once the forwarder knows the server, inside this
+        # try, so the server it started is stopped and the exit says a server was stopped.
+        with forwarder.held() if forwarder is not None else nullcontext():
+            if detach and policy.enabled:
+                server, kept = spawn_kept(plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url)
+            else:
+                server = ServerProcess.spawn(
+                    plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url, die_with_parent=not detach
+                )
+            if forwarder is not None:
+                forwarder.server = server
+        watcher = kept.keeper.pid if kept is not None else (None if detach else _own_pid())
         inst = instances.Instance(
             name=name,
             pid=server.pid,
@@ -230,7 +251,7 @@ def launch(
         ok = True
         return Launched(server, inst, ready_s, proof, slots_proof, job)
     finally:
-        if not ok:
+        if not ok and server is not None:
             _stop(server)
             instances.unregister(name, server.pid)
             if kept is not None:
