@@ -1,15 +1,18 @@
 """Bonsai's weight formats (Q1_0, Q2_0) on the CPU kernels of the build we ship.
 
-Patches 0005 (an x86 Q2_0 kernel) and 0006 (Q1_0/Q2_0 two rows by two columns, odd batches
-paired column by column) change arithmetic that every Bonsai model on an x86 CPU runs through.
+Patches 0005 (an x86 Q2_0 kernel), 0006 (Q1_0/Q2_0 two rows by two columns, odd batches paired
+column by column) and 0008 (Q1_0 repacked four rows at a time, with x86 gemv/gemm kernels) change
+arithmetic that every Bonsai model on an x86 CPU runs through.
 Two checks, both against the real build of the current pin and patch series:
 - a small C program (support/cpu_kernels_check.c) linked against that build's static ggml
   libraries compares the kernels and ggml_mul_mat at every batch size 1..9, 16, 17, 33 with a
-  reference written from the block layouts, and on x86 with AVX2 fails when the SIMD Q2_0 kernel
-  or the 2x2 path is not wired in (so it fails without the patches);
+  reference written from the block layouts, plain and (Q1_0) from the repack buffer, and on x86
+  with AVX2 fails when the SIMD Q2_0 kernel, the 2x2 path or the Q1_0 repack is not wired in (so
+  it fails without the patches);
 - a greedy speculative run on a tiny target quantized to Q1_0 and to Q2_0 by the build's own
-  llama-quantize stays token-identical to plain (verify batches of 5 and 8 tokens go through the
-  paired kernels, the decode steps through the one-row ones).
+  llama-quantize stays token-identical to plain: with repacking (Q1_0's verify batches of 5 and 8
+  tokens through gemm and gemv, its decode steps through gemv) and with --no-repack (the paired
+  vec_dot kernels for the batches, the one-row ones for decoding).
 """
 
 from __future__ import annotations
@@ -91,10 +94,10 @@ def _build_check(server: Path, out: Path) -> Path:
 def test_q1_0_q2_0_kernels_match_the_reference(llama_server, tmp_path):
     exe = _build_check(llama_server, tmp_path)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and out.rstrip().endswith("ok"), out[-4000:]
+    # the verdict is on stdout; ggml's own log lines ("repack: repack tensor ...") go to stderr
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("ok"), (proc.stdout + proc.stderr)[-4000:]
     # the first line says which kernels ran: keep it in the log of a passing run too
-    print(out.splitlines()[0])
+    print(proc.stdout.splitlines()[0])
 
 
 def _quantize(server: Path, src: Path, dst: Path, qtype: str) -> Path:
@@ -114,8 +117,10 @@ def _prompts(seed: int, n: int = 3, length: int = 24) -> list[list[int]]:
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("qtype", ["Q1_0", "Q2_0"])
-def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_path, qtype):
+@pytest.mark.parametrize(
+    ("qtype", "repack"), [("Q1_0", True), ("Q1_0", False), ("Q2_0", True)], ids=["Q1_0", "Q1_0-no-repack", "Q2_0"]
+)
+def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_path, qtype, repack):
     # every matrix row is 128 or 256 long, so every layer takes the format (Q1_0 blocks are 128)
     dims = {"embedding": 128, "ff": 256, "heads": 4, "heads_kv": 2, "head_dim": 32}
     f32 = tiny_gguf.write_target(tmp_path / "target-f32.gguf", seed=5, layer_scale=1.0, **dims)
@@ -124,7 +129,9 @@ def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_pat
 
     def run(args: list[str], log: str) -> list[dict]:
         with tiny_gguf.serve(
-            llama_server, ["-m", target, "-c", "2048", "-np", "1", *THREADS, *args], tmp_path / log
+            llama_server,
+            ["-m", target, "-c", "2048", "-np", "1", *THREADS, *([] if repack else ["--no-repack"]), *args],
+            tmp_path / log,
         ) as s:
             return [s.completion(p, n_predict=N_PREDICT, cache_prompt=False, return_tokens=True) for p in prompts]
 

@@ -11,11 +11,17 @@
  *  - ggml_mul_mat at every batch size 1..9 and 16, 17, 33 (odd tails, the 2x2 pairing and the
  *    16-column tiles), odd and even row counts, 1 and 2 threads, against the same reference;
  *    and each batched column bit-identical to that column computed alone (greedy speculative
- *    verification relies on it).
+ *    verification relies on it);
+ *  - the same for Q1_0 weights in the CPU backend's repack buffer (what llama-server uses unless
+ *    --no-repack), where patch 0008 adds x86 gemv/gemm kernels over rows interleaved by four:
+ *    batches of 4 and more go through gemm, the rest of a batch through gemv. On x86 with AVX2 it
+ *    fails when Q1_0 is not repacked (patch 0008 missing).
  * Tolerance: |kernel - reference| <= 3e-5 x sum of |terms| (float32 summation order only); where
  * the data has unit scale, also llama.cpp's test-quantize-fns bound (error / n <= 0.02).
  */
 #include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 
 #include <math.h>
@@ -170,37 +176,90 @@ static void check_vec_dot(enum ggml_type t) {
     }
 }
 
-/* ggml_mul_mat(W [n x rows], A [n x batch] f32) through the CPU backend's graph compute */
-static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int threads) {
+/* The CPU backend's repack buffer type (weights rearranged for its gemv/gemm kernels), or NULL */
+static ggml_backend_buffer_type_t repack_buffer_type(void) {
+    ggml_backend_reg_t reg = ggml_backend_cpu_reg();
+    ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, 0);
+    typedef ggml_backend_buffer_type_t * (*extra_bufts_fn)(ggml_backend_dev_t);
+    extra_bufts_fn extra = (extra_bufts_fn) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+    for (ggml_backend_buffer_type_t * b = extra ? extra(dev) : NULL; b && *b; b++) {
+        if (strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) return *b;
+    }
+    return NULL;
+}
+
+/* Whether the repack buffer rearranges a weight of this type and shape (its init sets extra) */
+static int repacks(enum ggml_type t, int n, int rows) {
+    ggml_backend_buffer_type_t buft = repack_buffer_type();
+    if (!buft) return 0;
+    struct ggml_init_params wp = { ggml_tensor_overhead() * 2, NULL, true };
+    struct ggml_context * wctx = ggml_init(wp);
+    struct ggml_tensor * w = ggml_new_tensor_2d(wctx, t, n, rows);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft);
+    const int yes = buf && w->extra;
+    if (buf) ggml_backend_buffer_free(buf);
+    ggml_free(wctx);
+    return yes;
+}
+
+/* ggml_mul_mat(W [n x rows], A [n x batch] f32) through the CPU backend's graph compute; with
+ * `repacked`, W lives in the repack buffer as llama-server's weights do */
+static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int threads, int repacked) {
     struct ggml_init_params ip = { 64 * 1024 * 1024, NULL, false };
     struct ggml_context * ctx = ggml_init(ip);
-    struct ggml_tensor * w = ggml_new_tensor_2d(ctx, t, n, rows);
+    const size_t wrow = ggml_row_size(t, n);
+    char * wdata = malloc(wrow * (size_t) rows);
+    fill_weights(t, wdata, rows, n,
+                 (batch + rows) % 5 == 0 ? ALL_HIGH : (batch + rows) % 7 == 0 ? ALL_LOW : (batch + rows) % 3 == 0 ? EXTREME : RANDOM);
+    struct ggml_context * wctx = NULL;
+    ggml_backend_buffer_t wbuf = NULL;
+    struct ggml_tensor * w;
+    const char * path = repacked ? "repacked" : "plain";
+    if (repacked) {
+        struct ggml_init_params wp = { ggml_tensor_overhead() * 2, NULL, true };
+        wctx = ggml_init(wp);
+        w = ggml_new_tensor_2d(wctx, t, n, rows);
+        wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, repack_buffer_type());
+        if (!wbuf || !w->extra) {
+            FAIL("%s n=%d rows=%d is not repacked", tname(t), n, rows);
+            if (wbuf) ggml_backend_buffer_free(wbuf);
+            ggml_free(wctx);
+            ggml_free(ctx);
+            free(wdata);
+            return;
+        }
+        ggml_backend_tensor_set(w, wdata, 0, ggml_nbytes(w));
+    } else {
+        w = ggml_new_tensor_2d(ctx, t, n, rows);
+        memcpy(w->data, wdata, ggml_nbytes(w));
+    }
     struct ggml_tensor * a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, batch);
-    fill_weights(t, w->data, rows, n, (batch + rows) % 5 == 0 ? ALL_HIGH : (batch + rows) % 7 == 0 ? ALL_LOW : RANDOM);
     float * af = (float *) a->data;
     for (int i = 0; i < n * batch; i++) af[i] = frand(-1.0f, 1.0f);
     struct ggml_tensor * out = ggml_mul_mat(ctx, w, a);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
     if (ggml_graph_compute_with_ctx(ctx, gf, threads) != GGML_STATUS_SUCCESS) {
-        FAIL("%s mul_mat n=%d rows=%d batch=%d: compute failed", tname(t), n, rows, batch);
+        FAIL("%s %s mul_mat n=%d rows=%d batch=%d: compute failed", tname(t), path, n, rows, batch);
+        if (wbuf) ggml_backend_buffer_free(wbuf);
+        if (wctx) ggml_free(wctx);
         ggml_free(ctx);
+        free(wdata);
         return;
     }
     /* the activations as mul_mat quantizes them: the CPU backend's own Q8_0 from_float */
     const struct ggml_type_traits_cpu * q8 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
     q8_block * yq = malloc(sizeof(q8_block) * (size_t) (n / 32));
-    const size_t wrow = ggml_row_size(t, n);
     const float * of = (const float *) out->data;
     for (int c = 0; c < batch; c++) {
         q8->from_float(af + (size_t) c * n, yq, n);
         for (int r = 0; r < rows; r++) {
             double mag;
-            const double want = ref_dot(t, (const char *) w->data + r * wrow, yq, n, &mag);
+            const double want = ref_dot(t, wdata + r * wrow, yq, n, &mag);
             const float got = of[(size_t) c * rows + r];
             if (!close_enough(got, want, mag, n)) {
-                FAIL("%s mul_mat n=%d rows=%d batch=%d threads=%d: [%d,%d] %.9g, reference %.9g", tname(t), n, rows, batch,
-                     threads, r, c, got, want);
+                FAIL("%s %s mul_mat n=%d rows=%d batch=%d threads=%d: [%d,%d] %.9g, reference %.9g", tname(t), path, n, rows,
+                     batch, threads, r, c, got, want);
                 c = batch;
                 break;
             }
@@ -216,14 +275,17 @@ static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int thre
             memcpy(a1->data, af + (size_t) c * n, sizeof(float) * (size_t) n);
             ggml_graph_compute_with_ctx(ctx, g1, threads);
             if (memcmp(o1->data, of + (size_t) c * rows, sizeof(float) * (size_t) rows) != 0) {
-                FAIL("%s mul_mat n=%d rows=%d batch=%d threads=%d: column %d differs from the same column alone", tname(t), n,
-                     rows, batch, threads, c);
+                FAIL("%s %s mul_mat n=%d rows=%d batch=%d threads=%d: column %d differs from the same column alone", tname(t),
+                     path, n, rows, batch, threads, c);
                 break;
             }
         }
     }
     free(yq);
+    if (wbuf) ggml_backend_buffer_free(wbuf);
+    if (wctx) ggml_free(wctx);
     ggml_free(ctx);
+    free(wdata);
 }
 
 int main(int argc, char ** argv) {
@@ -232,9 +294,10 @@ int main(int argc, char ** argv) {
     const int x86_avx2 = ggml_cpu_has_avx2();
     const struct ggml_type_traits_cpu * q1 = ggml_get_type_traits_cpu(GGML_TYPE_Q1_0);
     const struct ggml_type_traits_cpu * q2 = ggml_get_type_traits_cpu(GGML_TYPE_Q2_0);
-    printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s\n", x86_avx2,
-           ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
-           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent");
+    const int q1_repacked = repacks(GGML_TYPE_Q1_0, 384, 4);
+    printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d\n",
+           x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
+           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked);
     if (argc > 1 || x86_avx2) { /* an argument: expect the x86 kernels even where the probe says no */
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
             FAIL("Q2_0 has no x86 kernel: its vec_dot is the scalar reference (patch 0005 missing)");
@@ -244,6 +307,9 @@ int main(int argc, char ** argv) {
         if (q1->nrows != 2 || q2->nrows != 2) {
             FAIL("Q1_0/Q2_0 do one row a call (nrows %lld/%lld), not 2x2 (patch 0006 missing)", (long long) q1->nrows,
                  (long long) q2->nrows);
+        }
+        if (!q1_repacked) {
+            FAIL("Q1_0 weights are not repacked: the x86 gemv/gemm kernels are not offered (patch 0008 missing)");
         }
     }
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0 };
@@ -255,8 +321,17 @@ int main(int argc, char ** argv) {
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33 };
         for (int ri = 0; ri < 3; ri++)
             for (int bi = 0; bi < 12; bi++)
-                for (int th = 1; th <= 2; th++) check_mul_mat(t, n, row_counts[ri], batches[bi], th);
-        check_mul_mat(t, 2048, 64, 5, 2);
+                for (int th = 1; th <= 2; th++) check_mul_mat(t, n, row_counts[ri], batches[bi], th, 0);
+        check_mul_mat(t, 2048, 64, 5, 2, 0);
+    }
+    if (q1_repacked) { /* rows come in fours there; 4 and 36 leave one thread a lone group of four */
+        const int row_counts[] = { 4, 36, 64 };
+        const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33 };
+        for (int ri = 0; ri < 3; ri++)
+            for (int bi = 0; bi < 12; bi++)
+                for (int th = 1; th <= 2; th++) check_mul_mat(GGML_TYPE_Q1_0, 384, row_counts[ri], batches[bi], th, 1);
+        check_mul_mat(GGML_TYPE_Q1_0, 2048, 64, 5, 2, 1);
+        check_mul_mat(GGML_TYPE_Q1_0, 128, 8, 9, 2, 1);
     }
     if (failures) {
         printf("%d failures\n", failures);
