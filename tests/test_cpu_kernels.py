@@ -1,18 +1,18 @@
 """Bonsai's weight formats (Q1_0, Q2_0) on the CPU kernels of the build we ship.
 
 Patches 0005 (an x86 Q2_0 kernel), 0006 (Q1_0/Q2_0 two rows by two columns, odd batches paired
-column by column) and 0008 (Q1_0 repacked four rows at a time, with x86 gemv/gemm kernels) change
-arithmetic that every Bonsai model on an x86 CPU runs through.
+column by column), 0008 and 0009 (Q1_0 and Q2_0 repacked four rows at a time, with x86 gemv/gemm
+kernels) change arithmetic that every Bonsai model on an x86 CPU runs through.
 Two checks, both against the real build of the current pin and patch series:
 - a small C program (support/cpu_kernels_check.c) linked against that build's static ggml
   libraries compares the kernels and ggml_mul_mat at every batch size 1..9, 16, 17, 33 with a
-  reference written from the block layouts, plain and (Q1_0) from the repack buffer, and on x86
-  with AVX2 fails when the SIMD Q2_0 kernel, the 2x2 path or the Q1_0 repack is not wired in (so
-  it fails without the patches);
+  reference written from the block layouts, plain and from the repack buffer, and on x86 with
+  AVX2 fails when the SIMD Q2_0 kernel, the 2x2 path or either repack is not wired in (so it
+  fails without the patches);
 - a greedy speculative run on a tiny target quantized to Q1_0 and to Q2_0 by the build's own
-  llama-quantize stays token-identical to plain: with repacking (Q1_0's verify batches of 5 and 8
-  tokens through gemm and gemv, its decode steps through gemv) and with --no-repack (the paired
-  vec_dot kernels for the batches, the one-row ones for decoding).
+  llama-quantize stays token-identical to plain: with repacking (verify batches of 5 and 8 tokens
+  through gemm and gemv, decode steps through gemv) and with --no-repack (the paired vec_dot
+  kernels for the batches, the one-row ones for decoding).
 """
 
 from __future__ import annotations
@@ -118,7 +118,9 @@ def _prompts(seed: int, n: int = 3, length: int = 24) -> list[list[int]]:
 
 @pytest.mark.server
 @pytest.mark.parametrize(
-    ("qtype", "repack"), [("Q1_0", True), ("Q1_0", False), ("Q2_0", True)], ids=["Q1_0", "Q1_0-no-repack", "Q2_0"]
+    ("qtype", "repack"),
+    [("Q1_0", True), ("Q1_0", False), ("Q2_0", True), ("Q2_0", False)],
+    ids=["Q1_0", "Q1_0-no-repack", "Q2_0", "Q2_0-no-repack"],
 )
 def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_path, qtype, repack):
     # every matrix row is 128 or 256 long, so every layer takes the format (Q1_0 blocks are 128)

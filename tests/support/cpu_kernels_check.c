@@ -12,10 +12,10 @@
  *    16-column tiles), odd and even row counts, 1 and 2 threads, against the same reference;
  *    and each batched column bit-identical to that column computed alone (greedy speculative
  *    verification relies on it);
- *  - the same for Q1_0 weights in the CPU backend's repack buffer (what llama-server uses unless
- *    --no-repack), where patch 0008 adds x86 gemv/gemm kernels over rows interleaved by four:
- *    batches of 4 and more go through gemm, the rest of a batch through gemv. On x86 with AVX2 it
- *    fails when Q1_0 is not repacked (patch 0008 missing).
+ *  - the same for weights in the CPU backend's repack buffer (what llama-server uses unless
+ *    --no-repack), where patches 0008 (Q1_0) and 0009 (Q2_0) add x86 gemv/gemm kernels over rows
+ *    interleaved by four: batches of 4 and more go through gemm, the rest of a batch through
+ *    gemv. On x86 with AVX2 it fails when either type is not repacked (a patch missing).
  * Tolerance: |kernel - reference| <= 3e-5 x sum of |terms| (float32 summation order only); where
  * the data has unit scale, also llama.cpp's test-quantize-fns bound (error / n <= 0.02).
  */
@@ -295,9 +295,11 @@ int main(int argc, char ** argv) {
     const struct ggml_type_traits_cpu * q1 = ggml_get_type_traits_cpu(GGML_TYPE_Q1_0);
     const struct ggml_type_traits_cpu * q2 = ggml_get_type_traits_cpu(GGML_TYPE_Q2_0);
     const int q1_repacked = repacks(GGML_TYPE_Q1_0, 384, 4);
-    printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d\n",
+    const int q2_repacked = repacks(GGML_TYPE_Q2_0, 192, 4);
+    printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d "
+           "q2_0.repacked=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
-           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked);
+           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked);
     if (argc > 1 || x86_avx2) { /* an argument: expect the x86 kernels even where the probe says no */
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
             FAIL("Q2_0 has no x86 kernel: its vec_dot is the scalar reference (patch 0005 missing)");
@@ -310,6 +312,9 @@ int main(int argc, char ** argv) {
         }
         if (!q1_repacked) {
             FAIL("Q1_0 weights are not repacked: the x86 gemv/gemm kernels are not offered (patch 0008 missing)");
+        }
+        if (!q2_repacked) {
+            FAIL("Q2_0 weights are not repacked: the x86 gemv/gemm kernels are not offered (patch 0009 missing)");
         }
     }
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0 };
@@ -324,14 +329,17 @@ int main(int argc, char ** argv) {
                 for (int th = 1; th <= 2; th++) check_mul_mat(t, n, row_counts[ri], batches[bi], th, 0);
         check_mul_mat(t, 2048, 64, 5, 2, 0);
     }
-    if (q1_repacked) { /* rows come in fours there; 4 and 36 leave one thread a lone group of four */
+    for (int ti = 0; ti < 2; ti++) { /* rows come in fours there; 4 and 36 leave a thread a lone group of four */
+        const enum ggml_type t = types[ti];
+        if (!(t == GGML_TYPE_Q1_0 ? q1_repacked : q2_repacked)) continue;
+        const int per = t == GGML_TYPE_Q1_0 ? 128 : 64;
         const int row_counts[] = { 4, 36, 64 };
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33 };
         for (int ri = 0; ri < 3; ri++)
             for (int bi = 0; bi < 12; bi++)
-                for (int th = 1; th <= 2; th++) check_mul_mat(GGML_TYPE_Q1_0, 384, row_counts[ri], batches[bi], th, 1);
-        check_mul_mat(GGML_TYPE_Q1_0, 2048, 64, 5, 2, 1);
-        check_mul_mat(GGML_TYPE_Q1_0, 128, 8, 9, 2, 1);
+                for (int th = 1; th <= 2; th++) check_mul_mat(t, 3 * per, row_counts[ri], batches[bi], th, 1);
+        check_mul_mat(t, 2048, 64, 5, 2, 1);
+        check_mul_mat(t, per, 8, 9, 2, 1); /* one block per row */
     }
     if (failures) {
         printf("%d failures\n", failures);
