@@ -1,4 +1,4 @@
-"""Before/after table for Bonsai's formats on the CPU kernels (issue 24: patches 0005-0006).
+"""Before/after table for Bonsai's formats on the CPU kernels (issue 24: patches 0005-0006, 0008-0009).
 
 Writes (once, kept under --dir) a synthetic qwen3 model at the Qwen3-1.7B shape (E=2048, 28
 layers, FF 6144, 16/8 heads of 128, V=151936; random F16 weights: the shape sets the cost, the
@@ -18,6 +18,9 @@ Expect about 35 minutes on a quiet 2-core machine (measured 2026-12-02, --kl inc
 BEFORE build's scalar Q2_0 takes a third of it even with its pp512 skipped (--long-budget).
 The models and the twins' .kld
 files stay in --dir, so a second run only benchmarks.
+
+Patches 0008-0009 (Q1_0/Q2_0 repacked, with gemv/gemm kernels) against 0005-0006 alone, in one
+build: `--before-no-repack` runs "before" with llama-bench's `--repack 0` for Q1_0 and Q2_0.
 
 A quick proof that it works (tiny shape, about a minute):
 
@@ -48,6 +51,7 @@ SHAPES = {
 }
 BEFORE_KEY = "cpu-4a10ccecb885"  # the pin with patches 0001-0002 only
 EXE = ".exe" if os.name == "nt" else ""
+REPACKED_BY_OURS = ("Q1_0", "Q2_0")  # patches 0008-0009: --repack 0 gives back 0005-0006's vec_dot path
 LONG = 256  # prompts this long run once: minutes each, and a long run averages its own noise
 
 
@@ -88,11 +92,12 @@ def quantized_targets(bin_dir: Path, out: Path, stem: str, types: list[str], **t
 
 
 def llama_bench(
-    bin_dir: Path, model: Path, threads: str, prompts: str, gen: int, reps: int
+    bin_dir: Path, model: Path, threads: str, prompts: str, gen: int, reps: int, extra: tuple[str, ...] = ()
 ) -> dict[tuple[int, str], float]:
     """{(threads, "tg"|"ppN"): tok/s}"""
     cmd = [
         bin_dir / f"llama-bench{EXE}",
+        *extra,
         "-m",
         model,
         "-t",
@@ -115,7 +120,14 @@ def llama_bench(
 
 
 def bench(
-    bin_dir: Path, model: Path, threads: str, prompts: str, gen: int, reps: int, long_budget: float
+    bin_dir: Path,
+    model: Path,
+    threads: str,
+    prompts: str,
+    gen: int,
+    reps: int,
+    long_budget: float,
+    extra: tuple[str, ...] = (),
 ) -> dict[tuple[int, str], float]:
     """The short tests (tg and prompts under LONG tokens) `reps` times in one llama-bench call;
     then each long prompt once per thread count, if the rate the largest short prompt reached
@@ -124,7 +136,7 @@ def bench(
     to its flat pp8/pp64 rate. A skipped test is absent and shows as "-" in the table."""
     sizes = [int(p) for p in prompts.split(",")]
     short = ",".join(str(p) for p in sizes if p < LONG)
-    out = llama_bench(bin_dir, model, threads, short, gen, reps) if short else {}
+    out = llama_bench(bin_dir, model, threads, short, gen, reps, extra) if short else {}
     for p in (p for p in sizes if p >= LONG):
         for t in threads.split(","):
             rate = out.get((int(t), f"pp{max((q for q in sizes if q < LONG), default=0)}"))
@@ -134,7 +146,7 @@ def bench(
                     file=sys.stderr,
                 )
                 continue
-            out.update(llama_bench(bin_dir, model, t, str(p), 0, 1))
+            out.update(llama_bench(bin_dir, model, t, str(p), 0, 1, extra))
     return out
 
 
@@ -246,14 +258,20 @@ def main() -> None:
         "--before", type=Path, help=f"bin folder of the build without the patches (default: builds/{BEFORE_KEY}/bin)"
     )
     ap.add_argument("--after", type=Path, help="bin folder of the patched build (default: this checkout's build)")
+    ap.add_argument(
+        "--before-no-repack",
+        action="store_true",
+        help="before = the after build with --repack 0 for Q1_0/Q2_0 (their vec_dot kernels, patches 0005-0006, "
+        "without 0008-0009's repacked gemv/gemm); other types run as after, so their rows show the run's noise",
+    )
     ap.add_argument("--kl", action="store_true", help="also top-1 agreement and KL against each file's F16 twin")
     ap.add_argument("--json", type=Path, help="write every number here too")
     args = ap.parse_args()
 
     from bonsai_launch.core.paths import builds_dir
 
-    before = args.before or builds_dir() / BEFORE_KEY / "bin"
     after = args.after or after_bin()
+    before = after if args.before_no_repack else args.before or builds_dir() / BEFORE_KEY / "bin"
     for label, d in (("--before", before), ("--after", after)):
         if not (d / f"llama-bench{EXE}").is_file():
             sys.exit(f"{label} {d}: no llama-bench there; pass the bin folder of a bonsai build")
@@ -263,6 +281,7 @@ def main() -> None:
     for i, (qtype, model) in enumerate(files.items()):
         order = ("before", "after") if i % 2 == 0 else ("after", "before")  # alternate who runs first
         for which in order:
+            repack_off = which == "before" and args.before_no_repack and qtype in REPACKED_BY_OURS
             results[which][qtype] = bench(
                 before if which == "before" else after,
                 model,
@@ -271,10 +290,12 @@ def main() -> None:
                 args.gen,
                 args.reps,
                 args.long_budget,
+                ("--repack", "0") if repack_off else (),
             )
     tests = ["tg"] + [f"pp{p}" for p in args.prompts.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
-    print(f"## llama-bench, {args.shape} shape, before = {before}, after = {after}")
+    before_label = f"{after} with --repack 0 for {'/'.join(REPACKED_BY_OURS)}" if args.before_no_repack else before
+    print(f"## llama-bench, {args.shape} shape, before = {before_label}, after = {after}")
     print(table(results, files, tests, threads))
     kl = kl_yardstick(after, files, args.dir, args.threads) if args.kl else {}
     if kl:
