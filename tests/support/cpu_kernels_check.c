@@ -188,18 +188,30 @@ static ggml_backend_buffer_type_t repack_buffer_type(void) {
     return NULL;
 }
 
-/* Whether the repack buffer rearranges a weight of this type and shape (its init sets extra) */
-static int repacks(enum ggml_type t, int n, int rows) {
+/* A weight [n x rows] in the repack buffer, or NULL (and nothing left allocated) when that buffer
+ * does not rearrange this type and shape (its init leaves extra unset) */
+static struct ggml_tensor * new_repacked_weight(enum ggml_type t, int n, int rows, struct ggml_context ** wctx,
+                                                ggml_backend_buffer_t * wbuf) {
     ggml_backend_buffer_type_t buft = repack_buffer_type();
-    if (!buft) return 0;
     struct ggml_init_params wp = { ggml_tensor_overhead() * 2, NULL, true };
-    struct ggml_context * wctx = ggml_init(wp);
-    struct ggml_tensor * w = ggml_new_tensor_2d(wctx, t, n, rows);
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft);
-    const int yes = buf && w->extra;
-    if (buf) ggml_backend_buffer_free(buf);
+    *wctx = ggml_init(wp);
+    struct ggml_tensor * w = ggml_new_tensor_2d(*wctx, t, n, rows);
+    *wbuf = buft ? ggml_backend_alloc_ctx_tensors_from_buft(*wctx, buft) : NULL;
+    if (*wbuf && w->extra) return w;
+    if (*wbuf) ggml_backend_buffer_free(*wbuf);
+    ggml_free(*wctx);
+    *wctx = NULL;
+    *wbuf = NULL;
+    return NULL;
+}
+
+static int repacks(enum ggml_type t, int n, int rows) {
+    struct ggml_context * wctx;
+    ggml_backend_buffer_t wbuf;
+    if (!new_repacked_weight(t, n, rows, &wctx, &wbuf)) return 0;
+    ggml_backend_buffer_free(wbuf);
     ggml_free(wctx);
-    return yes;
+    return 1;
 }
 
 /* ggml_mul_mat(W [n x rows], A [n x batch] f32) through the CPU backend's graph compute; with
@@ -216,14 +228,9 @@ static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int thre
     struct ggml_tensor * w;
     const char * path = repacked ? "repacked" : "plain";
     if (repacked) {
-        struct ggml_init_params wp = { ggml_tensor_overhead() * 2, NULL, true };
-        wctx = ggml_init(wp);
-        w = ggml_new_tensor_2d(wctx, t, n, rows);
-        wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, repack_buffer_type());
-        if (!wbuf || !w->extra) {
+        w = new_repacked_weight(t, n, rows, &wctx, &wbuf);
+        if (!w) {
             FAIL("%s n=%d rows=%d is not repacked", tname(t), n, rows);
-            if (wbuf) ggml_backend_buffer_free(wbuf);
-            ggml_free(wctx);
             ggml_free(ctx);
             free(wdata);
             return;
