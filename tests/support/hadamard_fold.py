@@ -158,3 +158,71 @@ def write_fold_pair(folder: Path, *, seed: int = 0, mtp: bool = False) -> FoldPa
     folded = tiny_hybrid.write_parts(folder / f"fold{tag}-folded.gguf", kv + extra_kv, folded_tensors)
     unfolded = tiny_hybrid.write_parts(folder / f"fold{tag}-unfolded.gguf", kv, folded_tensors)
     return FoldPair(plain, folded, unfolded, tuple(widths), kv, folded_tensors, names, signs)
+
+
+# --- ternary files of the folded model: PrismML's PQ2_0/PTQ1_0, and their plain-basis twin -------
+
+TERNARY = (
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+    "attn_qkv",
+    "attn_gate",
+    "ssm_out",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+)
+
+
+def ternary_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PrismML's reference quantizer per 128 weights: d = amax, q = clamp(round(x/d) + 1, 0, 3)."""
+    blocks = w.astype(np.float32).reshape(-1, 128)
+    d = np.abs(blocks).max(axis=1).astype(np.float16).astype(np.float32)
+    safe = np.where(d == 0, 1.0, d)
+    codes = np.clip(np.round(blocks / safe[:, None]) + 1, 0, 3).astype(np.uint8)
+    return codes, d
+
+
+def write_ternary(pair: FoldPair, path: Path, type_id: int) -> Path:
+    """The folded file with its layer matrices in PQ2_0 (142) or PTQ1_0 (143), through bonsai's
+    own GGUF rewriter (the `gguf` package cannot write the fork's types)."""
+    from bonsai_launch.models import codec_repack
+    from bonsai_launch.models import ternary_codecs as codecs
+
+    encode = {codecs.PQ2_0: codecs.encode_pq2_0, codecs.PTQ1_0: codecs.encode_ptq1_0}[type_id]
+
+    def convert(name: str, type_id_in: int, dims: tuple[int, ...], nbytes: int):
+        if not (name.startswith("blk.") and name.split(".")[-2] in TERNARY and type_id_in == 0):
+            return None
+        weights = nbytes // 4
+        size = weights // 128 * codecs.BLOCKS[type_id][1]
+        return type_id, size, lambda raw: encode(*ternary_codes(np.frombuffer(raw, dtype="<f4")))
+
+    return codec_repack.rewrite(pair.folded, path, convert)
+
+
+def unfold_tensor(name: str, w: np.ndarray) -> np.ndarray:
+    """The inverse of the fold for one stored (folded) matrix, numpy (out, in)."""
+    hd, nk, rep = SHAPE["state"], SHAPE["k_heads"], SHAPE["v_heads"] // SHAPE["k_heads"]
+    signs = signs_for(sorted({SHAPE["embedding"], SHAPE["ff"], SHAPE["state"] * SHAPE["v_heads"]}), 0)
+    plain = fwht(w.astype(np.float64)) * signs[w.shape[1]]  # H is its own inverse, s * s = 1
+    if name.endswith("ssm_out.weight"):
+        out = plain.shape[0]
+        plain = plain.reshape(out, nk, rep, hd).transpose(0, 2, 1, 3).reshape(out, -1)
+    return plain.astype(np.float32)
+
+
+def write_ternary_twin(pair: FoldPair, path: Path) -> Path:
+    """The plain-basis F32 twin of write_ternary's file: the same ternary values, unfolded."""
+    from bonsai_launch.models import ternary_codecs as codecs
+
+    tensors = []
+    for name, data, extra in pair.folded_tensors:
+        if name.startswith("blk.") and name.split(".")[-2] in TERNARY:
+            data = codecs.values(*ternary_codes(np.asarray(data))).reshape(data.shape)
+        if name in pair.names or name == "token_embd.weight":
+            data = unfold_tensor(name, np.asarray(data))
+        tensors.append((name, data, extra))
+    return tiny_hybrid.write_parts(path, pair.kv, tensors)
