@@ -100,16 +100,18 @@ def _parts(**overrides) -> tuple[list, list]:
     return tiny_hybrid.hybrid_target_parts(**{**SHAPE, **overrides})
 
 
+def _widths(dims: dict) -> list[int]:
+    return sorted({dims["embedding"], dims["ff"], dims["state"] * dims["v_heads"], dims["heads"] * dims["head_dim"]})
+
+
 def fold_tensors(
-    tensors: list, signs: dict[int, np.ndarray], hd: int, nk: int, rep: int, tied: bool = False
+    tensors: list, signs: dict[int, np.ndarray], hd: int, nk: int, rep: int, trunk_layers: int = 2
 ) -> tuple[list, list[str]]:
     """(tensors with the folded ones rotated, the names folded)."""
     out, names = [], []
     for name, data, extra in tensors:
         kind = name.split(".")[-2] if name.startswith("blk.") else name.removesuffix(".weight")
-        folded = (
-            kind in FOLDED and ".nextn." not in name and not name.startswith(f"blk.{SHAPE['layers']}.")
-        ) or kind in (
+        folded = (kind in FOLDED and ".nextn." not in name and not name.startswith(f"blk.{trunk_layers}.")) or kind in (
             "output",
             "token_embd",
         )
@@ -143,15 +145,17 @@ def fold_kv(signs: dict[int, np.ndarray], names: list[str], *, grouped: bool = T
     return kv
 
 
-def write_fold_pair(folder: Path, *, seed: int = 0, mtp: bool = False) -> FoldPair:
-    """Plain, folded and folded-without-keys twins of one tiny qwen35 target (F32)."""
-    kv, tensors = _parts(seed=seed, mtp=mtp)
+def write_fold_pair(folder: Path, *, seed: int = 0, mtp: bool = False, shape: dict | None = None) -> FoldPair:
+    """Plain, folded and folded-without-keys twins of one tiny qwen35 target (F32); `shape`
+    overrides SHAPE (the benchmarks write Bonsai 2 layer shapes)."""
+    dims = {**SHAPE, **(shape or {})}
+    kv, tensors = tiny_hybrid.hybrid_target_parts(**dims, seed=seed, mtp=mtp)
     # all F32, so that both twins run the same float path (an F16 matrix rounds its input to F16)
     tensors = [(n, d.astype(np.float32) if d.dtype == np.float16 else d, e) for n, d, e in tensors]
-    hd, nk, rep = SHAPE["state"], SHAPE["k_heads"], SHAPE["v_heads"] // SHAPE["k_heads"]
-    widths = sorted({SHAPE["embedding"], SHAPE["ff"], SHAPE["state"] * SHAPE["v_heads"]})
+    hd, nk, rep = dims["state"], dims["k_heads"], dims["v_heads"] // dims["k_heads"]
+    widths = _widths(dims)
     signs = signs_for(widths, seed)
-    folded_tensors, names = fold_tensors(tensors, signs, hd, nk, rep)
+    folded_tensors, names = fold_tensors(tensors, signs, hd, nk, rep, dims["layers"])
     extra_kv = fold_kv(signs, names)
     tag = "-mtp" if mtp else ""
     plain = tiny_hybrid.write_parts(folder / f"fold{tag}-plain.gguf", kv, tensors)
@@ -185,7 +189,7 @@ def ternary_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes, d
 
 
-def write_ternary(pair: FoldPair, path: Path, type_id: int) -> Path:
+def write_ternary(pair: FoldPair | None, path: Path, type_id: int, source: Path | None = None) -> Path:
     """The folded file with its layer matrices in PQ2_0 (142) or PTQ1_0 (143), through bonsai's
     own GGUF rewriter (the `gguf` package cannot write the fork's types)."""
     from bonsai_launch.models import codec_repack
@@ -200,13 +204,13 @@ def write_ternary(pair: FoldPair, path: Path, type_id: int) -> Path:
         size = weights // 128 * codecs.BLOCKS[type_id][1]
         return type_id, size, lambda raw: encode(*ternary_codes(np.frombuffer(raw, dtype="<f4")))
 
-    return codec_repack.rewrite(pair.folded, path, convert)
+    return codec_repack.rewrite(source or pair.folded, path, convert)  # type: ignore[union-attr]
 
 
 def unfold_tensor(name: str, w: np.ndarray) -> np.ndarray:
     """The inverse of the fold for one stored (folded) matrix, numpy (out, in)."""
     hd, nk, rep = SHAPE["state"], SHAPE["k_heads"], SHAPE["v_heads"] // SHAPE["k_heads"]
-    signs = signs_for(sorted({SHAPE["embedding"], SHAPE["ff"], SHAPE["state"] * SHAPE["v_heads"]}), 0)
+    signs = signs_for(_widths(SHAPE), 0)
     plain = fwht(w.astype(np.float64)) * signs[w.shape[1]]  # H is its own inverse, s * s = 1
     if name.endswith("ssm_out.weight"):
         out = plain.shape[0]
