@@ -203,3 +203,13 @@ def test_own_weights_on_a_build_that_loads_none_of_the_profiles_files_are_warned
     assert _selection_warnings(bonsai2, "own.gguf", MAIN, None) == []
     assert _selection_warnings(bonsai2, "own.gguf", FORK_PIN, None) == []
     assert _selection_warnings(ternary, "own.gguf", FORK_PIN, None) == []  # ternary files load on the fork too
+
+
+def test_folded_files_need_patch_0010_on_a_mainline_build():
+    entry = choose_file(get_profile("bonsai2-27b"), "model", MAIN)
+    assert entry is not None and entry.folded
+    assert "older than our patch 0010" in (cannot_load(entry, BuildKind(MAINLINE, folds=False)) or "")
+    assert cannot_load(entry, BuildKind(MAINLINE, folds=True)) is None and cannot_load(entry, FORK_PIN) is None
+    assert builds_text(entry) == "bonsai's build (fold: patch 0010, served as Q2_0) or fork ≥ b10743"
+    with pytest.raises(BonsaiError, match="folded='yes' must be true or false"):
+        parse_profile({**BASE, "files": [{"role": "model", "name": "a.gguf", "folded": "yes"}]}, Path("x.yaml"))

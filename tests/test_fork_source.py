@@ -201,7 +201,8 @@ def test_build_keys_stay_apart_and_patches_stay_on_the_pin(tmp_path, fork_repo, 
     report = {b["key"]: b for b in gather().builds}
     fork_entry, main_entry = report[fork.manifest["key"]], report[mainline.manifest["key"]]
     assert fork_entry["flavour"] == "fork" and "bonsai2-27b" in fork_entry["profiles"]
-    assert main_entry["flavour"] == "mainline" and "bonsai2-27b" in main_entry["profiles"]
+    # the fixture's mainline series has no patch 0010, so it cannot undo Bonsai 2's fold
+    assert main_entry["flavour"] == "mainline" and "bonsai2-27b" not in main_entry["profiles"]
     assert "ternary-27b" in main_entry["profiles"] and "ternary-27b" in fork_entry["profiles"]
 
 
@@ -230,9 +231,10 @@ def test_start_bonsai2_uses_the_fork_build_and_its_files(tmp_path, fork_repo, mo
         choice = choose_server(selection.settings, selection.flavour, backend="cpu")
         return choice, gather_plan(flags, binary=choice.path, env=env or {})
 
-    # our own build first (it folds Bonsai 2 and repacks PQ2_0); BONSAI_LAYOUT=fork picks the fork
-    choice, plan = plan_for({"profile": "bonsai2-27b"})
-    assert choice.path == mainline.server and Path(plan.model).name == "Ternary-Bonsai-2-27B-PQ2_0.gguf"
+    # our own build first; the fixture's series has no patch 0010, so Bonsai 2 is refused there
+    # with the build to make, and BONSAI_LAYOUT=fork picks the fork
+    with pytest.raises(BonsaiError, match="older than our patch 0010 that undoes the fold: run `bonsai build`"):
+        plan_for({"profile": "bonsai2-27b"})
     choice, plan = plan_for({"profile": "bonsai2-27b"}, {"BONSAI_LAYOUT": "fork"})
     assert choice.path == fork.server and Path(plan.model).name == "Ternary-Bonsai-2-27B-PQ2_0.gguf"
     assert "--temp" in plan.argv and plan.argv[plan.argv.index("--temp") + 1] == "1.0"

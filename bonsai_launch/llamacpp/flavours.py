@@ -65,6 +65,8 @@ def cannot_load(entry: ModelFile, kind: BuildKind) -> str | None:
         return f"it needs a PrismML fork build (`{FORK_BUILD_COMMAND}`)"
     if entry.layout == MAINLINE and kind.flavour == FORK:
         return "it loads on mainline builds only"
+    if entry.folded and kind.flavour == MAINLINE and kind.folds is False:
+        return "it is Hadamard-folded, and this build is older than our patch 0010 that undoes the fold: run `bonsai build`"
     if (
         kind.flavour == FORK
         and entry.min_fork_release
@@ -125,6 +127,8 @@ def runnable_profiles(kind: BuildKind, profiles: Iterable[Profile]) -> list[str]
 def builds_text(entry: ModelFile) -> str:
     """How `bonsai models` says which builds load a file."""
     fork = "fork" + (f" ≥ b{entry.min_fork_release}" if entry.min_fork_release else "")
+    if entry.folded:
+        return f"bonsai's build (fold: patch 0010{', served as Q2_0' if entry.layout == 'any' else ''}) or {fork}"
     return {
         "mainline": "mainline",
         "fork": fork,
