@@ -10,6 +10,7 @@ from bonsai_launch.config.profiles import get_profile, load_all, parse_profile
 from bonsai_launch.config.settings import resolve
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp.flavours import (
+    FOLD_PATCH,
     FORK,
     MAINLINE,
     BuildKind,
@@ -44,7 +45,7 @@ TABLE = [
     ("ternary-4b", FORK_PIN, "model", "Ternary-Bonsai-4B-PQ2_0.gguf"),
     ("ternary-1.7b", MAIN, "model", "Ternary-Bonsai-1.7B-Q2_0_g64.gguf"),
     ("ternary-1.7b", FORK_PIN, "model", "Ternary-Bonsai-1.7B-PQ2_0.gguf"),
-    ("bonsai2-27b", MAIN, "model", None),
+    ("bonsai2-27b", MAIN, "model", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),  # folded (0010) and repacked
     ("bonsai2-27b", FORK_PIN, "model", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
     ("bonsai2-27b", FORK_PREV, "model", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
     ("bonsai2-27b", FORK_UNKNOWN, "model", "Ternary-Bonsai-2-27B-PQ2_0.gguf"),
@@ -88,8 +89,11 @@ def test_legacy_group128_files_are_never_chosen_and_say_why():
 
 
 def test_why_no_file_names_the_fork_build_command():
-    why = why_no_file(get_profile("bonsai2-27b"), "model", MAIN)
-    assert "bonsai build --source prismml" in why and "Ternary-Bonsai-2-27B-PQ2_0.gguf" in why
+    fork_only = parse_profile(
+        {**BASE, "files": [{"role": "model", "name": "a-PQ2_0.gguf", "builds": "fork"}]}, Path("x.yaml")
+    )
+    why = why_no_file(fork_only, "model", MAIN)
+    assert "bonsai build --source prismml" in why and "a-PQ2_0.gguf" in why
     old = why_no_file(get_profile("ternary-27b"), "model", FORK_OLD)
     assert "b10658 or newer; this build is b9596" in old and "prism-v5" in old
 
@@ -100,7 +104,7 @@ def test_why_no_file_names_the_fork_build_command():
         ("ternary-27b", None, MAINLINE),
         ("bonsai-27b", None, MAINLINE),
         ("demo", None, MAINLINE),
-        ("bonsai2-27b", None, FORK),
+        ("bonsai2-27b", None, MAINLINE),  # our build folds Bonsai 2 (0010); the fork is a choice
         ("ternary-27b", "fork", FORK),
         ("bonsai2-27b", "mainline", MAINLINE),
     ],
@@ -120,9 +124,9 @@ def test_runnable_profiles_per_build():
     profiles = list(load_all().values())
     everything = {p.name for p in profiles}
     bonsai2 = {p.name for p in profiles if p.family.startswith("bonsai2")}
-    newer = {"bonsai2-2b", "bonsai2-4b", "bonsai2-9b", "bonsai2.5-27b"}  # fork-only, from b10828
+    newer = {"bonsai2-2b", "bonsai2-4b", "bonsai2-9b", "bonsai2.5-27b"}  # on the fork from b10828
     assert bonsai2 == newer | {"bonsai2-27b"}
-    assert set(runnable_profiles(MAIN, profiles)) == everything - bonsai2
+    assert set(runnable_profiles(MAIN, profiles)) == everything  # Bonsai 2 too, through patch 0010
     assert set(runnable_profiles(FORK_PIN, profiles)) == everything
     # a build of the previous pin still runs everything it ran, just not what came out after it
     assert set(runnable_profiles(FORK_PREV, profiles)) == everything - newer
@@ -141,8 +145,10 @@ def test_builds_text_and_release_numbers():
     assert release_of_tag("prism-b10743-adfffbe") == 10743
     assert release_of_tag("prism-b10828-a153697") == 10828
     assert release_of_tag("prism") is None and release_of_tag("b11434") is None
-    assert kind_of_manifest({"source": {"kind": "pin"}}) == MAIN  # manifests from before flavours
-    assert kind_of_manifest({"source": {"flavour": "fork", "release": 10828}}) == FORK_PIN
+    # manifests from before flavours are mainline; only a series with 0010 undoes the fold
+    assert kind_of_manifest({"source": {"kind": "pin"}}) == BuildKind(MAINLINE, folds=False)
+    assert kind_of_manifest({"source": {"patches": [FOLD_PATCH]}}).folds is True
+    assert kind_of_manifest({"source": {"flavour": "fork", "release": 10828}}) == BuildKind(FORK, 10828, folds=True)
 
 
 def test_bonsai2_profile_matches_the_reference():
@@ -188,11 +194,22 @@ def test_layout_is_still_read_as_the_older_name_of_builds():
 def test_own_weights_on_a_build_that_loads_none_of_the_profiles_files_are_warned_about():
     from bonsai_launch.server.inputs import _selection_warnings, select
 
-    bonsai2 = select({"family": "bonsai2"}, env={})
-    assert any(
-        "none of profile bonsai2-27b's weights load on a mainline" in w
-        for w in _selection_warnings(bonsai2, "own.gguf", MAIN, None)
-    )
-    assert _selection_warnings(bonsai2, "own.gguf", FORK_PIN, None) == []
     ternary = select({"family": "ternary"}, env={})
+    assert any(
+        "none of profile ternary-27b's weights load on a PrismML fork build b9596" in w
+        for w in _selection_warnings(ternary, "own.gguf", FORK_OLD, None)
+    )
+    bonsai2 = select({"family": "bonsai2"}, env={})
+    assert _selection_warnings(bonsai2, "own.gguf", MAIN, None) == []
+    assert _selection_warnings(bonsai2, "own.gguf", FORK_PIN, None) == []
     assert _selection_warnings(ternary, "own.gguf", FORK_PIN, None) == []  # ternary files load on the fork too
+
+
+def test_folded_files_need_patch_0010_on_a_mainline_build():
+    entry = choose_file(get_profile("bonsai2-27b"), "model", MAIN)
+    assert entry is not None and entry.folded
+    assert "older than our patch 0010" in (cannot_load(entry, BuildKind(MAINLINE, folds=False)) or "")
+    assert cannot_load(entry, BuildKind(MAINLINE, folds=True)) is None and cannot_load(entry, FORK_PIN) is None
+    assert builds_text(entry) == "bonsai's build (fold: patch 0010, served as Q2_0) or fork ≥ b10743"
+    with pytest.raises(BonsaiError, match="folded='yes' must be true or false"):
+        parse_profile({**BASE, "files": [{"role": "model", "name": "a.gguf", "folded": "yes"}]}, Path("x.yaml"))

@@ -201,6 +201,7 @@ def test_build_keys_stay_apart_and_patches_stay_on_the_pin(tmp_path, fork_repo, 
     report = {b["key"]: b for b in gather().builds}
     fork_entry, main_entry = report[fork.manifest["key"]], report[mainline.manifest["key"]]
     assert fork_entry["flavour"] == "fork" and "bonsai2-27b" in fork_entry["profiles"]
+    # the fixture's mainline series has no patch 0010, so it cannot undo Bonsai 2's fold
     assert main_entry["flavour"] == "mainline" and "bonsai2-27b" not in main_entry["profiles"]
     assert "ternary-27b" in main_entry["profiles"] and "ternary-27b" in fork_entry["profiles"]
 
@@ -230,16 +231,17 @@ def test_start_bonsai2_uses_the_fork_build_and_its_files(tmp_path, fork_repo, mo
         choice = choose_server(selection.settings, selection.flavour, backend="cpu")
         return choice, gather_plan(flags, binary=choice.path, env=env or {})
 
-    choice, plan = plan_for({"profile": "bonsai2-27b"})
+    # our own build first; the fixture's series has no patch 0010, so Bonsai 2 is refused there
+    # with the build to make, and BONSAI_LAYOUT=fork picks the fork
+    with pytest.raises(BonsaiError, match="older than our patch 0010 that undoes the fold: run `bonsai build`"):
+        plan_for({"profile": "bonsai2-27b"})
+    choice, plan = plan_for({"profile": "bonsai2-27b"}, {"BONSAI_LAYOUT": "fork"})
     assert choice.path == fork.server and Path(plan.model).name == "Ternary-Bonsai-2-27B-PQ2_0.gguf"
     assert "--temp" in plan.argv and plan.argv[plan.argv.index("--temp") + 1] == "1.0"
     choice, plan = plan_for({"profile": "ternary-27b"})
     assert choice.path == mainline.server and Path(plan.model).name == "Ternary-Bonsai-27B-Q2_g64.gguf"
     choice, plan = plan_for({"profile": "ternary-27b"}, {"BONSAI_LAYOUT": "fork"})
     assert choice.path == fork.server and Path(plan.model).name == "Ternary-Bonsai-27B-PQ2_0.gguf"
-    # The mainline build named by hand cannot run Bonsai 2's files: refused with the command to run.
-    with pytest.raises(BonsaiError, match="bonsai build --source prismml"):
-        gather_plan({"profile": "bonsai2-27b"}, binary=mainline.server, env={})
 
 
 def _cli(
@@ -268,7 +270,7 @@ def test_build_prismml_without_network_fails_in_seconds_with_one_line(isolated_h
 
 
 def test_start_bonsai2_without_a_fork_build_stops_before_any_download(isolated_home):
-    done, seconds = _cli(["start", "--profile", "bonsai2-27b"], isolated_home)
+    done, seconds = _cli(["start", "--profile", "bonsai2-27b"], isolated_home, {"BONSAI_LAYOUT": "fork"})
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert "needs a PrismML fork build" in lines[0] and "`bonsai build --source prismml`" in lines[0]
@@ -301,6 +303,7 @@ def test_start_bonsai2_builds_the_pinned_fork_when_it_can_be_fetched(tmp_path, f
     profile_models_dir("bonsai2-27b").mkdir(parents=True)
     tiny_gguf.write_target(profile_models_dir("bonsai2-27b") / "Ternary-Bonsai-2-27B-PQ2_0.gguf")
     assert find_installed("cpu", "fork") is None
+    monkeypatch.setenv("BONSAI_LAYOUT", "fork")
     plan, _key = prepare.prepare_plan(LaunchOptions(profile="bonsai2-27b").flags(), None, None, ())
     fork = find_installed("cpu", "fork")
     assert fork is not None and plan.binary == str(fork) and "prismml" in str(fork)

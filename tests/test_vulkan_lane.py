@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+import hadamard_fold
 import real_parts
 import tiny_gguf
 import tiny_hybrid
@@ -331,3 +332,19 @@ def test_demo_model_on_vulkan(llama_server, vulkan_server, demo_gguf, tmp_path):
     prompts = ["The capital of France is", "def fibonacci(n):"]
     args = ("-c", "1024", "-np", "1", "-v")
     _check_target(llama_server, vulkan_server, tmp_path, demo_gguf, prompts, "demo", args=args, n_predict=DEMO_TOKENS)
+
+
+def test_folded_bonsai2_target_on_vulkan(llama_server, vulkan_server, tmp_path):
+    """A Hadamard-folded qwen35 (patch 0010) in PQ2_0, served as bonsai serves it (repacked into
+    Q2_0): the fold's transforms run on the device (a 1024-wide Hadamard matmul: ggml-vulkan's
+    fast transform stops at 512) against its own F32 twin on the CPU build, which folds too."""
+    from bonsai_launch.models import codec_repack
+    from bonsai_launch.models import ternary_codecs as codecs
+
+    # one sign width (1024) keeps lavapipe's time down; the value heads (8 over 4) still permute
+    small = {"ff": 1024, "v_heads": 8, "heads": 8}
+    pair = hadamard_fold.write_fold_pair(tmp_path / "fold", shape=small)
+    pq2 = hadamard_fold.write_ternary(pair, tmp_path / "folded-PQ2_0.gguf", codecs.PQ2_0)
+    target = codec_repack.rewrite(pq2, tmp_path / "folded-Q2_0.gguf", codec_repack.fork_to_q2_0)
+    prompts = [[10, 11, 12, 13, 14, 15, 16, 17], [300, 7, 7, 42, 199, 3]]
+    _check_target(llama_server, vulkan_server, tmp_path, target, prompts, "folded", n_predict=12)

@@ -66,10 +66,11 @@ def plan_configs(
             flags["port"] = 8080  # replaced by a free port for every server
             if ctx is not None:
                 flags["ctx"] = ctx
-            plan = gather_plan(flags, model, drafter, passthrough, binary)
+            plan = gather_plan(flags, model, drafter, passthrough, binary, repack=True)
             spec_type = plan.speculative.spec_type if plan.speculative else None
             slot_plans = {
-                n: gather_plan({**flags, "parallel": n}, model, drafter, passthrough, binary) for n in parallel or ()
+                n: gather_plan({**flags, "parallel": n}, model, drafter, passthrough, binary, repack=True)
+                for n in parallel or ()
             }
             specs.append(ConfigSpec(name, name == "plain", spec_type, flags, plan=plan, slot_plans=slot_plans))
         return specs

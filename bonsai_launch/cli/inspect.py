@@ -28,6 +28,7 @@ def command(
     from bonsai_launch.models.gguf import check_pair, inspect_gguf
     from bonsai_launch.models.mtp import describe as mtp_describe
     from bonsai_launch.models.mtp import mtp_pair_problems, mtp_problems
+    from bonsai_launch.server.model_codec import check_for_default_build, needs_text
 
     info = inspect_gguf(file)
     # an MTP file (no DSpark/DFlash drafter) is checked as draft-mtp would use it
@@ -40,6 +41,7 @@ def command(
         data = info.to_json()
         data["conversion"] = conversion.to_json() if conversion else None
         data["mtp_problems"] = mtp_problems(info) if info.nextn_layers else []
+        data["needs"] = needs_text(info)
         if target:
             data["pair_problems"] = problems
         emit_json(data)
@@ -59,7 +61,11 @@ def command(
             ("tokenizer", info.tokenizer_model or "-"),
             ("chat template", "present" if info.has_chat_template else "absent"),
             ("tensors", f"{info.tensor_count}: " + ", ".join(f"{k} x{v}" for k, v in info.tensor_types.items())),
+            ("weight codec", _codec_row(info)),
+            ("Hadamard-folded", _fold_row(info)),
         ]
+        if needs := needs_text(info):
+            rows.append(("needs", needs))
         if info.drafter:
             d = info.drafter
             rows += [
@@ -93,6 +99,7 @@ def command(
             out.print("pair: " + ("fits" if not problems else "does not fit"))
             for p in problems:
                 out.print(f"  - {p}")
+    check_for_default_build(info)  # the file would answer gibberish on the build start runs
     if problems:
         raise BonsaiError(
             f"{info.path.name} does not fit {target}: {problems[0]}", "use the drafter made for this target"
@@ -112,3 +119,20 @@ def _log_snr_row(d) -> str:
     if d.log_snr:
         return f"yes (min {d.log_snr_min}, max {d.log_snr_max}; {tensors}; needs bonsai's patched llama.cpp)"
     return f"no (but {tensors} present)" if d.log_snr_tensors else "no"
+
+
+def _codec_row(info) -> str:
+    from bonsai_launch.models.bonsai2_file import codec_block, main_codec
+
+    codec = main_codec(info.tensor_types) or "-"
+    if info.q2_0_group128:
+        return "Q2_0 type id with PrismML's old group-128 blocks (34 bytes per 128 weights): refused"
+    block = codec_block(codec)
+    return f"{codec}, blocks of {block} weights" if block else codec
+
+
+def _fold_row(info) -> str:
+    if not info.fold_version:
+        return "no"
+    grouped = ", value heads grouped" if info.fold_grouped else ""
+    return f"yes (prism.hadamard.version {info.fold_version}, block {info.fold_block}{grouped})"

@@ -42,6 +42,7 @@ class ModelFile:
     min_fork_release: int | None = None  # lowest PrismML fork release (prism-bNNNNN) known to load it
     convert: str | None = None  # "dspark": a legacy drafter bonsai converts against the model (drafter_cache.py)
     patterns: tuple[str, ...] = ()  # fnmatch patterns (case-sensitive), the first that matches wins
+    folded: bool = False  # Hadamard-folded (Bonsai 2): a mainline build needs our patch 0010
 
     @property
     def wanted(self) -> str:
@@ -184,7 +185,15 @@ def _parse_file(entry: Any, where: str) -> ModelFile:
         min_fork,
         convert,
         patterns,
+        _flag(entry, "folded", where),
     )
+
+
+def _flag(entry: dict, key: str, where: str) -> bool:
+    value = entry.get(key, False)
+    if not isinstance(value, bool):
+        raise BonsaiError(f"{where}.{key}={value!r} must be true or false", "fix the profile file")
+    return value
 
 
 def parse_profile(data: Any, path: Path) -> Profile:

@@ -98,7 +98,7 @@ SETTINGS: tuple[Setting, ...] = (
         "BONSAI_FAMILY",
         "family",
         "choice",
-        "Bonsai model family: ternary (2-bit ternary weights), bonsai (1-bit), bonsai2 (Ternary Bonsai 2) or bonsai2.5 (Ternary Bonsai 2.5); bonsai2 and bonsai2.5 need a PrismML fork build. With --model/BONSAI_GGUF it still picks the profile's sampling.",
+        "Bonsai model family: ternary (2-bit ternary weights), bonsai (1-bit), bonsai2 (Ternary Bonsai 2) or bonsai2.5 (Ternary Bonsai 2.5); bonsai2 and bonsai2.5 run on bonsai's build (Hadamard fold, PQ2_0/PTQ1_0 repacked as Q2_0) or a PrismML fork build. With --model/BONSAI_GGUF it still picks the profile's sampling.",
         _START + ("pull",),
         default="ternary",
         choices=tuple(FAMILY_SIZES),

@@ -23,6 +23,8 @@ MAINLINE = "mainline"
 FORK = "fork"
 FORK_BUILD_COMMAND = "bonsai build --source prismml"
 _RELEASE_TAG = re.compile(r"^prism-b(\d+)-")
+# the patch of our series that folds Bonsai 2 files (vendor/llama.cpp/patches/)
+FOLD_PATCH = "0010-llama-prism-hadamard-fold.patch"
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class BuildKind:
 
     flavour: str  # MAINLINE or FORK
     release: int | None = None  # fork release number (prism-b10828-... -> 10828), when known
+    # undoes the Hadamard fold of Bonsai 2 files (prism.hadamard.*): the fork does, and our
+    # series from patch 0010 on; None for a build not made yet (bonsai makes the current series)
+    folds: bool | None = None
 
     def label(self) -> str:
         if self.flavour == FORK:
@@ -48,8 +53,8 @@ def kind_of_manifest(manifest: dict[str, Any]) -> BuildKind:
     """A build's kind from its manifest; builds made before flavours were recorded are mainline."""
     source = manifest.get("source", {})
     if source.get("flavour") == FORK:
-        return BuildKind(FORK, source.get("release"))
-    return BuildKind(MAINLINE)
+        return BuildKind(FORK, source.get("release"), folds=True)
+    return BuildKind(MAINLINE, folds=FOLD_PATCH in source.get("patches", ()))
 
 
 def cannot_load(entry: ModelFile, kind: BuildKind) -> str | None:
@@ -60,6 +65,8 @@ def cannot_load(entry: ModelFile, kind: BuildKind) -> str | None:
         return f"it needs a PrismML fork build (`{FORK_BUILD_COMMAND}`)"
     if entry.layout == MAINLINE and kind.flavour == FORK:
         return "it loads on mainline builds only"
+    if entry.folded and kind.flavour == MAINLINE and kind.folds is False:
+        return "it is Hadamard-folded, and this build is older than our patch 0010 that undoes the fold: run `bonsai build`"
     if (
         kind.flavour == FORK
         and entry.min_fork_release
@@ -120,6 +127,8 @@ def runnable_profiles(kind: BuildKind, profiles: Iterable[Profile]) -> list[str]
 def builds_text(entry: ModelFile) -> str:
     """How `bonsai models` says which builds load a file."""
     fork = "fork" + (f" ≥ b{entry.min_fork_release}" if entry.min_fork_release else "")
+    if entry.folded:
+        return f"bonsai's build (fold: patch 0010{', served as Q2_0' if entry.layout == 'any' else ''}) or {fork}"
     return {
         "mainline": "mainline",
         "fork": fork,

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.models import bonsai2_file, gguf_cache
+from bonsai_launch.models import ternary_codecs as codecs
 from bonsai_launch.models.gguf_format import ArrayRef, HeaderReader, Truncated
 
 GGUF_MAGIC = b"GGUF"
@@ -104,6 +106,12 @@ class GGUFInfo:
     nextn_layers: int = 0
     mtp_tensors: tuple[str, ...] = field(default=(), repr=False)
     trunk_tensors: bool = True
+    # Bonsai 2 (models/bonsai2_file.py): prism.hadamard.version (0: not folded), its block size
+    # and grouped value heads; PrismML's old group-128 blocks under type id 42
+    fold_version: int = 0
+    fold_block: int | None = None
+    fold_grouped: bool = False
+    q2_0_group128: bool = False
 
     @property
     def trunk_layers(self) -> int | None:
@@ -146,6 +154,14 @@ class GGUFInfo:
         }
         out["path"] = str(self.path)
         out["trunk_layers"] = self.trunk_layers
+        out["codec"] = bonsai2_file.main_codec(self.tensor_types)
+        out["codec_block"] = 128 if self.q2_0_group128 else bonsai2_file.codec_block(out["codec"])
+        out["folded"] = (
+            {"version": self.fold_version, "block": self.fold_block, "grouped_v_heads": self.fold_grouped}
+            if self.fold_version
+            else None
+        )
+        out["q2_0_group128"] = self.q2_0_group128
         out["mtp_layers"] = self.nextn_layers
         out["drafter"] = (
             None
@@ -167,7 +183,7 @@ class GGUFInfo:
 
 
 def _small_array_keys(key: str) -> bool:
-    return key.endswith("target_layers") or key == "general.tags"
+    return key.endswith("target_layers") or key == "general.tags" or key in bonsai2_file.SMALL_ARRAY_KEYS
 
 
 def inspect_gguf(path: str | Path) -> GGUFInfo:
@@ -179,7 +195,7 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
     size = stat.st_size
     if size < 24:
         raise BonsaiError(f"{path.name} is not a GGUF file ({size} bytes)", "point at a .gguf model file")
-    cached = _cache_get(path, stat)
+    cached = gguf_cache.get(path, stat)
     if cached is not None:
         return cached
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -189,67 +205,13 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
             )
         try:
             info = _parse(path, size, buf)
-            _cache_put(path, stat, info)
+            gguf_cache.put(path, stat, info)
             return info
         except Truncated:
             raise BonsaiError(
                 f"{path.name} is truncated: the file ends inside its header ({size} bytes)",
                 "download it again (`bonsai pull` resumes and verifies)",
             ) from None
-
-
-# Header facts are cached by path, size and mtime: walking a 262k-token vocabulary costs
-# ~0.1 s, and `bonsai start` reads the target and the drafter on every launch. Only successful
-# reads are cached; any change to the file (a truncation, a new download) misses the cache.
-_CACHE_VERSION = 3  # 2: DrafterInfo gained the log-SNR fields; 3: the MTP fields
-
-
-def _cache_file(path: Path) -> Path:
-    from bonsai_launch.core.paths import bonsai_home
-
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
-    return bonsai_home() / "cache" / "gguf" / f"{key}.json"
-
-
-def _cache_get(path: Path, stat) -> GGUFInfo | None:
-    import json
-
-    try:
-        data = json.loads(_cache_file(path).read_text(encoding="utf-8"))
-        if data.pop("_stamp") != [_CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns]:
-            return None
-        drafter = data.pop("drafter")
-        if drafter is not None:
-            drafter = DrafterInfo(
-                **{
-                    **drafter,
-                    "target_layers": tuple(drafter["target_layers"]),
-                    "log_snr_tensors": tuple(drafter["log_snr_tensors"]),
-                }
-            )
-        for key in ("keys", "mtp_tensors"):
-            data[key] = tuple(data[key])
-        return GGUFInfo(**{**data, "path": path, "drafter": drafter})
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _cache_put(path: Path, stat, info: GGUFInfo) -> None:
-    import dataclasses
-    import json
-    import os
-
-    try:
-        data = dataclasses.asdict(info)
-        data["path"] = str(info.path)
-        data["_stamp"] = [_CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns]
-        target = _cache_file(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        os.replace(tmp, target)
-    except (OSError, TypeError, ValueError):
-        pass  # a cache that cannot be written only costs time
 
 
 def _type_tables():
@@ -298,6 +260,7 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
     types: Counter[str] = Counter()
     tensor_names: set[str] = set()
     data_bytes = 0
+    rows: list[tuple[int, int, int]] = []
     for _ in range(n_tensors):
         name = r.string()
         n_dims = r.scalar("<I")
@@ -310,13 +273,20 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
             type_name = qtype.name
             block, type_size = GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
-            type_name, block, type_size = f"type{ttype}", 1, 0  # newer than our gguf package
+            type_name, (block, type_size) = (
+                codecs.NAMES.get(ttype, f"type{ttype}"),
+                codecs.BLOCKS.get(ttype, (1, 0)),
+            )
         types[type_name] += 1
-        elements = 1
-        for d in dims:
-            elements *= d
+        elements = math.prod(dims)
+        rows.append((ttype, offset, elements))
         data_bytes = max(data_bytes, offset + elements * type_size // block)
     data_start = (r.pos + alignment - 1) // alignment * alignment
+    g128 = bonsai2_file.group128_under_q2_0(rows, size - data_start)
+    if g128:  # sized as what the file holds, so it is refused as a layout, not as truncated
+        data_bytes = max(
+            o + n // (128 if t == codecs.Q2_0 else 1) * (34 if t == codecs.Q2_0 else 0) for t, o, n in rows
+        )
     if data_start + data_bytes > size:
         raise BonsaiError(
             f"{path.name} is truncated: its tensors need {data_start + data_bytes:,} bytes but the file has {size:,}",
@@ -367,6 +337,7 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
 
     tokenizer_model = kv.get("tokenizer.ggml.model")
     nextn = arch_key("nextn_predict_layers")
+    fold_version, fold_block, fold_grouped = bonsai2_file.fold_facts(kv)
     return GGUFInfo(
         path=path,
         file_size=size,
@@ -393,6 +364,10 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
         nextn_layers=int(nextn) if isinstance(nextn, int) else 0,
         mtp_tensors=tuple(sorted(n for n in tensor_names if ".nextn." in n)),
         trunk_tensors="blk.0.attn_norm.weight" in tensor_names,
+        fold_version=fold_version,
+        fold_block=fold_block,
+        fold_grouped=fold_grouped,
+        q2_0_group128=g128,
     )
 
 

@@ -2,6 +2,7 @@
 
 inputs.py        the edge between the user's world and the plan: selection, files, hardware, binary
 prepare.py       before a launch (start, run, chat, bench, tune, fleet): fetch, convert, build, plan
+model_codec.py   the weights llama-server gets for a Bonsai 2 file: refused, repacked into Q2_0, or as is
 passthrough.py   llama-server arguments given after `--`, read with the binary's own option table
 slots.py         how many requests run at once, and what each slot needs (ub/b sizing)
 prompt_cache.py  prompt-cache flags for long, repeated chats

@@ -209,11 +209,14 @@ def gather_plan(
     passthrough: tuple[str, ...] = (),
     binary: Path | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    repack: bool = False,
 ):
     """Everything `bonsai start` decides before running anything, as a LaunchPlan.
 
     `binary` is the llama-server to probe; None plans for a binary not built yet (dry run),
-    skipping the capability checks, which the real start then makes.
+    skipping the capability checks, which the real start then makes. `repack`: make the Q2_0
+    repack of a PQ2_0/PTQ1_0 file now when it is missing (what a launch does; a dry run says it would).
     """
     from bonsai_launch.core import hardware
     from bonsai_launch.llamacpp.binaries import probe
@@ -238,7 +241,10 @@ def gather_plan(
     if selection.settings["speculative"] == "auto":
         # the measured decision for these files and server settings, or plain
         selection, tuning = auto_decision(selection, files, binary, model, args)
-    target = inspect_gguf(files.model)
+    from bonsai_launch.server.model_codec import serveable
+
+    foreign = binary is not None and kind_of_binary(binary) is None
+    target, codec_note = serveable(inspect_gguf(files.model), kind, foreign=foreign, repack=repack)
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
         if not files.drafter.is_file():
@@ -269,7 +275,7 @@ def gather_plan(
         chat_template_missing=bool(files.chat_template and not files.chat_template.is_file()),
     )
     plan = build_plan(inputs)
-    notes = _selection_warnings(selection, model, kind, binary)
+    notes = _selection_warnings(selection, model, kind, binary) + ([codec_note] if codec_note else [])
     notes += inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
     if notes:
         plan = dataclasses.replace(plan, warnings=plan.warnings + tuple(notes))

@@ -96,7 +96,7 @@ def prepare_plan(flags, model, drafter, passthrough):
         from bonsai_launch.llamacpp.flavours import fork_release_wanted
 
         binary = build_server(choice.kind.flavour, fork_release_wanted(selection.profile))
-    return gather_plan(flags, model, drafter, passthrough, binary, env=env), generated
+    return gather_plan(flags, model, drafter, passthrough, binary, env=env, repack=True), generated
 
 
 def prepare_launch(flags: dict, model: str | None, drafter: str | None, configs: tuple[str, ...]) -> Path:

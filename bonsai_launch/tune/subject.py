@@ -131,6 +131,7 @@ def plan_candidates(
                     else None,
                     request.passthrough,
                     request.binary,
+                    repack=True,
                 )
             except BonsaiError as exc:
                 if cand.spec_type is None:

@@ -196,8 +196,12 @@ def _mtp_block(
     return out
 
 
-def write_hybrid_target(
-    path: str | Path,
+def write_hybrid_target(path: str | Path, **kwargs) -> Path:
+    """Write a tiny qwen35 target (see the module docstring); returns the path."""
+    return write_parts(path, *hybrid_target_parts(**kwargs))
+
+
+def hybrid_target_parts(
     *,
     mode: str = "pure",
     mtp: bool = False,
@@ -224,8 +228,8 @@ def write_hybrid_target(
     token_prefix: str = DEFAULT_TOKEN_PREFIX,
     chat_template: str | None = None,
     name: str = "tiny-hybrid",
-) -> Path:
-    """Write a tiny qwen35 target (see the module docstring); returns the path."""
+) -> tuple[list[tuple[str, str, object]], list[tuple[str, np.ndarray, dict]]]:
+    """(key/values, tensors) of a tiny qwen35 target, for write_parts (or a fold first)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     if weight_type not in WEIGHT_TYPES:
@@ -283,10 +287,10 @@ def write_hybrid_target(
     embed_tokens = None if mtp_accept >= 1.0 else _mtp_embed_tokens(embd.astype(np.float32), mtp_accept, seed)
     for i in range(layers, layers + n_mtp):
         tensors += _mtp_block(rng, i, e, ff, heads, heads_kv, head_dim, weight_type, embed_tokens)
-    return _write_typed(path, kv, tensors)
+    return kv, tensors
 
 
-def _write_typed(path: str | Path, kv, tensors: Sequence[tuple[str, np.ndarray, dict]]) -> Path:
+def write_parts(path: str | Path, kv, tensors: Sequence[tuple[str, np.ndarray, dict]]) -> Path:
     """tiny_gguf._write, with the quantized tensors' ggml type passed along."""
     return _write(path, ARCH, kv, [(n, d, extra["raw_dtype"]) if extra else (n, d) for n, d, extra in tensors])
 

@@ -1,0 +1,80 @@
+"""The weights file llama-server gets for a Bonsai 2 file: refused, repacked, or as it is.
+
+A folded file needs a build that undoes the fold, PrismML's PQ2_0/PTQ1_0 run on our mainline
+builds as their lossless Q2_0 repack (models/codec_repack.py, made once and cached), and the old
+group-128 "Q2_0" never runs (models/bonsai2_file.py). Checked before anything is spawned.
+"""
+
+from __future__ import annotations
+
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp.flavours import FORK, BuildKind
+from bonsai_launch.models import bonsai2_file, codec_repack
+from bonsai_launch.models.gguf import GGUFInfo, inspect_gguf
+
+
+def serveable(target: GGUFInfo, kind: BuildKind, *, foreign: bool, repack: bool) -> tuple[GGUFInfo, str | None]:
+    """(the file to hand llama-server, a note for the plan's warnings).
+
+    kind: the build's; foreign: a binary bonsai did not build (nothing known of it: it is taken
+    to fold and take fork types only when it is taken to be a fork build); repack: make the Q2_0
+    repack now if it is missing (a dry run only says it would)."""
+    fork = kind.flavour == FORK
+    problem = bonsai2_file.hazard(
+        target,
+        can_fold=fork or (not foreign and kind.folds is not False),
+        repacks=fork or not foreign,
+    )
+    if problem is not None:
+        raise BonsaiError(*problem)
+    found = bonsai2_file.fork_types(target)
+    if not found or fork:
+        return target, None
+    done = codec_repack.current(target.path)
+    if done is None and repack:
+        from bonsai_launch.models.progress import RichReporter
+
+        with RichReporter() as reporter:
+            reporter.note(f"{target.path.name}: repacking {'/'.join(found)} into mainline Q2_0, once (lossless)")
+            bar = reporter.bar("repacking", target.data_bytes)
+            moved = [0]
+
+            def progress(done_bytes: int, _total: int) -> None:
+                bar.update(done_bytes - moved[0])
+                moved[0] = done_bytes
+
+            done = codec_repack.repack(target.path, progress=progress)
+            bar.close()
+    what = f"{target.path.name} ({'/'.join(found)}) runs as its lossless Q2_0 repack"
+    if done is None:
+        return target, f"{what}, made when the server starts ({codec_repack.output_path(target.path)})"
+    return inspect_gguf(done), f"{what} {done}"
+
+
+def needs_text(info: GGUFInfo) -> str | None:
+    """Which builds run a Bonsai 2 file and why, for `inspect`, `models` and `doctor` (None: any)."""
+    parts = []
+    if info.fold_version:
+        parts.append(f"the Hadamard fold (v{info.fold_version}): bonsai's build (patch 0010) or the PrismML fork")
+    found = bonsai2_file.fork_types(info)
+    if found:
+        parts.append(f"{'/'.join(found)}: bonsai's build serves it repacked as Q2_0 (lossless), the fork natively")
+    return "; ".join(parts) or None
+
+
+def check_for_default_build(info: GGUFInfo) -> None:
+    """What `start` would refuse, judged for the build it would run now (the installed mainline
+    build, or the one `bonsai build` makes): raises BonsaiError with the one line."""
+    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.llamacpp.choice import choose_server, kind_of_binary
+
+    settings = resolve({})
+    choice = choose_server(settings, settings.get("layout") or "mainline")
+    foreign = choice.path is not None and kind_of_binary(choice.path) is None
+    problem = bonsai2_file.hazard(
+        info,
+        can_fold=choice.kind.flavour == FORK or (not foreign and choice.kind.folds is not False),
+        repacks=choice.kind.flavour == FORK or not foreign,
+    )
+    if problem is not None:
+        raise BonsaiError(*problem)
