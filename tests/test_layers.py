@@ -178,3 +178,29 @@ def test_circles_are_found_whatever_the_order():
     assert import_circles(ring) == [[("a", 1), ("b", 2), ("c", 3)]]
     assert import_circles({"x": {"y": 1}, "y": {"x": 2, "z": 3}, "z": {}, "w": {"z": 1}}) == [[("x", 1), ("y", 2)]]
     assert import_circles({"a": {"a": 1, "b": 2}, "b": {}}) == []  # a module naming itself is no circle
+
+
+def test_reading_a_builds_manifest_does_not_import_the_build_machinery():
+    """`bonsai start` with a built binary reads its manifest (builds/install.py); the builds face
+    names builder.py's functions but imports builder (source, preflight, CMake) only on first
+    use, so that start-up does not pay for it. Run in a fresh interpreter: this one has them all."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from bonsai_launch.llamacpp.builds.install import read_manifest\n"
+        "assert 'bonsai_launch.llamacpp.builds.builder' not in sys.modules, 'builder imported'\n"
+        "from bonsai_launch.llamacpp.builds import ensure_server, find_installed\n"
+        "from bonsai_launch.llamacpp.builds import builder\n"
+        "assert ensure_server is builder.ensure_server and find_installed is builder.find_installed\n"
+        "import bonsai_launch.llamacpp.builds as builds\n"
+        "try:\n"
+        "    builds.no_such_name\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
