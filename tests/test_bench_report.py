@@ -192,6 +192,37 @@ def test_reports_and_the_svg_chart_need_no_extra_install(doc, tmp_path):
     assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]  # no temporary files left
 
 
+def _clipped(svg_text: str) -> list[str]:
+    """Every line of text that reaches past the frame, at 0.6 em a character (sans-serif's
+    average is about 0.5-0.55): its x, its anchor and the SVG's width decide where it ends."""
+    import xml.etree.ElementTree as ET
+
+    svg = ET.fromstring(svg_text)
+    width = float(svg.get("width"))
+    out = []
+    for el in svg.iter("{http://www.w3.org/2000/svg}text"):
+        if el.get("transform"):  # the rotated axis label runs down the side
+            continue
+        w = len("".join(el.itertext())) * float(el.get("font-size") or svg.get("font-size")) * 0.6
+        x = float(el.get("x"))
+        start = {"middle": x - w / 2, "end": x - w}.get(el.get("text-anchor") or "start", x)
+        if start < 0 or start + w > width:
+            out.append(f"{''.join(el.itertext())!r}: {start:.0f}-{start + w:.0f} in a frame {width:.0f} wide")
+    return out
+
+
+@pytest.mark.parametrize("temps", [(0.0,), (0.0, 0.7)])
+def test_the_chart_frame_holds_its_title_and_labels(temps):
+    """One temperature (what tune and the demo bench run) made the panels narrower than the
+    title, which was cut off at both ends; the frame now grows to the title and the legend."""
+    from bonsai_launch.bench import chart
+
+    doc = summarize(_data(temps=temps))
+    doc["configs"][1]["label"] = "speculative (ngram-mod, drafting up to 16 tokens, the profile's choice)"
+    assert not _clipped(chart.render(doc))
+    assert chart.TITLE in chart.render(doc)
+
+
 def test_terminal_notes_keep_their_brackets(doc):
     from rich.console import Console
 

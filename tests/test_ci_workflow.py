@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,3 +96,52 @@ def test_ci_runs_every_named_lane_in_use_after_the_readme_command():
             i for i, line in enumerate(steps) if "pytest" in line and re.search(rf"-m [\"']?[^\n]*\b{lane}\b", line)
         ]
         assert runs and min(runs) > readme, f".ci/run does not run the named lane {lane!r} after the README's command"
+
+
+def test_backports_come_from_the_machines_own_debian_archive():
+    """.ci/run writes no Debian host of its own: the backports line takes the archive of the
+    machine's sources (a mirror or an offline proxy), and CI stops when there is none."""
+    run = (ROOT / ".ci" / "run").read_text()
+    written = [ln.strip() for ln in run.splitlines() if "bookworm-backports main" in ln]
+    assert written == [
+        'echo "deb $archive bookworm-backports main" > /etc/apt/sources.list.d/bonsai-ci-bookworm-backports.list'
+    ]
+    assert "archive=$(bash .ci/debian-archive bookworm)" in run
+    assert not re.search(r"https?://", "\n".join(ln for ln in run.splitlines() if not ln.lstrip().startswith("#")))
+
+
+def _archive(apt: Path, release: str = "bookworm") -> subprocess.CompletedProcess:
+    script = ROOT / ".ci" / "debian-archive"
+    return subprocess.run(["bash", str(script), release, str(apt)], capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a bash script for CI's Debian container")
+def test_debian_archive_reads_one_line_and_deb822_sources(tmp_path):
+    (tmp_path / "sources.list.d").mkdir()
+    # deb822, as Debian 12's images write it: -updates and -security are not the release itself
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\n# a comment inside the paragraph\nURIs: http://snapshot.example/debian\n"
+        "Suites: bookworm-updates\nComponents: main\n\n"
+        "types: deb-src deb\nEnabled: no\nURIs: http://disabled.example/debian\nSuites: bookworm\n\n"
+        "Types: deb\nURIs:\thttp://mirror.example/debian  http://second.example/debian\n"
+        "Suites: bookworm bookworm-updates\nComponents: main\n"
+    )
+    assert _archive(tmp_path).stdout == "http://mirror.example/debian\n"
+    # a one-line source (options in brackets, a trailing comment) comes first, as apt reads it
+    (tmp_path / "sources.list").write_text(
+        "# deb http://commented.example/debian bookworm main\n"
+        "deb-src http://src.example/debian bookworm main\n"
+        "deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://proxy.local:3142/debian bookworm main # apt-cacher\n"
+    )
+    assert _archive(tmp_path).stdout == "http://proxy.local:3142/debian\n"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a bash script for CI's Debian container")
+def test_debian_archive_fails_without_a_source_for_the_release(tmp_path):
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "security.sources").write_text(
+        "Types: deb\nURIs: http://security.example/debian-security\nSuites: bookworm-security\n"
+    )
+    (tmp_path / "sources.list").write_text("deb http://mirror.example/debian trixie main\n")
+    result = _archive(tmp_path)
+    assert result.returncode != 0 and result.stdout == ""

@@ -549,7 +549,7 @@ def test_no_posix_only_signal_or_call_outside_the_posix_parts():
 
 @posix_only
 def test_a_stop_signal_held_during_a_spawn_is_acted_on_when_the_hold_ends():
-    from bonsai_launch.server.supervisor import SignalForwarder, StopRequested
+    from bonsai_launch.server.process import SignalForwarder, StopRequested
 
     steps = []
     with SignalForwarder((signal.SIGUSR2,)) as forwarder:

@@ -258,7 +258,7 @@ def test_a_stop_during_the_spawn_stops_the_server_it_started(llama_server, tiny,
     # started a server (exit 0 rather than 130) and stop it, not leave it to die with its parent.
     from bonsai_launch.server import supervisor
     from bonsai_launch.server.plan import LaunchPlan
-    from bonsai_launch.server.process import ServerProcess
+    from bonsai_launch.server.process import ServerProcess, SignalForwarder, StopRequested
 
     spawned: list[ServerProcess] = []
     real_spawn = ServerProcess.spawn
@@ -274,7 +274,7 @@ def test_a_stop_during_the_spawn_stops_the_server_it_started(llama_server, tiny,
     argv = (str(llama_server), "-m", str(tiny["target"]), "--host", "127.0.0.1", "--port", str(port))
     plan = LaunchPlan(argv, {}, (), (), None, str(tiny["target"]), "127.0.0.1", port, 512, 0, "cpu", None)
     try:
-        with supervisor.SignalForwarder((signal.SIGUSR1,)) as forwarder, pytest.raises(supervisor.StopRequested):
+        with SignalForwarder((signal.SIGUSR1,)) as forwarder, pytest.raises(StopRequested):
             supervisor.launch(plan, forwarder=forwarder)
         assert len(spawned) == 1
         assert forwarder.server is spawned[0]

@@ -19,6 +19,15 @@ BAR_W = 14
 GAP = 18  # between categories
 
 
+TITLE = "bonsai bench: decode speed per category and configuration"
+EM = 0.6  # a character's width in em, a little above sans-serif's average: text sized by it fits
+
+
+def text_width(text: str, size: float = 11) -> float:
+    """About how wide `text` is drawn at font size `size`, so a frame can be made to hold it."""
+    return len(text) * size * EM
+
+
 def _nice_max(value: float) -> float:
     """A round axis maximum at or above `value` (1, 2, 2.5 or 5 times a power of ten)."""
     if value <= 0:
@@ -41,7 +50,9 @@ def render(doc: dict[str, Any]) -> str:
     y_max = _nice_max(top_value)
     group_w = len(configs) * BAR_W + GAP
     panel_w = len(cats) * group_w + GAP
-    width = LEFT + len(temps) * (panel_w + 20) + 10
+    # as wide as the panels, the title (14 px, centred) and the legend's longest label need
+    legend_w = LEFT + 18 + max([text_width(labels[c]) for c in configs] or [0.0]) + 10
+    width = round(max(LEFT + len(temps) * (panel_w + 20) + 10, text_width(TITLE, 14) + 20, legend_w))
     legend_h = 18 * len(configs) + 10
     height = TOP + PANEL_H + 60 + legend_h
     out = [
@@ -50,10 +61,7 @@ def render(doc: dict[str, Any]) -> str:
             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'
         ),
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        (
-            f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">bonsai bench: decode speed per '
-            "category and configuration</text>"
-        ),
+        f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">{TITLE}</text>',
         (
             f'<text x="14" y="{TOP + PANEL_H / 2:.0f}" transform="rotate(-90 14 {TOP + PANEL_H / 2:.0f})" '
             'text-anchor="middle">decode tok/s (median, min-max)</text>'

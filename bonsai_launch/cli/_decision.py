@@ -39,24 +39,20 @@ def print_decision(out, decision: dict, title: str | None = None) -> None:
     """The decision table and the choice, as `bonsai tune` and the start summary show them."""
     from rich.table import Table
 
-    from bonsai_launch.tune.decide import format_rows
+    from bonsai_launch.tune.decide import COLUMNS, RATIO_NOTE, format_rows
 
     choice = decision["choice"]
     table = Table(
         title=title or f"tuning decision {decision['id'][:8]} ({decision['prompts']}, {decision['created']})",
         title_justify="left",
     )
-    for col, justify in (
-        ("configuration", "left"),
-        ("decode tok/s", "right"),
-        ("vs plain", "right"),
-        ("accepted", "right"),
-        ("verdict", "left"),
-    ):
+    for col, justify in COLUMNS:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for row in format_rows(decision["table"]):
         table.add_row(*row)
     out.print(table)
+    if any(row.get("ratio") for row in decision["table"]):
+        out.print(RATIO_NOTE, markup=False, highlight=False)
     # A stored decision (tune, config) or the plan's view of it (start): the same facts, two shapes.
     conditions = decision.get("server_settings") or (decision.get("key") or {}).get("conditions")
     if conditions:  # a launch uses the decision only with these same settings

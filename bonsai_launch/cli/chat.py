@@ -42,7 +42,7 @@ def command(
 ) -> None:
     """Chat in the terminal; each answer ends with its decode speed and acceptance."""
     from bonsai_launch.cli._output import console
-    from bonsai_launch.server import supervisor
+    from bonsai_launch.server.process import SignalForwarder, StopRequested
 
     err = console(stderr=True)
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
@@ -51,7 +51,7 @@ def command(
     from bonsai_launch.core import process_control
 
     stop_signals = tuple(s for s in process_control.current().stop_signals() if s != signal.SIGINT)
-    with supervisor.SignalForwarder(stop_signals) as forwarder:
+    with SignalForwarder(stop_signals) as forwarder:
         try:
             with server_for(launch, passthrough_args(ctx), url=url, api_key=api_key, forwarder=forwarder) as target:
                 err.print(
@@ -93,5 +93,5 @@ def command(
                     sys.stdout.write("\n")
                     history.append({"role": "assistant", "content": result.text})
                     err.print(stats_line(result, target.speculative), style="dim")
-        except supervisor.StopRequested:
+        except StopRequested:
             pass

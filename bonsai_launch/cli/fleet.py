@@ -133,7 +133,7 @@ def up(
             sys.stderr.write(f"fleet: {text}\n")
             sys.stderr.flush()
 
-    from bonsai_launch.server.supervisor import StopRequested
+    from bonsai_launch.server.process import StopRequested
 
     try:
         result = fleet_up(opts, status)

@@ -48,11 +48,12 @@ def command(
 ) -> None:
     """Stream one answer to PROMPT, then print decode speed and speculative acceptance."""
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.server import client, supervisor
+    from bonsai_launch.server import client
+    from bonsai_launch.server.process import SignalForwarder, StopRequested
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     err = console(stderr=True)
-    with supervisor.SignalForwarder() as forwarder:
+    with SignalForwarder() as forwarder:
         try:
             with server_for(launch, passthrough_args(ctx), url=url, api_key=api_key, forwarder=forwarder) as target:
                 reasoning = (lambda piece: err.print(piece, style="dim", end="")) if not json_output else None
@@ -64,7 +65,7 @@ def command(
                     on_reasoning=reasoning,
                     echo=not json_output,
                 )
-        except supervisor.StopRequested:
+        except StopRequested:
             sys.stdout.write("\n")
             raise typer.Exit(130) from None
     if json_output:

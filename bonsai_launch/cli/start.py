@@ -319,8 +319,9 @@ def start_server(
     from bonsai_launch.decisions.auto import needs_tuning
     from bonsai_launch.server import supervisor
     from bonsai_launch.server.prepare import prepare_plan
+    from bonsai_launch.server.process import SignalForwarder, StopRequested
 
-    with supervisor.SignalForwarder() as forwarder:
+    with SignalForwarder() as forwarder:
         try:
             plan, generated = prepare_plan(flags, model, drafter, passthrough)
             if tune and needs_tuning(plan):
@@ -335,7 +336,7 @@ def start_server(
                 )
             finally:
                 stop_status()
-        except supervisor.StopRequested:
+        except StopRequested:
             # 0 once a server was started (the user stopped it); 130 if stopped before that.
             return 0 if forwarder.server is not None else 130
         try:
@@ -361,9 +362,9 @@ def start_server(
                 print_ready(plan, launched, generated, detach)
         except BaseException as exc:
             # Stopped (or failed, e.g. a closed stdout) before serving: never leave it unwatched.
-            if not detach or isinstance(exc, supervisor.StopRequested):
+            if not detach or isinstance(exc, StopRequested):
                 supervisor.shutdown(launched)
-            if isinstance(exc, supervisor.StopRequested):
+            if isinstance(exc, StopRequested):
                 return 0
             raise
         if detach:

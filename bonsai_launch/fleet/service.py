@@ -199,7 +199,7 @@ def _refuse_a_different_fleet(st: FleetState, opts: UpOptions) -> None:
 
 def _fresh(opts: UpOptions, status: Status) -> UpResult:
     from bonsai_launch.server import instances
-    from bonsai_launch.server.supervisor import SignalForwarder
+    from bonsai_launch.server.process import SignalForwarder
 
     remote = remote_members(opts.hosts_file)  # a bad fleet file fails before anything starts
     if opts.replicas is None:

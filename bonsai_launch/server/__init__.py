@@ -7,8 +7,8 @@ passthrough.py   llama-server arguments given after `--`, read with the binary's
 slots.py         how many requests run at once, and what each slot needs (ub/b sizing)
 prompt_cache.py  prompt-cache flags for long, repeated chats
 plan.py          the launch plan: a pure function from what we know to the exact command, with reasons
-process.py       one llama-server child: spawn, wait until it serves, stop, read its log
-supervisor.py    running a plan: checks before spawning, readiness, proof of speculation, signals
+process.py       one llama-server child: spawn, wait until it serves, stop, read its log; stop signals
+supervisor.py    running a plan: checks before spawning, readiness, proof of speculation, serving
 restart.py       restarting a server that died on its own: backoff, crash loop, notes in its log
 keeper.py        the parent of a detached server, so that it is restarted with its exit cause known
 instances.py     running servers bonsai knows about (`bonsai ps`), one state file each

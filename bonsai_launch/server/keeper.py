@@ -32,7 +32,7 @@ from typing import IO, Any
 from bonsai_launch.core import process_control
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.log_files import open_append_shared
-from bonsai_launch.server.process import ServerProcess, exit_cause
+from bonsai_launch.server.process import ServerProcess, SignalForwarder, StopRequested, exit_cause
 
 
 def _lines(stream: IO[bytes], into: queue.Queue) -> None:
@@ -198,7 +198,6 @@ def _say(msg: dict[str, Any]) -> None:
 
 def main() -> int:
     from bonsai_launch.server.restart import Job, note, supervise
-    from bonsai_launch.server.supervisor import SignalForwarder, StopRequested
 
     first = json.loads(sys.stdin.buffer.readline() or b"{}").get("spawn")
     if not first:

@@ -19,7 +19,6 @@ the same probe on several slots at once):
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -326,6 +325,8 @@ def prove_slots(
         except ActionFailed as exc:
             return SlotResult(slot, 0, 0, exc.message)
         return SlotResult(int(found.first.get("id_slot", slot)), found.drafted, found.accepted)
+
+    from concurrent.futures import ThreadPoolExecutor  # only with several slots: not on every start
 
     with ThreadPoolExecutor(max_workers=probed) as pool:
         results = tuple(pool.map(one, range(probed)))

@@ -49,9 +49,10 @@ def fetch_profile_files(profile, *, layout: str, want_drafter: bool, want_vision
     ensure_profile_files(profile, layout=layout, want_drafter=want_drafter, want_vision=want_vision, console=console)
 
 
-def _choose(selection):
-    """The binary for the selection; a fork-only profile with no fork build and no way to fetch
-    the fork stops here, before anything is downloaded."""
+def choose_binary(selection):
+    """The binary for the selection (its path None when none is built yet); a fork-only profile
+    with no fork build and no way to fetch the fork stops here, before anything is downloaded.
+    scripts/bench_startup.py finds its binary with it too."""
     from bonsai_launch.llamacpp.choice import choose_server, require_fork_source
     from bonsai_launch.llamacpp.flavours import FORK, fork_release_wanted
 
@@ -78,7 +79,7 @@ def prepare_plan(flags, model, drafter, passthrough):
     if not is_loopback(settings["host"]) and not settings["allow_remote"]:
         check_host(settings)  # the plan's own refusal, before any download or build
     selection = select(flags, env)
-    choice = _choose(selection)
+    choice = choose_binary(selection)
     if not explicit_model(selection, model):
         s = selection.settings
         fetch_profile_files(
@@ -108,7 +109,7 @@ def prepare_launch(flags: dict, model: str | None, drafter: str | None, configs:
     from bonsai_launch.server.inputs import explicit_model, select
 
     selection = select(flags)
-    choice = _choose(selection)
+    choice = choose_binary(selection)
     if not explicit_model(selection, model):
         needs_drafter = not drafter and any(c == "speculative" or c.startswith("draft-") for c in configs)
         fetch_profile_files(

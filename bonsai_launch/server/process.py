@@ -1,4 +1,6 @@
-"""One llama-server child process: spawn, wait until it serves, stop it, read its log.
+"""One llama-server child process: spawn, wait until it serves, stop it, read its log, and
+the stop signals that reach it (StopRequested, SignalForwarder: every parent of a server uses
+them, the foreground `bonsai start` as well as the keeper of a detached one).
 
 This is the edge where processes live. How a child is started, stopped and tied to
 bonsai's life differs per operating system; process_control.py holds those differences
@@ -9,10 +11,13 @@ dies), and this module uses only that interface.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from bonsai_launch.core import process_control
@@ -22,6 +27,7 @@ from bonsai_launch.core.process_control import exit_hint
 
 POLL_INTERVAL = 0.02  # /health is cheap (~1 ms); polling often keeps the launcher's added latency low
 RESEND_AFTER = 2.0  # seconds before a lost stop request is sent again
+_HANDLED_SIGNALS = process_control.current().stop_signals()  # SIGINT/SIGTERM/SIGHUP; SIGINT/SIGBREAK on Windows
 
 
 class ServerProcess:
@@ -199,6 +205,63 @@ class ServerProcess:
             self._guard.release()  # only once the server is gone: a Job Object's close would end it
             self._guard = None
         return self._popen.poll()
+
+
+# -- signals -------------------------------------------------------------------------------------
+
+
+class StopRequested(BaseException):
+    """The user (or the system) asked bonsai to stop: Ctrl+C, SIGTERM or SIGHUP. A
+    BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class SignalForwarder:
+    """Turns the first stop signal into StopRequested in the main thread; a second one while
+    stopping kills the server at once (the user is impatient, and no orphan is left)."""
+
+    def __init__(self, signals: tuple[int, ...] = _HANDLED_SIGNALS) -> None:
+        self.server: ServerProcess | None = None
+        self.received: int | None = None
+        self._signals = signals
+        self._previous: dict[int, object] = {}
+        self._holding = False
+
+    def _handle(self, signum, frame) -> None:  # signal handler signature
+        if self.received is None:
+            self.received = signum
+            if not self._holding:
+                raise StopRequested(signum)
+        elif self.server is not None:
+            self.server.kill()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A first stop signal inside is acted on when the block ends. Spawning the server and
+        recording it here is one step that way: a stop that arrives between the two would
+        otherwise find a running server that bonsai did not know it had started."""
+        arrived_before = self.received is not None
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self.received is not None and not arrived_before:
+            raise StopRequested(self.received)
+
+    def __enter__(self) -> SignalForwarder:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self._signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
 
 
 def exit_cause(code: int) -> str:

@@ -13,18 +13,15 @@ request is the only way to know; `prove_speculation` makes that request.
 from __future__ import annotations
 
 import errno
-import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bonsai_launch.core import process_control
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.log_files import open_read_shared
 from bonsai_launch.core.paths import logs_dir
@@ -33,13 +30,12 @@ from bonsai_launch.server import liveness as speculation_probe
 from bonsai_launch.server.keeper import KeptChild, spawn_kept
 from bonsai_launch.server.liveness import PROOF_PROMPT, PROOF_TOKENS, SpecProof, speculation_failure_reason  # noqa: F401 - re-exported
 from bonsai_launch.server.plan import LaunchPlan, SpecPlan
-from bonsai_launch.server.process import ServerProcess
+from bonsai_launch.server.process import ServerProcess, SignalForwarder, StopRequested
 
 if TYPE_CHECKING:
     from bonsai_launch.server.liveness import SlotsProof
 
 STOP_TIMEOUT = 10.0
-_HANDLED_SIGNALS = process_control.current().stop_signals()  # SIGINT/SIGTERM/SIGHUP; SIGINT/SIGBREAK on Windows
 
 
 # -- before spawning ---------------------------------------------------------------------------
@@ -89,63 +85,6 @@ def prove_speculation(
     """Probe a freshly started server; live only when the probe drafted tokens (the one
     rule of bonsai_launch.server.liveness, shared with verify and bench)."""
     return speculation_probe.prove(base_url, spec.spec_type, spec.n_max, log_path, api_key)
-
-
-# -- signals -------------------------------------------------------------------------------------
-
-
-class StopRequested(BaseException):
-    """The user (or the system) asked bonsai to stop: Ctrl+C, SIGTERM or SIGHUP. A
-    BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class SignalForwarder:
-    """Turns the first stop signal into StopRequested in the main thread; a second one while
-    stopping kills the server at once (the user is impatient, and no orphan is left)."""
-
-    def __init__(self, signals: tuple[int, ...] = _HANDLED_SIGNALS) -> None:
-        self.server: ServerProcess | None = None
-        self.received: int | None = None
-        self._signals = signals
-        self._previous: dict[int, object] = {}
-        self._holding = False
-
-    def _handle(self, signum, frame) -> None:  # signal handler signature
-        if self.received is None:
-            self.received = signum
-            if not self._holding:
-                raise StopRequested(signum)
-        elif self.server is not None:
-            self.server.kill()
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """A first stop signal inside is acted on when the block ends. Spawning the server and
-        recording it here is one step that way: a stop that arrives between the two would
-        otherwise find a running server that bonsai did not know it had started."""
-        arrived_before = self.received is not None
-        self._holding = True
-        try:
-            yield
-        finally:
-            self._holding = False
-        if self.received is not None and not arrived_before:
-            raise StopRequested(self.received)
-
-    def __enter__(self) -> SignalForwarder:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self._signals:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self._previous.clear()
 
 
 # -- launching -----------------------------------------------------------------------------------

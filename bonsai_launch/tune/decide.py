@@ -177,8 +177,23 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
     return choice, rows
 
 
+# The table's columns (header, justify). "vs plain" is not the quotient of the two speeds shown:
+# it pairs runs (bench/stats.py), which is what the rule decides on, so the header says so.
+COLUMNS = (
+    ("configuration", "left"),
+    ("decode tok/s, median", "right"),
+    ("vs plain: median of paired ratios", "right"),
+    ("accepted", "right"),
+    ("verdict", "left"),
+)
+RATIO_NOTE = (
+    "vs plain: run r of a configuration / plain's run r, median (min-max) over the runs; it can differ "
+    "from the ratio of the two medians beside it when runs vary"
+)
+
+
 def format_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str, str]]:
-    """(configuration, decode tok/s, vs plain, acceptance, verdict) as text, for tables."""
+    """The COLUMNS as text, for tables: configuration, decode tok/s, vs plain, acceptance, verdict."""
     out = []
     for row in rows:
         tps = f"{row['decode_tps']:.1f}" if row.get("decode_tps") is not None else "-"

@@ -16,16 +16,21 @@ install.py        binaries and the manifest that says what they are
 builder.py        the whole flow, the up-to-date check, `ensure_server` for `bonsai start`
 """
 
-from bonsai_launch.llamacpp.builds.builder import (
-    BuildPlan,
-    BuildRequest,
-    BuildResult,
-    build,
-    detected_backend,
-    ensure_server,
-    find_installed,
-    plan_build,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bonsai_launch.llamacpp.builds.builder import (
+        BuildPlan,
+        BuildRequest,
+        BuildResult,
+        build,
+        detected_backend,
+        ensure_server,
+        find_installed,
+        plan_build,
+    )
 
 __all__ = [
     "BuildPlan",
@@ -37,3 +42,14 @@ __all__ = [
     "find_installed",
     "plan_build",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """builder.py's names, imported on first use: `bonsai start` with a built binary reads only
+    install.py's manifest, and importing builder (the source, preflight and CMake modules with
+    it) would add to every start-up."""
+    if name in __all__:
+        from bonsai_launch.llamacpp.builds import builder
+
+        return getattr(builder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,6 @@ from bonsai_launch.config.profiles import ModelFile, Profile
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.core.paths import bonsai_home
 from bonsai_launch.models import store as model_store
-from bonsai_launch.models.drafters import convert as drafter_convert
 from bonsai_launch.models.drafters import provenance, quantize
 
 CONVERT_KINDS = ("dspark",)
@@ -133,6 +132,8 @@ def ensure_converted(
     is remembered so the next check needs no hashing.
     """
     from filelock import FileLock
+
+    from bonsai_launch.models.drafters import convert as drafter_convert  # the converter: only when converting
 
     output.parent.mkdir(parents=True, exist_ok=True)
     # two starts with the same legacy drafter: the second waits, then finds the conversion current
