@@ -10,6 +10,7 @@ under the test's own HOME, XDG_CONFIG_HOME and BONSAI_HOME.
 from __future__ import annotations
 
 import json
+import os
 import plistlib
 import shutil
 import subprocess
@@ -127,6 +128,23 @@ def test_install_enables_through_a_reachable_user_systemd_and_stops_on_its_error
     assert result.enabled and result.manager and "systemctl --user start bonsai-demo.service" in result.next_step
     with pytest.raises(ActionFailed, match="enable refused"):
         service.install(spec_for(own_folders), "linux", run=systemctl)
+
+
+def test_macos_install_unloads_an_older_agent_before_bootstrap(own_folders, monkeypatch):
+    calls: list[list[str]] = []
+
+    def launchctl(argv):
+        calls.append(list(argv))
+        return subprocess.CompletedProcess(list(argv), 0, "", "")
+
+    monkeypatch.setattr(service, "reachable", lambda which, run=None: True)
+    result = service.install(spec_for(own_folders, "darwin"), "darwin", run=launchctl)
+    uid = os.getuid() if hasattr(os, "getuid") else ""
+    assert calls == [
+        ["launchctl", "bootout", f"gui/{uid}/ai.bonsai.demo"],
+        ["launchctl", "bootstrap", f"gui/{uid}", result.path],
+    ]
+    assert Path(result.path).name == "ai.bonsai.demo.plist" and result.enabled
 
 
 def test_macos_agent_is_a_plist_that_restarts_only_after_a_failure(own_folders):

@@ -170,6 +170,8 @@ def install(spec: ServiceSpec, platform: str | None = None, run: Run = _run, pat
         result.next_step = f"no {_manager_word(which)} answers here; to enable it at login: {_joined(commands)}"
         return result
     result.manager = True
+    if which == "launchd":  # an agent loaded before (an older install) must go first, or bootstrap fails
+        run(_manager_commands(spec, which, path, "uninstall")[0])
     for argv in commands:
         done = run(argv)
         result.done.append(" ".join(argv))
