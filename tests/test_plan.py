@@ -222,6 +222,20 @@ def test_kv4_on_a_binary_without_it_is_refused():
         plan_for(env={"BONSAI_KV4": "1"}, caps=caps)
 
 
+def test_sleep_idle_seconds_passes_the_flag_and_zero_or_unset_never_sleeps():
+    plan = plan_for(env={"BONSAI_SLEEP_IDLE_SECONDS": "300"})
+    assert arg(plan, "--sleep-idle-seconds") == "300"
+    assert any(r.flag == "--sleep-idle-seconds" and "BONSAI_SLEEP_IDLE_SECONDS" in r.why for r in plan.reasons)
+    assert "--sleep-idle-seconds" not in plan_for(env={"BONSAI_SLEEP_IDLE_SECONDS": "0"}).argv
+    assert "--sleep-idle-seconds" not in plan_for().argv
+    with pytest.raises(BonsaiError, match="BONSAI_SLEEP_IDLE_SECONDS"):
+        plan_for(env={"BONSAI_SLEEP_IDLE_SECONDS": "soon"})
+    with pytest.raises(BonsaiError, match="--sleep-idle-seconds"):
+        plan_for(env={"BONSAI_SLEEP_IDLE_SECONDS": "5"}, caps=Capabilities("old", backend="cpu", flags=frozenset()))
+    with pytest.raises(BonsaiError, match="BONSAI_SLEEP_IDLE_SECONDS"):
+        plan_for(env={"BONSAI_SLEEP_IDLE_SECONDS": "5"}, passthrough=["--sleep-idle-seconds", "9"])
+
+
 def test_binary_without_dspark_is_refused():
     caps = Capabilities("old-server", backend="cpu", spec_types=frozenset({"none", "draft-simple"}))
     with pytest.raises(BonsaiError, match="draft-dspark"):

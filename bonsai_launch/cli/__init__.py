@@ -7,6 +7,7 @@ run.py chat.py      one answer, or a conversation, in the terminal
 verify.py           check any OpenAI-compatible server
 bench.py tune.py    measure plain against speculative; decide what BONSAI_SPECULATIVE=auto runs
 ps.py logs.py stop.py  servers started with --detach
+service.py          `bonsai start` as a login service (systemd user unit, launchd agent, logon task)
 models.py rm.py     the catalog and what is downloaded
 config.py           every setting's value and where it came from
 inspect.py          what a GGUF declares; whether a drafter fits a target

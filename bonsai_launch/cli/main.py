@@ -28,6 +28,7 @@ from bonsai_launch.cli import ps as ps_cmd
 from bonsai_launch.cli import pull as pull_cmd
 from bonsai_launch.cli import rm as rm_cmd
 from bonsai_launch.cli import run as run_cmd
+from bonsai_launch.cli import service as service_cmd
 from bonsai_launch.cli import start as start_cmd
 from bonsai_launch.cli import stop as stop_cmd
 from bonsai_launch.cli import tune as tune_cmd
@@ -88,6 +89,7 @@ app.command("chat", cls=PassthroughCommand)(chat_cmd.command)
 app.command("tune", cls=PassthroughCommand)(tune_cmd.command)
 app.command("bench", cls=PassthroughCommand)(bench_cmd.command)
 app.add_typer(fleet_cmd.app, name="fleet")
+app.add_typer(service_cmd.app, name="service")
 app.command("export")(export_cmd.command)
 
 

@@ -23,15 +23,21 @@ def format_uptime(seconds: float) -> str:
 
 def command(json_output: JsonOpt = False) -> None:
     """List running servers: profile, bind address, whether an API key is required (KEY), pid,
-    uptime, whether speculation is live, restarts after crashes and the last cause.
+    uptime, whether speculation is live, restarts after crashes and the last cause, and whether
+    it is asleep (BONSAI_SLEEP_IDLE_SECONDS: model unloaded until the next request) or awake.
 
     State files of servers that are gone are removed, never trusted."""
     from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.config.settings import resolve
     from bonsai_launch.server import instances
+    from bonsai_launch.server.client import first_key
 
     live = instances.running()
+    key = first_key(resolve({}).get("api_key")) if any(i.api_key_required for i in live) else None
+    # Asked of /props, which answers from a cache while asleep: looking never wakes a server.
+    asleep = {i.name: sleep_state(i, key) for i in live} if live else {}
     if json_output:
-        emit_json([i.to_json() for i in live])
+        emit_json([{**i.to_json(), "sleeping": asleep[i.name]} for i in live])
         return
     out = console()
     if not live:
@@ -42,7 +48,7 @@ def command(json_output: JsonOpt = False) -> None:
 
     table = Table(box=None, pad_edge=False)
     tuned = any(i.tuning for i in live)
-    for col in ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE", "RESTARTS") + (
+    for col in ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE", "RESTARTS", "SLEEP") + (
         ("AUTO DECISION",) if tuned else ()
     ):
         table.add_column(col, no_wrap=True)
@@ -63,6 +69,7 @@ def command(json_output: JsonOpt = False) -> None:
             spec,
             "detached" if i.detached else "foreground",
             restarts_cell(i),
+            {True: "asleep", False: "awake", None: "-"}[asleep[i.name]],
         ]
         if tuned:
             row.append(decision_cell(i.tuning))
@@ -70,6 +77,15 @@ def command(json_output: JsonOpt = False) -> None:
     if not out.is_terminal:
         out.width = max(out.width, 160)  # piped into a script or a file: never cut a row short
     out.print(table)
+
+
+def sleep_state(inst, api_key: str | None) -> bool | None:
+    """True asleep, False awake, None unknown (restarting, or /props refused: BONSAI_API_KEY unset)."""
+    from bonsai_launch.server import client
+
+    if inst.state != "running":
+        return None
+    return client.sleeping(inst.base_url, api_key)
 
 
 def restarts_cell(inst) -> str:

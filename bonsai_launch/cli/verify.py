@@ -58,7 +58,7 @@ def command(
     else:
         out = console()
         out.print(f"server       {report.url} ({report.server})")
-        out.print(f"health       {report.health}")
+        out.print(f"health       {report.health}" + (" (was asleep: this check woke it)" if report.woke else ""))
         out.print(f"model        {report.model or '-'}")
         if report.decode_tps is not None:
             out.print(

@@ -322,6 +322,19 @@ SETTINGS: tuple[Setting, ...] = (
         _SLOTS,
         default_text="llama-server's (on)",
     ),
+    Setting(
+        "BONSAI_SLEEP_IDLE_SECONDS",
+        "sleep_idle_seconds",
+        "int",
+        "Unload the model after this many seconds without a request (--sleep-idle-seconds): the memory goes "
+        "back to the system and the next request loads it again (and the drafter) before it is answered. "
+        "/health and /props answer while asleep without waking it; `bonsai ps` shows asleep or awake, and the "
+        "restart keeper leaves a sleeping server alone. Unset or 0: never sleep.",
+        _START,
+        minimum=0,
+        maximum=31_536_000,
+        default_text="never sleep",
+    ),
     Setting("BONSAI_LLAMA_VERBOSE", "verbose", "bool", "Pass --verbose to llama-server.", _START, default=False),
     Setting(
         "BONSAI_RESTART",

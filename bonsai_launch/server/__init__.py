@@ -10,6 +10,8 @@ plan.py          the launch plan: a pure function from what we know to the exact
 process.py       one llama-server child: spawn, wait until it serves, stop, read its log; stop signals
 supervisor.py    running a plan: checks before spawning, readiness, proof of speculation, serving
 restart.py       restarting a server that died on its own: backoff, crash loop, notes in its log
+service_files.py the text of a login service running `bonsai start`: systemd unit, launchd agent, task XML
+service.py       `bonsai service`: writes that file in the user's folders and hands it to the manager
 keeper.py        the parent of a detached server, so that it is restarted with its exit cause known
 instances.py     running servers bonsai knows about (`bonsai ps`), one state file each
 liveness.py      is speculation live? one probe and one rule for every command, on one slot or several

@@ -107,15 +107,30 @@ def props(base_url: str, api_key: str | None = None) -> dict[str, Any] | None:
     return _check(r).json()
 
 
+def sleeping(base_url: str, api_key: str | None = None, timeout: float = 2.0) -> bool | None:
+    """Whether llama-server is asleep (BONSAI_SLEEP_IDLE_SECONDS: model unloaded), from /props'
+    `is_sleeping`. /props and /health answer from a cache while asleep and never wake it (/slots
+    and every generation do). None: no answer (gone, refused without the key, not llama-server)."""
+    try:
+        r = _get(base(base_url) + "/props", api_key, timeout)
+        if r.status_code != 200:
+            return None
+        value = r.json().get("is_sleeping")
+    except (ActionFailed, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, bool) else None
+
+
 def models(base_url: str, api_key: str | None = None) -> list[str]:
     """Model ids from the OpenAI-compatible /v1/models."""
     r = _check(_get(base(base_url) + "/v1/models", api_key))
     return [str(m.get("id")) for m in r.json().get("data", [])]
 
 
-def slots(base_url: str, api_key: str | None = None) -> list[dict[str, Any]] | None:
-    """Per-slot state (llama-server). None when the server has no /slots (disabled or not llama-server)."""
-    r = _get(base(base_url) + "/slots", api_key)
+def slots(base_url: str, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]] | None:
+    """Per-slot state (llama-server). None when the server has no /slots (disabled or not llama-server).
+    On a sleeping server it wakes it and answers after the reload."""
+    r = _get(base(base_url) + "/slots", api_key, timeout)
     if r.status_code in (404, 501):
         return None
     data = _check(r).json()

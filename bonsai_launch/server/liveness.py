@@ -56,6 +56,7 @@ class ProbeResult:
     decode_tps: float | None
     slots_speculative: bool | None  # None: /slots not available
     requests: int  # 1, or 2 when the echo request was needed
+    woke: bool = False  # the server was asleep (--sleep-idle-seconds): the probe woke it, not a failure
 
 
 def is_live(result: ProbeResult) -> bool:
@@ -115,8 +116,13 @@ def draft_probe(
 
 
 def probe(base_url: str, api_key: str | None = None, n_tokens: int = PROOF_TOKENS) -> ProbeResult:
-    """Run the probe against a llama-server (see the module docstring)."""
-    slot_info = client.slots(base_url, api_key)
+    """Run the probe against a llama-server (see the module docstring).
+
+    A sleeping server (BONSAI_SLEEP_IDLE_SECONDS) is not a dead one: /slots wakes it and answers
+    once the model (and the drafter) are loaded again, so the probe then waits as long as for a
+    generation, and proves speculation on the woken server."""
+    woke = client.sleeping(base_url, api_key) is True
+    slot_info = client.slots(base_url, api_key, client.GENERATE_TIMEOUT if woke else client.DEFAULT_TIMEOUT)
     slots_spec = None if not slot_info else any(bool(s.get("speculative")) for s in slot_info)
     # with no draft context an echo cannot draft either
     found = draft_probe(base_url, api_key, n_tokens, echo=slots_spec is not False)
@@ -128,6 +134,7 @@ def probe(base_url: str, api_key: str | None = None, n_tokens: int = PROOF_TOKEN
         timings.get("predicted_per_second"),
         slots_spec,
         found.requests,
+        woke,
     )
 
 

@@ -37,6 +37,7 @@ class VerifyReport:
     accepted: int = 0
     expect_speculative: bool = False
     not_live_reason: str | None = None  # the same words `bonsai start` prints
+    woke: bool = False  # it was asleep (BONSAI_SLEEP_IDLE_SECONDS); the probe woke it
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -107,6 +108,7 @@ def _check_llama(base: str, api_key: str | None, report: VerifyReport) -> None:
         report.problems.append(f"generation: {exc.message}")
         return
     report.slots_speculative = result.slots_speculative
+    report.woke = result.woke
     report.tokens = result.tokens
     report.decode_tps = result.decode_tps
     report.drafted, report.accepted = result.drafted, result.accepted

@@ -30,6 +30,7 @@ PLAN_FLAG_SETTINGS = {
     "--mmproj-offload": "BONSAI_MMPROJ_CPU",
     "--image-max-tokens": "BONSAI_IMAGE_MAX_TOKENS",
     "--chat-template-kwargs": "BONSAI_REASONING_EFFORT",
+    "--sleep-idle-seconds": "BONSAI_SLEEP_IDLE_SECONDS",
 }
 
 
@@ -202,6 +203,14 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         require_flag(caps, item.flag, item.setting)
         b.add(item.flag, item.value, item.why)
     b.warnings.extend(cache_warnings)
+
+    if s.get("sleep_idle_seconds"):
+        require_flag(caps, "--sleep-idle-seconds", "BONSAI_SLEEP_IDLE_SECONDS")
+        b.add(
+            "--sleep-idle-seconds",
+            str(s["sleep_idle_seconds"]),
+            f"BONSAI_SLEEP_IDLE_SECONDS ({s.source('sleep_idle_seconds')}): unload the model when idle",
+        )
 
     mmproj = _vision(inputs, backend, b)
 
