@@ -8,6 +8,7 @@ milliseconds, so inspecting a 10 GB file is instant and never touches the weight
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import mmap
@@ -195,7 +196,7 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
     size = stat.st_size
     if size < 24:
         raise BonsaiError(f"{path.name} is not a GGUF file ({size} bytes)", "point at a .gguf model file")
-    cached = gguf_cache.get(path, stat)
+    cached = _from_cache(path, gguf_cache.get(path, stat))
     if cached is not None:
         return cached
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -205,13 +206,33 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
             )
         try:
             info = _parse(path, size, buf)
-            gguf_cache.put(path, stat, info)
+            gguf_cache.put(path, stat, {**dataclasses.asdict(info), "path": str(info.path)})
             return info
         except Truncated:
             raise BonsaiError(
                 f"{path.name} is truncated: the file ends inside its header ({size} bytes)",
                 "download it again (`bonsai pull` resumes and verifies)",
             ) from None
+
+
+def _from_cache(path: Path, data: dict[str, Any] | None) -> GGUFInfo | None:
+    if data is None:
+        return None
+    try:
+        drafter = data.pop("drafter")
+        if drafter is not None:
+            drafter = DrafterInfo(
+                **{
+                    **drafter,
+                    "target_layers": tuple(drafter["target_layers"]),
+                    "log_snr_tensors": tuple(drafter["log_snr_tensors"]),
+                }
+            )
+        for key in ("keys", "mtp_tensors"):
+            data[key] = tuple(data[key])
+        return GGUFInfo(**{**data, "path": path, "drafter": drafter})
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def _type_tables():

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from bonsai_launch.models.gguf import GGUFInfo
+from typing import Any
 
 # Header facts are cached by path, size and mtime: walking a 262k-token vocabulary costs
 # ~0.1 s, and `bonsai start` reads the target and the drafter on every launch. Only successful
@@ -22,40 +19,25 @@ def _file(path: Path) -> Path:
     return bonsai_home() / "cache" / "gguf" / f"{key}.json"
 
 
-def get(path: Path, stat) -> GGUFInfo | None:
+def get(path: Path, stat) -> dict[str, Any] | None:
+    """The facts stored for this path, size and mtime (as put gave them), or None."""
     import json
-
-    from bonsai_launch.models.gguf import DrafterInfo, GGUFInfo
 
     try:
         data = json.loads(_file(path).read_text(encoding="utf-8"))
         if data.pop("_stamp") != [CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns]:
             return None
-        drafter = data.pop("drafter")
-        if drafter is not None:
-            drafter = DrafterInfo(
-                **{
-                    **drafter,
-                    "target_layers": tuple(drafter["target_layers"]),
-                    "log_snr_tensors": tuple(drafter["log_snr_tensors"]),
-                }
-            )
-        for key in ("keys", "mtp_tensors"):
-            data[key] = tuple(data[key])
-        return GGUFInfo(**{**data, "path": path, "drafter": drafter})
+        return data if isinstance(data, dict) else None
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
-def put(path: Path, stat, info: GGUFInfo) -> None:
-    import dataclasses
+def put(path: Path, stat, data: dict[str, Any]) -> None:
     import json
     import os
 
     try:
-        data = dataclasses.asdict(info)
-        data["path"] = str(info.path)
-        data["_stamp"] = [CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+        data = {**data, "_stamp": [CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns]}
         target = _file(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
