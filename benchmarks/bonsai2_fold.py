@@ -8,7 +8,8 @@ attention heads; random weights: the shape sets the cost, the values do not), th
 - `folded-Q2_0`: the same model folded by the published rules (block 1024), quantized the same
   way, as PQ2_0, repacked by bonsai into Q2_0 (what `bonsai start` serves): the fold's cost is
   folded against plain, the same codec and shapes with and without the transforms;
-- `Q4_0`: the plain model through the build's llama-quantize;
+- `Q4_0`: the plain model through the build's llama-quantize (token_embd and output kept F32,
+  as in the ternary files, so that every row has the same LM head);
 and runs llama-bench (tg, pp1, pp5, pp64, pp512 at 1 and 2 threads) on each, printing a markdown
 table. It also prints each codec's bytes for the folded model's layer matrices (PQ2_0, PTQ1_0 and
 the Q2_0 repack). Run it on a quiet machine, from the repo root:
@@ -72,7 +73,9 @@ def files(folder: Path, shape: str, bin_dir: Path) -> tuple[dict[str, Path], dic
     if not out["plain-Q2_0"].is_file():
         _q2_0_of(plain_f32, out["plain-Q2_0"])
     if not out["Q4_0"].is_file():
-        run([bin_dir / f"llama-quantize{EXE}", plain_f32, out["Q4_0"], "Q4_0"])
+        # the LM head and embedding stay F32 as in the ternary files, so the rows compare layer kernels
+        quantize = [bin_dir / f"llama-quantize{EXE}", "--output-tensor-type", "f32", "--token-embedding-type", "f32"]
+        run([*quantize, plain_f32, out["Q4_0"], "Q4_0"])
     pq2 = folder / f"{shape}-folded-PQ2_0.gguf"
     ptq1 = folder / f"{shape}-folded-PTQ1_0.gguf"
     if not pq2.is_file():
