@@ -85,6 +85,31 @@ def test_without_the_permutation_ssm_out_is_wrong(llama_server, fold_pair, tmp_p
     assert not all(_close(p[1][0], u[1][0]) for p, u in zip(plain, wrong, strict=True))
 
 
+def test_version_2_folds_the_tied_lm_head_through_token_embd(llama_server, fold_pair, tmp_path):
+    """Version 2: no output.weight, the LM head is the rotated token_embd and takes the transform."""
+    untied = [t for t in fold_pair.folded_tensors if t[0] != "output.weight"]
+    names = [n for n in fold_pair.names if n != "output.weight"]
+    plain_tensors = hadamard_fold.tiny_hybrid.hybrid_target_parts(**hadamard_fold.SHAPE)[1]
+    plain_tensors = [(n, d.astype("float32"), e) for n, d, e in plain_tensors if n != "output.weight"]
+    plain = hadamard_fold.tiny_hybrid.write_parts(tmp_path / "tied-plain.gguf", fold_pair.kv, plain_tensors)
+    keys = hadamard_fold.fold_kv(fold_pair.signs, names, version=2, tied_output=True)
+    folded = hadamard_fold.tiny_hybrid.write_parts(tmp_path / "tied-folded.gguf", fold_pair.kv + keys, untied)
+    want = _answers(llama_server, plain, tmp_path / "tied-plain.log")
+    got = _answers(llama_server, folded, tmp_path / "tied-folded.log")
+    for (p_tokens, p_top), (f_tokens, f_top) in zip(want, got, strict=True):
+        assert f_tokens == p_tokens and _close(p_top[0], f_top[0]), (p_top, f_top)
+    # the same file as version 1 would read the rotated embedding as a plain LM head: refused
+    v1 = hadamard_fold.tiny_hybrid.write_parts(
+        tmp_path / "tied-v1.gguf", fold_pair.kv + hadamard_fold.fold_kv(fold_pair.signs, names), untied
+    )
+    with (
+        pytest.raises(tiny_gguf.ServerExited) as exited,
+        tiny_gguf.serve(llama_server, ["-m", v1], tmp_path / "v1.log"),
+    ):
+        pass
+    assert "the LM head would read the rotated token_embd without its transform" in exited.value.log
+
+
 def _extra_width(fold_pair) -> dict:
     return {**fold_pair.signs, 4096: hadamard_fold.signs_for([4096], 1)[4096]}
 

@@ -142,6 +142,8 @@ def fold_kv(signs: dict[int, np.ndarray], names: list[str], *, grouped: bool = T
         ("array", "prism.hadamard.inverse_weight_names", ["token_embd.weight"]),
         ("bool", "prism.hadamard.gdn_v_grouped", grouped),
     ]
+    if override.get("tied_output"):
+        kv.append(("bool", "prism.hadamard.tied_output", True))
     return kv
 
 
