@@ -32,6 +32,9 @@ TEMPLATE = (
     "{%- for m in messages -%}<|{{ m.role }}|>{{ m.content }}{%- endfor -%}"
 )
 
+# what `bonsai models` says of a Bonsai 2 file: our build folds it (patch 0010), the fork too
+B2 = "bonsai's build (fold: patch 0010, served as Q2_0) or fork ≥ b10828"
+
 
 @pytest.fixture(scope="module")
 def blobs(tmp_path_factory) -> dict[str, bytes]:
@@ -111,7 +114,7 @@ def test_pull_resolves_names_written_nowhere_in_our_code_and_records_them(hub, b
     assert entry["repo"] == REPO_9B and entry["repo_unconfirmed"] is None
     shown = {f["role"]: f for f in entry["files"]}
     assert shown["model"]["name"] == names["ptq1"] and shown["model"]["verified"]
-    assert shown["model"]["locked"]["commit"] == repo.commit and shown["model"]["builds"] == "fork ≥ b10828"
+    assert shown["model"]["locked"]["commit"] == repo.commit and shown["model"]["builds"] == B2
 
 
 def test_preference_order_decides_between_two_matches(hub, blobs, capsys):
@@ -271,8 +274,8 @@ def test_models_marks_unresolved_files_and_unconfirmed_repositories(capsys, monk
     entry = next(e for e in json.loads(run_cli(capsys, "models", "--json")[1]) if e["profile"] == "bonsai2-2b")
     assert entry["repo"] == REPO_2B and "inferred" in entry["repo_unconfirmed"]
     assert [(f["role"], f["name"], f["wanted"], f["builds"]) for f in entry["files"]] == [
-        ("model", None, "*-PQ2_0.gguf, else *-PTQ1_0.gguf", "fork ≥ b10828"),
-        ("mmproj", None, "*mmproj-Q8_0.gguf, else *mmproj-BF16.gguf", "fork"),
+        ("model", None, "*-PQ2_0.gguf, else *-PTQ1_0.gguf", B2),
+        ("mmproj", None, "*mmproj-Q8_0.gguf, else *mmproj-BF16.gguf", "any build"),
     ]
     monkeypatch.setenv("COLUMNS", "250")
     code, out, _ = run_cli(capsys, "models")

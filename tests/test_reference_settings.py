@@ -129,10 +129,10 @@ BAD = [
         ),
     ),
     (
-        "bonsai2-mainline",
-        {"BONSAI_LAYOUT": "mainline"},
+        "bonsai2-fork-not-pulled",
+        {"BONSAI_LAYOUT": "fork"},
         lambda f: dry("--profile", "bonsai2-27b"),
-        "profile bonsai2-27b has no model file a mainline llama.cpp build loads",
+        "Ternary-Bonsai-2-27B-PQ2_0.gguf is not present",
     ),
     (
         "family-typo",
@@ -184,8 +184,9 @@ def test_bonsai2_family_with_model_shows_the_bonsai2_sampling(files, monkeypatch
     assert data["profile"] == "bonsai2-27b"
     assert sampling(data["argv"]) == ["--temp", "1.0", "--top-p", "0.95", "--top-k", "20", "--min-p", "0.05"]
     assert "--jinja" in data["argv"] and "-fa" in data["argv"]
-    assert any("bonsai build --source prismml" in w for w in data["warnings"])  # no fork build here
-    assert data["build"] == {"flavour": "fork", "fork_release": 10828, "from": "bonsai build", "built": False}
+    # our own build runs Bonsai 2 (patch 0010): no fork build is needed or asked for
+    assert not any("bonsai build --source prismml" in w for w in data["warnings"])
+    assert data["build"]["flavour"] == "mainline"
 
 
 def test_bonsai2_speculation_is_draft_free_and_warns_about_community_drafters(files, monkeypatch, capsys):
@@ -249,9 +250,9 @@ def test_models_lists_bonsai2_with_the_build_each_file_needs(capsys, monkeypatch
     code, out, _err = run_cli(capsys, "models", "--json")
     entry = next(e for e in json.loads(out) if e["profile"] == "bonsai2-27b")
     assert [(f["name"], f["builds"]) for f in entry["files"]] == [
-        ("Ternary-Bonsai-2-27B-PQ2_0.gguf", "fork ≥ b10743"),
-        ("Ternary-Bonsai-2-27B-PTQ1_0.gguf", "fork ≥ b10743"),
-        ("Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf", "fork"),
+        ("Ternary-Bonsai-2-27B-PQ2_0.gguf", "bonsai's build (fold: patch 0010, served as Q2_0) or fork ≥ b10743"),
+        ("Ternary-Bonsai-2-27B-PTQ1_0.gguf", "bonsai's build (fold: patch 0010, served as Q2_0) or fork ≥ b10743"),
+        ("Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf", "any build"),
     ]
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _err = run_cli(capsys, "models")
