@@ -52,7 +52,7 @@ TABLE = [
     ("ternary-27b", FORK_PREV, "model", "Ternary-Bonsai-27B-PQ2_0.gguf"),
     ("bonsai2-27b", FORK_V7, "model", None),  # older than the release known to load Bonsai 2
     ("bonsai2-27b", FORK_PIN, "mmproj", "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf"),
-    ("bonsai2-27b", MAIN, "mmproj", None),
+    ("bonsai2-27b", MAIN, "mmproj", "Ternary-Bonsai-2-27B-mmproj-Q8_0.gguf"),
     ("bonsai2-27b", FORK_PIN, "drafter", None),  # no official Bonsai 2 drafter
     ("bonsai-8b", MAIN, "model", "Bonsai-8B-Q1_0.gguf"),
     ("bonsai-8b", FORK_PIN, "model", "Bonsai-8B-Q1_0.gguf"),
