@@ -149,10 +149,6 @@ def test_a_folded_file_is_refused_on_a_build_that_cannot_fold(ternary):
     assert served is info and "made when the server starts" in (note or "")
 
 
-def _first_steps(url_answers) -> list[int]:
-    return [a["completion_probabilities"][0]["id"] for a in url_answers]
-
-
 @pytest.mark.parametrize("codec", ["PQ2_0", "PTQ1_0"])
 def test_start_serves_a_folded_file_like_its_plain_twin(llama_server, ternary, tmp_path, codec):
     try:
@@ -162,16 +158,12 @@ def test_start_serves_a_folded_file_like_its_plain_twin(llama_server, ternary, t
         assert any("runs as its lossless Q2_0 repack" in w for w in started["plan"]["warnings"])
         assert started["name"] == ternary[codec].stem
         served = started["url"]
-        got = [_greedy(served, p) for p in hadamard_fold_prompts()]
+        got = [_greedy(served, p) for p in hadamard_fold.PROMPTS]
     finally:
         stop_all()
     with tiny_gguf.serve(llama_server, ["-m", ternary["twin"], "-c", "512"], tmp_path / "twin.log") as twin:
-        want = [_greedy(twin.url, p) for p in hadamard_fold_prompts()]
+        want = [_greedy(twin.url, p) for p in hadamard_fold.PROMPTS]
     assert got == want
-
-
-def hadamard_fold_prompts() -> list[list[int]]:
-    return [[10, 11, 12, 13, 14, 15, 16, 17], [300, 7, 7, 42, 199, 3], [5]]
 
 
 def _greedy(url: str, prompt: list[int]) -> list[int]:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 import hadamard_fold
 import tiny_gguf
 
-PROMPTS = ([10, 11, 12, 13, 14, 15, 16, 17], [300, 7, 7, 42, 199, 3], [5])
+PROMPTS = hadamard_fold.PROMPTS
 EXACT_PATH = ["-fa", "off", "-ctk", "f32", "-ctv", "f32", "-t", "2"]
 LOGPROB_TOLERANCE = 2e-3  # measured: 1e-4 between the twins; an unfolded read is off by tens
 
@@ -89,8 +89,7 @@ def test_version_2_folds_the_tied_lm_head_through_token_embd(llama_server, fold_
     """Version 2: no output.weight, the LM head is the rotated token_embd and takes the transform."""
     untied = [t for t in fold_pair.folded_tensors if t[0] != "output.weight"]
     names = [n for n in fold_pair.names if n != "output.weight"]
-    plain_tensors = hadamard_fold.tiny_hybrid.hybrid_target_parts(**hadamard_fold.SHAPE)[1]
-    plain_tensors = [(n, d.astype("float32"), e) for n, d, e in plain_tensors if n != "output.weight"]
+    plain_tensors = [t for t in fold_pair.plain_tensors if t[0] != "output.weight"]
     plain = hadamard_fold.tiny_hybrid.write_parts(tmp_path / "tied-plain.gguf", fold_pair.kv, plain_tensors)
     keys = hadamard_fold.fold_kv(fold_pair.signs, names, version=2, tied_output=True)
     folded = hadamard_fold.tiny_hybrid.write_parts(tmp_path / "tied-folded.gguf", fold_pair.kv + keys, untied)

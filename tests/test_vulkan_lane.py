@@ -346,5 +346,5 @@ def test_folded_bonsai2_target_on_vulkan(llama_server, vulkan_server, tmp_path):
     pair = hadamard_fold.write_fold_pair(tmp_path / "fold", shape=small)
     pq2 = hadamard_fold.write_ternary(pair, tmp_path / "folded-PQ2_0.gguf", codecs.PQ2_0)
     target = codec_repack.rewrite(pq2, tmp_path / "folded-Q2_0.gguf", codec_repack.fork_to_q2_0)
-    prompts = [[10, 11, 12, 13, 14, 15, 16, 17], [300, 7, 7, 42, 199, 3]]
+    prompts = list(hadamard_fold.PROMPTS[:2])
     _check_target(llama_server, vulkan_server, tmp_path, target, prompts, "folded", n_predict=12)

@@ -61,9 +61,9 @@ def main_codec(tensor_types: dict[str, int]) -> str | None:
 
 
 def codec_block(codec: str | None) -> int | None:
-    """Weights per block of a codec bonsai names (Q2_0 64, PQ2_0/PTQ1_0 128)."""
-    by_name = {"Q2_0": 64, "Q1_0": 128, "PQ2_0": 128, "PTQ1_0": 128, "Q4_0": 32, "Q8_0": 32}
-    return by_name.get(codec or "")
+    """Weights per block of the ternary codecs (Q2_0 64, PQ2_0/PTQ1_0 128); None for others."""
+    blocks = {name: codecs.BLOCKS[type_id][0] for type_id, name in codecs.NAMES.items()}
+    return blocks.get(codec or "")
 
 
 def hazard(info: Any, *, can_fold: bool, repacks: bool) -> tuple[str, str] | None:

@@ -112,7 +112,7 @@ def fork_to_q2_0(name: str, type_id: int, dims: tuple[int, ...], nbytes: int):
     return codecs.Q2_0, codecs.q2_0_bytes(type_id, nbytes), lambda raw: codecs.to_q2_0(type_id, raw)
 
 
-def repack(source: Path, *, progress: Callable[[int, int], None] | None = None) -> Path:
+def repack(source: Path, *, progress: Callable[[int], None] | None = None) -> Path:
     """Write (or reuse) the Q2_0 form of a PQ2_0/PTQ1_0 file; returns its path."""
     source = Path(source)
     out = output_path(source)
@@ -127,10 +127,11 @@ def rewrite(
     convert: Converter,
     *,
     file_type: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Path:
     """A copy of a GGUF file with tensors re-encoded by `convert`, keys and order kept (and
-    general.file_type set when given); written to a temporary name and renamed at the end."""
+    general.file_type set when given); written to a temporary name and renamed at the end.
+    `progress` is told each tensor's source bytes as it is done."""
     with open(source, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         try:
             version, kvs, tensors, alignment, data_start = _read(buf, source)
@@ -162,8 +163,6 @@ def rewrite(
 
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        total = sum(t.nbytes for t in tensors)
-        done = 0
         try:
             with open(tmp, "wb") as w:
                 w.write(header)
@@ -179,9 +178,8 @@ def rewrite(
                         step = _chunk(t.type_id, t.nbytes)
                         for at_src in range(src, src + t.nbytes, step):
                             w.write(plan[2](buf[at_src : min(at_src + step, src + t.nbytes)]))
-                    done += t.nbytes
                     if progress:
-                        progress(done, total)
+                        progress(t.nbytes)
                 w.truncate(len(header) + offset)
             os.replace(tmp, out)
         except BaseException:

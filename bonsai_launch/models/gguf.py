@@ -304,10 +304,8 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
         data_bytes = max(data_bytes, offset + elements * type_size // block)
     data_start = (r.pos + alignment - 1) // alignment * alignment
     g128 = bonsai2_file.group128_under_q2_0(rows, size - data_start)
-    if g128:  # sized as what the file holds, so it is refused as a layout, not as truncated
-        data_bytes = max(
-            o + n // (128 if t == codecs.Q2_0 else 1) * (34 if t == codecs.Q2_0 else 0) for t, o, n in rows
-        )
+    if g128:  # the detection found the tensors fit the file: refused as a layout, not as truncated
+        data_bytes = size - data_start
     if data_start + data_bytes > size:
         raise BonsaiError(
             f"{path.name} is truncated: its tensors need {data_start + data_bytes:,} bytes but the file has {size:,}",

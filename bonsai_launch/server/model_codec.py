@@ -19,14 +19,8 @@ def serveable(target: GGUFInfo, kind: BuildKind, *, foreign: bool, repack: bool)
     kind: the build's; foreign: a binary bonsai did not build (nothing known of it: it is taken
     to fold and take fork types only when it is taken to be a fork build); repack: make the Q2_0
     repack now if it is missing (a dry run only says it would)."""
+    _refuse_hazard(target, kind, foreign=foreign)
     fork = kind.flavour == FORK
-    problem = bonsai2_file.hazard(
-        target,
-        can_fold=fork or (not foreign and kind.folds is not False),
-        repacks=fork or not foreign,
-    )
-    if problem is not None:
-        raise BonsaiError(*problem)
     found = bonsai2_file.fork_types(target)
     if not found or fork:
         return target, None
@@ -37,13 +31,7 @@ def serveable(target: GGUFInfo, kind: BuildKind, *, foreign: bool, repack: bool)
         with RichReporter() as reporter:
             reporter.note(f"{target.path.name}: repacking {'/'.join(found)} into mainline Q2_0, once (lossless)")
             bar = reporter.bar("repacking", target.data_bytes)
-            moved = [0]
-
-            def progress(done_bytes: int, _total: int) -> None:
-                bar.update(done_bytes - moved[0])
-                moved[0] = done_bytes
-
-            done = codec_repack.repack(target.path, progress=progress)
+            done = codec_repack.repack(target.path, progress=bar.update)
             bar.close()
     what = f"{target.path.name} ({'/'.join(found)}) runs as its lossless Q2_0 repack"
     if done is None:
@@ -70,11 +58,16 @@ def check_for_default_build(info: GGUFInfo) -> None:
 
     settings = resolve({})
     choice = choose_server(settings, settings.get("layout") or "mainline")
-    foreign = choice.path is not None and kind_of_binary(choice.path) is None
+    _refuse_hazard(info, choice.kind, foreign=choice.path is not None and kind_of_binary(choice.path) is None)
+
+
+def _refuse_hazard(info: GGUFInfo, kind: BuildKind, *, foreign: bool) -> None:
+    """The one judgement of what a build can take: a fork build folds and reads its own types;
+    ours folds from patch 0010 on (folds None: the build not made yet, which will) and repacks;
+    a binary bonsai did not build is taken to do neither."""
+    fork = kind.flavour == FORK
     problem = bonsai2_file.hazard(
-        info,
-        can_fold=choice.kind.flavour == FORK or (not foreign and choice.kind.folds is not False),
-        repacks=choice.kind.flavour == FORK or not foreign,
+        info, can_fold=fork or (not foreign and kind.folds is not False), repacks=fork or not foreign
     )
     if problem is not None:
         raise BonsaiError(*problem)

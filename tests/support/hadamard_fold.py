@@ -38,6 +38,8 @@ SHAPE = dict(
     mode="counter",
     layer_scale=0.04,
 )
+# token-id prompts every fold test asks (the counter's run, a mixed one, a single token)
+PROMPTS = ([10, 11, 12, 13, 14, 15, 16, 17], [300, 7, 7, 42, 199, 3], [5])
 # what the fold rotates (the names of bonsai2-format.md; output.weight included)
 FOLDED = (
     "ffn_gate",
@@ -85,6 +87,7 @@ class FoldPair:
     widths: tuple[int, ...]
     # what the folded file was made of, to write variants of its keys
     kv: list = field(repr=False)
+    plain_tensors: list = field(repr=False)
     folded_tensors: list = field(repr=False)
     names: list[str] = field(repr=False)
     signs: dict[int, np.ndarray] = field(repr=False)
@@ -94,10 +97,6 @@ class FoldPair:
         return tiny_hybrid.write_parts(
             path, self.kv + fold_kv(signs or self.signs, self.names, **keys), self.folded_tensors
         )
-
-
-def _parts(**overrides) -> tuple[list, list]:
-    return tiny_hybrid.hybrid_target_parts(**{**SHAPE, **overrides})
 
 
 def _widths(dims: dict) -> list[int]:
@@ -163,23 +162,12 @@ def write_fold_pair(folder: Path, *, seed: int = 0, mtp: bool = False, shape: di
     plain = tiny_hybrid.write_parts(folder / f"fold{tag}-plain.gguf", kv, tensors)
     folded = tiny_hybrid.write_parts(folder / f"fold{tag}-folded.gguf", kv + extra_kv, folded_tensors)
     unfolded = tiny_hybrid.write_parts(folder / f"fold{tag}-unfolded.gguf", kv, folded_tensors)
-    return FoldPair(plain, folded, unfolded, tuple(widths), kv, folded_tensors, names, signs)
+    return FoldPair(plain, folded, unfolded, tuple(widths), kv, tensors, folded_tensors, names, signs)
 
 
 # --- ternary files of the folded model: PrismML's PQ2_0/PTQ1_0, and their plain-basis twin -------
 
-TERNARY = (
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-    "attn_qkv",
-    "attn_gate",
-    "ssm_out",
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-)
+TERNARY = FOLDED  # the layer matrices Bonsai 2 stores ternary are the ones it folds
 
 
 def ternary_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
