@@ -228,7 +228,9 @@ def gather_plan(
 
     selection = select(flags, env)
     # One of our builds knows its kind; any other binary is taken to be what the profile needs.
-    kind = (kind_of_binary(binary) if binary is not None else None) or BuildKind(selection.flavour)
+    known = kind_of_binary(binary) if binary is not None else None
+    foreign = binary is not None and known is None  # a binary bonsai did not build: its manifest is absent
+    kind = known or BuildKind(selection.flavour)
     files = model_files(selection, model, drafter, kind)
     if not files.model.is_file():
         raise BonsaiError(
@@ -243,7 +245,6 @@ def gather_plan(
         selection, tuning = auto_decision(selection, files, binary, model, args)
     from bonsai_launch.server.model_codec import serveable
 
-    foreign = binary is not None and kind_of_binary(binary) is None
     target, codec_note = serveable(inspect_gguf(files.model), kind, foreign=foreign, repack=repack)
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
