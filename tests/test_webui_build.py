@@ -80,3 +80,27 @@ def test_without_npm_or_without_tools_ui_there_is_no_page(tmp_path, monkeypatch)
     bare = tmp_path / "bare"
     bare.mkdir()
     assert webui.provide(bare, "pin", "patches", 1).key == ""
+
+
+def test_start_prints_the_page_or_how_to_get_it(llama_server, tmp_path):
+    """`bonsai start` on the suite's build (which has the page) prints its address; on a server
+    told to serve none (llama-server's --no-webui), one line that says so."""
+    import tiny_gguf
+    from bonsai_launch.server.process import free_port
+    from start_helpers import bonsai, stop_all
+
+    target = tiny_gguf.write_target(tmp_path / "target.gguf")
+    try:
+        port = free_port()
+        done = bonsai(["start", "--model", target, "--port", port, "--ctx", "512", "--detach"], server=llama_server)
+        assert done.returncode == 0, done.stderr
+        assert f"  chat page        http://127.0.0.1:{port}/\n" in done.stdout, done.stdout
+        stop_all()
+        port = free_port()
+        args = ["start", "--model", target, "--port", port, "--ctx", "512", "--detach", "--", "--no-webui"]
+        done = bonsai(args, server=llama_server)
+        assert done.returncode == 0, done.stderr
+        (line,) = [x for x in done.stdout.splitlines() if x.startswith("  chat page")]
+        assert "none" in line and "--no-webui" in line, line  # the build has the page: says what hides it
+    finally:
+        stop_all()
