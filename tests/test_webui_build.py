@@ -77,6 +77,8 @@ def test_without_npm_or_without_tools_ui_there_is_no_page(tmp_path, monkeypatch)
     monkeypatch.setattr("sys.executable", str(tmp_path / "empty" / "python"))
     none = webui.provide(src, "pin", "patches", 1)
     assert not none.page and none.reason == "no npm was found to build the chat page"
+    monkeypatch.setenv("BONSAI_BUILD_UI", "0")
+    assert webui.provide(src, "pin", "patches", 1).reason == "BONSAI_BUILD_UI is off"
     bare = tmp_path / "bare"
     bare.mkdir()
     assert webui.provide(bare, "pin", "patches", 1).key == ""

@@ -113,10 +113,20 @@ def cached(key: str) -> UiAssets | None:
     return None
 
 
+def wanted() -> bool:
+    """BONSAI_BUILD_UI (default on); a bad value stops with the variable and what it takes."""
+    from bonsai_launch.config.settings import BY_ENV, parse_value
+
+    raw = os.environ.get("BONSAI_BUILD_UI", "").strip()
+    return bool(parse_value(BY_ENV["BONSAI_BUILD_UI"], raw, "BONSAI_BUILD_UI")) if raw else True
+
+
 def provide(
     src: Path, identity: str, patches: str, build_number: int | None, *, console=None, retry: bool = False
 ) -> UiAssets:
     """The chat page's assets for the source at `src`: cached, built now with npm, or why not."""
+    if not wanted():
+        return UiAssets("", None, "BONSAI_BUILD_UI is off")
     key = ui_key(src, identity, patches)
     if key is None:
         return UiAssets("", None, "this llama.cpp source has no tools/ui chat page to build")
