@@ -180,16 +180,19 @@ def test_with_a_key_a_page_without_it_gets_no_answer(browser, llama_server, demo
     url = data["url"]
     page = new_page(browser)
     statuses: list[tuple[str, int]] = []
-    page.on("response", lambda r: statuses.append((r.url, r.status)) if "/v1/" in r.url or "/props" in r.url else None)
-    page.goto(url + "/")
-    page.wait_for_load_state("networkidle", timeout=LOADED_S)
+    api = ("/v1/", "/props", "/tools", "/slots", "/metrics")
+    page.on("response", lambda r: statuses.append((r.url, r.status)) if any(p in r.url for p in api) else None)
+    with page.expect_response(lambda r: "/props" in r.url, timeout=LOADED_S) as first:
+        page.goto(url + "/")
+    assert first.value.status == 401, first.value.status
+    page.get_by_text("Access denied").wait_for(state="visible", timeout=LOADED_S)  # the page's key dialog
     box = page.locator("textarea").first
     if box.is_visible():
         box.fill("Say hello.")
         box.press("Enter")
         page.wait_for_timeout(5_000)
     assert page.locator(ANSWER).count() == 0 or not page.locator(ANSWER).last.inner_text().strip()
-    assert statuses and all(code == 401 for _u, code in statuses), statuses
+    assert statuses and all(code == 401 for _u, code in statuses), statuses  # every API call it made: refused
     # The same page given the key (its settings, as its key dialog stores it) is answered.
     keyed = new_page(browser, KEY)
     sent: list[dict] = []
