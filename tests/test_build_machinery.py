@@ -412,7 +412,9 @@ def test_a_failing_chat_page_build_still_builds_the_server(tree):
     import shutil as _shutil
 
     if _shutil.which("npm") is None:
-        pytest.fail("no npm on PATH: apt-get install nodejs npm", pytrace=False)
+        import real_parts
+
+        real_parts.missing("no npm on PATH", "apt-get install nodejs npm (or pip install -e '.[ui]')")
     ui = tree / "tools" / "ui"
     ui.mkdir(parents=True)
     (tree / "scripts").mkdir(exist_ok=True)
