@@ -26,9 +26,9 @@ _BONSAI_VARS = [k for k in os.environ if k.startswith("BONSAI_")]
 REAL_SERVER, REAL_SERVER_PROBLEM = real_parts.find_real_server()
 
 # Named lanes: tests that need more than this checkout and a CPU build (root and network
-# namespaces, a Vulkan build) or take minutes. They stay out of the README's test command and run
+# namespaces, a Vulkan build, a browser and the chat page) or take minutes. They stay out of the README's test command and run
 # only when a -m expression names them (`pytest -m hosts`); .ci/run runs each one after it.
-NAMED_LANES = ("hosts", "vulkan")
+NAMED_LANES = ("hosts", "vulkan", "browser")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -66,6 +66,8 @@ def test_build_from_local_folder(tree):
     steps = [cmake_build.parse_step(line) for line in Path(m["log"]).read_text().splitlines()]
     assert [s[:2] for s in steps if s][-1][0] == [s[:2] for s in steps if s][-1][1]  # [N/N] reached
     assert "cold CPU build takes about 12 minutes" in out.getvalue()
+    # A source without llama.cpp's tools/ui: built all the same, without the chat page, and the manifest says why.
+    assert m["ui"] == {"page": False, "key": "", "reason": "this llama.cpp source has no tools/ui chat page to build"}
 
 
 def test_up_to_date_build_does_not_run_cmake(tree, monkeypatch):
@@ -400,3 +402,29 @@ def test_find_installed_prefers_the_current_pin_and_patches(tmp_path, monkeypatc
     current_build = install("cpu-now", "2026-01-02", sha, current)
     install("cuda-now", "2026-01-04", sha, current, backend="cuda")
     assert find_installed("cpu") == current_build
+
+
+def test_a_failing_chat_page_build_still_builds_the_server(tree):
+    """npm fails (the real npm, on a tools/ui whose build script exits 3): the server is built and
+    installed without the page, and the manifest and `bonsai build` say why; the build never fails
+    for the page."""
+    import json as _json
+    import shutil as _shutil
+
+    if _shutil.which("npm") is None:
+        import real_parts
+
+        real_parts.missing("no npm on PATH", "apt-get install nodejs npm (or pip install -e '.[ui]')")
+    ui = tree / "tools" / "ui"
+    ui.mkdir(parents=True)
+    (tree / "scripts").mkdir(exist_ok=True)
+    (tree / "scripts" / "ui-assets.cmake").write_text("# stands in for b11434's script\n")
+    (ui / "package.json").write_text(_json.dumps({"name": "ui", "version": "1.0.0", "scripts": {"build": "exit 3"}}))
+    lock = {"name": "ui", "version": "1.0.0", "lockfileVersion": 3, "packages": {"": {"name": "ui"}}}
+    (ui / "package-lock.json").write_text(_json.dumps(lock))
+    con, out = _console()
+    result = build(BuildRequest(backend="cpu", source=str(tree)), console=con)
+    ui_state = result.manifest["ui"]
+    assert result.server.is_file() and ui_state["page"] is False, ui_state
+    assert "npm run build failed (exit 3" in ui_state["reason"] and ui_state["key"].startswith("ui-")
+    assert "no chat page: npm run build failed" in out.getvalue()

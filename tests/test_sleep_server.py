@@ -74,3 +74,29 @@ def test_sleeping_server_is_shown_asleep_not_restarted_and_wakes_speculating(lla
     wait_asleep(url, log, 2)
     entry = ps_entry(llama_server, name)
     assert entry["pid"] == pid and entry["restarts"] == 0 and entry["last_exit"] is None
+
+
+def test_fleet_probe_of_a_sleeping_member_does_not_wake_it(llama_server, tiny_pair):
+    """`fleet ps` probes each member every time it is run; /slots would wake a sleeping one (its
+    model loaded again for nothing). The probe reads /props first and skips /slots while asleep."""
+    from bonsai_launch.fleet import probe
+
+    env = bonsai_env(llama_server, BONSAI_SLEEP_IDLE_SECONDS="1")
+    args = ["start", *with_pair(tiny_pair), "--port", str(free_port()), "--ctx", "1024", "--detach", "--json"]
+    done = bonsai(args, env=env)
+    assert done.returncode == 0, done.stderr
+    data = json_out(done)
+    url, log = data["url"], Path(data["log"])
+
+    wait_asleep(url, log, 1)
+    for _ in range(3):
+        member = probe.probe(url, None)
+        assert member.healthy and member.asleep and member.in_flight == 0, member
+    assert client.sleeping(url) is True
+    assert "server is exiting sleeping state" not in log.read_text(errors="replace")
+
+    # Awake (a request woke it): the probe reads /slots again.
+    client.slots(url)  # /slots wakes it, which is what the probe must not do while asleep
+    awake = probe.probe(url, None)
+    assert awake.healthy and not awake.asleep and awake.in_flight == 0, awake
+    assert "server is exiting sleeping state" in log.read_text(errors="replace")

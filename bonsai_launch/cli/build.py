@@ -86,4 +86,12 @@ def command(
             f"built in {m['build_seconds']:.0f} s: {m.get('version') or 'version unknown'}; "
             f"speculative types: {', '.join(caps.get('spec_types', [])) or 'none found'}"
         )
+    ui = m.get("ui") or {}
+    if ui.get("page"):
+        err.print(f"[dim]chat page embedded (assets {ui.get('dist')})[/]")
+    else:
+        from bonsai_launch.llamacpp.builds.webui import HOW_TO_GET
+
+        why = ui.get("reason") or "this build was made before bonsai built the page"
+        err.print(f"no chat page: {why}; to get it: {HOW_TO_GET}", markup=False, highlight=False)
     print(result.server)

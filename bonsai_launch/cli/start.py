@@ -183,6 +183,23 @@ def _web_ui(base_url: str, api_key: str | None) -> bool:
         return False
 
 
+def _no_page(binary: str) -> str:
+    """One line: why this server has no chat page at / and how to get one (webui.py)."""
+    from pathlib import Path
+
+    from bonsai_launch.llamacpp.builds.install import read_manifest
+    from bonsai_launch.llamacpp.builds.webui import HOW_TO_GET
+
+    manifest = read_manifest(Path(binary).resolve().parent.parent) or {}
+    if "ui" not in manifest:
+        why = "this llama-server was built without it" if manifest else "this llama-server serves none"
+    elif manifest["ui"].get("page"):
+        return "none: the build has one, but llama-server serves none at / (--no-webui?)"
+    else:
+        why = manifest["ui"].get("reason") or "built without it"
+    return f"none ({why}); to get it: {HOW_TO_GET}"
+
+
 def mask_key(key: str) -> str:
     """`sk-l***`: enough to recognise a key, not to use it."""
     return key[:4] + "***" if len(key) > 8 else "***"
@@ -241,8 +258,7 @@ def print_ready(plan, launched, generated_key: str | None, detach: bool) -> None
             )
         )
     rows.append(("OpenAI base URL", plan.base_url + "/v1"))
-    if _web_ui(plan.base_url, key):
-        rows.append(("web UI", plan.base_url + "/"))
+    rows.append(("chat page", plan.base_url + "/" if _web_ui(plan.base_url, key) else _no_page(plan.binary)))
     for label, value in rows:
         out.print(f"  {label:<16} {value}", markup=False)
     if generated_key:
@@ -348,6 +364,7 @@ def start_server(
                     "pid": launched.server.pid,
                     "url": plan.base_url,
                     "openai_base_url": plan.base_url + "/v1",
+                    "chat_page": plan.base_url + "/" if _web_ui(plan.base_url, plan.api_key) else None,
                     "log": str(launched.server.log_path),
                     "ready_s": round(launched.ready_s, 3),
                     "detached": detach,

@@ -365,7 +365,7 @@ SETTINGS: tuple[Setting, ...] = (
         "BONSAI_HOME",
         "home",
         "path",
-        "Root of bonsai's caches: sources, builds, models, logs.",
+        "Root of bonsai's caches: sources, builds, the chat page's assets (ui), models, logs.",
         ("build", "pull", "start", "run", "doctor", "models", "config"),
         default_text="~/.cache/bonsai (%LOCALAPPDATA%\\bonsai on Windows)",
     ),
@@ -393,6 +393,14 @@ SETTINGS: tuple[Setting, ...] = (
         ("build", "start", "run", "bench", "doctor", "config"),
         choices=("auto", "cpu", "cuda", "metal", "vulkan", "hip"),
         default_text="auto",
+    ),
+    Setting(
+        "BONSAI_BUILD_UI",
+        "build_ui",
+        "bool",
+        "Build llama.cpp's chat page (tools/ui) with npm, once per pin, and embed it in llama-server (llamacpp/builds/webui.py). Off: no npm runs and the server has no page. Without npm, or when npm fails, the server is built without the page either way.",
+        ("build", "start", "run"),
+        default=True,
     ),
     Setting(
         "BONSAI_LLAMA_SERVER",

@@ -3,7 +3,9 @@
 In flight comes from /slots (slots with is_processing) or, without /slots, from /metrics
 (llamacpp:requests_processing); acceptance from the spec-decode counters in /metrics
 (replicas run with --metrics). Every probe is short and never raises: an unreachable member is
-reported as such.
+reported as such. A member asleep (BONSAI_SLEEP_IDLE_SECONDS) is asked /props first, which
+answers from a cache: /slots would wake it and load its model again, so it is skipped then
+(nothing is in flight on a sleeping server); /metrics never wakes one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class MemberProbe:
     in_flight: int | None
     drafted: int | None
     accepted: int | None
+    asleep: bool = False  # /props' is_sleeping: the model is unloaded until the next request
 
     @property
     def healthy(self) -> bool:
@@ -44,7 +47,7 @@ def probe(url: str, api_key: str | None) -> MemberProbe:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    from bonsai_launch.server.client import parse_metrics
+    from bonsai_launch.server.client import parse_metrics, sleeping
 
     with httpx.Client(timeout=PROBE_TIMEOUT, trust_env=False, headers=headers) as http:
         try:
@@ -53,12 +56,16 @@ def probe(url: str, api_key: str | None) -> MemberProbe:
             return MemberProbe("down", None, None, None)
         health = "ok" if r.status_code == 200 else "loading" if r.status_code == 503 else f"http {r.status_code}"
         in_flight = drafted = accepted = None
-        try:
-            s = http.get(url + "/slots")
-            if s.status_code == 200 and isinstance(s.json(), list):
-                in_flight = sum(1 for slot in s.json() if slot.get("is_processing"))
-        except (httpx.HTTPError, ValueError):
-            pass
+        asleep = sleeping(url, api_key, PROBE_TIMEOUT) is True
+        if asleep:
+            in_flight = 0
+        else:
+            try:
+                s = http.get(url + "/slots")
+                if s.status_code == 200 and isinstance(s.json(), list):
+                    in_flight = sum(1 for slot in s.json() if slot.get("is_processing"))
+            except (httpx.HTTPError, ValueError):
+                pass
         try:
             m = http.get(url + "/metrics")
             if m.status_code == 200:
@@ -68,7 +75,7 @@ def probe(url: str, api_key: str | None) -> MemberProbe:
                 drafted, accepted = spec_counters(metrics)
         except httpx.HTTPError:
             pass
-    return MemberProbe(health, in_flight, drafted, accepted)
+    return MemberProbe(health, in_flight, drafted, accepted, asleep)
 
 
 def member_key(api_key_env: str | None) -> str | None:

@@ -1,7 +1,8 @@
 """`bonsai build` as a library: plan a build, skip it when up to date, else run and install it.
 
 A build is keyed by what decides its output: the source (sdist sha256, git commit or local
-folder), the patch series, the backend, the cmake flags and the compiler. Each key has its
+folder), the patch series, the backend, the cmake flags, the compiler and the chat page's assets
+when it has them (webui.py: built with npm once per pin; without them the key is as before). Each key has its
 own folder under BONSAI_HOME/builds/<key>/ with `work/` (cmake's build folder, kept for
 incremental rebuilds), `bin/`, `manifest.json` and `build.log`. The up-to-date check reads
 a few small files and runs nothing but `c++ --version`: it takes well under half a second.
@@ -20,7 +21,7 @@ from typing import Any
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.paths import bonsai_home, builds_dir, exe_name
 from bonsai_launch.llamacpp.builds import cmake as cmake_build
-from bonsai_launch.llamacpp.builds import fallback, preflight, toolchain
+from bonsai_launch.llamacpp.builds import fallback, preflight, toolchain, webui
 from bonsai_launch.llamacpp.builds.backend import choose_backend
 from bonsai_launch.llamacpp.builds.install import install_binaries, installed_builds, read_manifest, write_manifest
 from bonsai_launch.llamacpp.builds.patches import load_series, series_hash
@@ -68,6 +69,7 @@ class BuildPlan:
     key_dir: Path
     vcvars: str | None = None  # Windows without a developer prompt: build inside this .bat's environment
     notes: tuple[str, ...] = ()  # what the preflight wants said (a CUDA toolkit from PyPI, no driver)
+    ui: webui.UiAssets = webui.NOT_ASKED  # the chat page embedded, or why none
 
     @property
     def work_dir(self) -> Path:
@@ -155,11 +157,15 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     # Our patches are made against the pinned tree; another ref or a folder is built as it is.
     series = load_series() if spec.kind == "pin" else ()
     source = prepare(spec, pin, series, console=console, force=request.force)
+    patches_id = series_hash(series)
+    # The page first: its assets are part of what the build makes (and of its key). Never fails.
+    ui = webui.provide(
+        source.path, source.identity, patches_id, source.build_number, console=console, retry=request.force
+    )
     flags = cmake_build.base_flags(
         source.build_number, source.commit, native=not request.portable, ccache=tools.ccache.found
     ) + list(choice.cmake_flags + checked.cmake_flags)
     compiler = {"cc": tools.cc.path, "cxx": tools.cxx.path, "id": toolchain.compiler_id(str(tools.cxx.path))}
-    patches_id = series_hash(series)
     material = {
         "source": source.identity,
         "patches": patches_id,
@@ -168,6 +174,8 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
         "compiler": compiler,
         "targets": list(request.targets),
     }
+    if ui.page:
+        material["ui"] = ui.key
     key = _key(material, choice.backend, spec.name)
     return BuildPlan(
         key,
@@ -184,6 +192,7 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
         builds_dir() / key,
         tools.vcvars.path,
         checked.notes,
+        ui,
     )
 
 
@@ -272,6 +281,7 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
                     plan.cmake, src, work, list(plan.cmake_flags), env, log, plan.log_path, console
                 )
                 flags_file.write_text(wanted)
+            webui.install_into(plan.ui, work)  # before ninja: ui-assets.cmake embeds what is there
             timings["compile_seconds"] = cmake_build.build(
                 plan.ninja,
                 work,
@@ -303,6 +313,7 @@ def run_build(plan: BuildPlan, *, console=None, force: bool = False) -> BuildRes
             "binaries": {t.removesuffix(EXE): str(p) for t, p in binaries.items()},
             "version": caps.version,
             "capabilities": caps.to_json(),
+            "ui": plan.ui.to_json(),
             "work_dir": str(plan.work_dir),
             "log": str(plan.log_path),
         }
