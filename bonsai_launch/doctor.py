@@ -100,7 +100,7 @@ def _backends(report: Report, hw, tools) -> None:
     from bonsai_launch.llamacpp.builds import backend as backends
     from bonsai_launch.llamacpp.builds import fallback
 
-    vulkan = hardware.vulkan_devices(hw.os)
+    vulkan = hardware.vulkan_devices(hw.os, fresh=True)
     seen: dict[str, dict[str, Any]] = {
         "cuda": {"devices": [f"{g.name} (cc {g.compute_capability})" for g in hw.gpus], "how": "NVML"},
         "vulkan": {"devices": [f"{d.name} ({d.kind})" for d in vulkan.devices], "how": vulkan.how},

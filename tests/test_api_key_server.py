@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
+import bench_options
 import tiny_gguf
-from bonsai_launch.bench.data import BenchOptions
 from bonsai_launch.bench.pipeline import Target, run_bench
 from bonsai_launch.server import client
 from bonsai_launch.server.process import free_port
@@ -101,9 +101,7 @@ def test_no_key_needed_when_none_is_set(llama_server, tiny):
 
 def test_bench_sends_the_key_to_the_servers_it_launches(llama_server, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("BONSAI_API_KEY", KEY)
-    options = BenchOptions(
-        configs=("plain",), categories=("code",), per_category=1, temps=(0.0,), repeats=1, max_tokens=4, tradeoffs=False
-    )
+    options = bench_options.one_pass(("plain",), categories=("code",), per_category=1, max_tokens=4)
     doc, _ = run_bench(
         options, Target(model=str(tiny), binary=llama_server, passthrough=("-t", "1")), tmp_path / "out", chart=False
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import os
 import sys
 
 from bonsai_launch.core import hardware
@@ -25,6 +26,7 @@ def test_nvml_without_driver_means_no_gpu(monkeypatch):
 
 
 def test_missing_nvml_library_is_a_note_not_a_crash(monkeypatch):
+    monkeypatch.setattr(hardware, "_nvidia_driver_may_be_loaded", lambda: True)
     real_import = builtins.__import__
 
     def fake_import(name, *args, **kwargs):
@@ -44,6 +46,7 @@ def test_gpu_listing_through_nvml(monkeypatch):
     class Mem:
         total, free = 24 * 2**30, 20 * 2**30
 
+    monkeypatch.setattr(hardware, "_nvidia_driver_may_be_loaded", lambda: True)
     monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
     monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
@@ -53,3 +56,36 @@ def test_gpu_listing_through_nvml(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: (9, 0))
     (gpu,) = hardware.detect().gpus
     assert gpu.name == "NVIDIA H200" and gpu.compute_capability == "9.0" and gpu.free_bytes == 20 * 2**30
+
+
+def test_without_an_nvidia_driver_nvml_is_not_imported(monkeypatch):
+    monkeypatch.setattr(hardware, "_nvidia_driver_may_be_loaded", lambda: False)
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    assert hardware.detect().gpus == () and "pynvml" not in sys.modules
+
+
+_SUMMARY = """Devices:
+========
+GPU0:
+	deviceType         = PHYSICAL_DEVICE_TYPE_DISCRETE_GPU
+	deviceName         = Some GPU
+"""
+
+
+def test_vulkaninfo_is_asked_once_until_a_driver_changes(tmp_path, monkeypatch):
+    """`auto` asks for the Vulkan devices on every launch; vulkaninfo loads every driver."""
+    calls = tmp_path / "calls"
+    exe = tmp_path / "bin" / "vulkaninfo"
+    exe.parent.mkdir()
+    exe.write_text(f"#!/bin/sh\necho x >> {calls}\ncat <<'EOF'\n{_SUMMARY}EOF\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{exe.parent}:{os.environ['PATH']}")
+    monkeypatch.delenv("VK_ICD_FILENAMES", raising=False)
+    ran = lambda: len(calls.read_text().splitlines()) if calls.exists() else 0  # noqa: E731
+    first = hardware.vulkan_devices("Linux")
+    assert first.gpus[0].name == "Some GPU" and ran() == 1
+    assert hardware.vulkan_devices("Linux") == first and ran() == 1  # remembered
+    assert hardware.vulkan_devices("Linux", fresh=True) == first and ran() == 2  # doctor asks anew
+    monkeypatch.setenv("VK_ICD_FILENAMES", str(tmp_path / "other_icd.json"))  # another driver
+    hardware.vulkan_devices("Linux")
+    assert ran() == 3

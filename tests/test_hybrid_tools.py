@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import bench_options
 import tiny_hybrid
 from bonsai_launch.bench import prompts as suite
 from bonsai_launch.tune.subject import TuneRequest, plan_candidates, subject
@@ -34,19 +35,10 @@ def test_tune_offers_draft_mtp_n_max_1_to_3_without_a_drafter(llama_server, tmp_
 
 
 def test_bench_measures_the_mtp_mode_live_and_identical_to_plain(llama_server, tmp_path):
-    from bonsai_launch.bench.data import BenchOptions
     from bonsai_launch.bench.pipeline import Target, run_bench
 
     model = tiny_hybrid.write_hybrid_target(tmp_path / "mtp.gguf", mtp=True, mtp_accept=0.5, weight_type="q8_0")
-    options = BenchOptions(
-        configs=("plain", "speculative"),
-        categories=("code", "math"),
-        per_category=2,
-        temps=(0.0,),
-        repeats=1,
-        max_tokens=32,
-        tradeoffs=False,
-    )
+    options = bench_options.one_pass()
     doc, _ = run_bench(options, Target(model=str(model), binary=llama_server, passthrough=THREADS), tmp_path / "out")
     proof = next(s for s in doc["servers"] if s["config"] == "speculative")["spec_proof"]
     assert proof["type"] == "draft-mtp" and proof["n_max"] == 1 and proof["live"] and proof["drafted"] > 0

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+import bench_options
 import tiny_gguf
 import tiny_hybrid
 from bonsai_launch.server import liveness as speculation_probe
@@ -253,19 +254,10 @@ def test_block_7_drafter_sets_n_max_7_and_drafts(llama_server, tiny, cleanup, tm
 
 @pytest.mark.server
 def test_bench_refuses_to_measure_a_speculative_configuration_that_does_not_draft(llama_server, tiny, tmp_path):
-    from bonsai_launch.bench.data import BenchOptions
     from bonsai_launch.bench.pipeline import Target, run_bench
     from bonsai_launch.core.errors import ActionFailed
 
-    options = BenchOptions(
-        configs=("plain", "ngram-simple"),
-        categories=("code",),
-        per_category=1,
-        temps=(0.0,),
-        repeats=1,
-        max_tokens=8,
-        tradeoffs=False,
-    )
+    options = bench_options.one_pass(("plain", "ngram-simple"), categories=("code",), per_category=1, max_tokens=8)
     target = Target(
         model=str(tiny["target"]), binary=llama_server, passthrough=("-t", "1", "--spec-ngram-simple-size-n", "256")
     )

@@ -13,6 +13,7 @@ import random
 
 import pytest
 
+import bench_options
 import tiny_gguf
 import tiny_hybrid
 from bonsai_launch.bench.measure import RequestResult
@@ -128,20 +129,11 @@ def test_equality_check_compares_prompt_by_prompt():
 def test_bench_equality_on_a_random_pair_is_real(llama_server, tmp_path):
     """Launch-mode bench on a random pair: the answers differ from prompt to prompt, drafts are
     rejected, and the equality check still reports every answer identical to plain."""
-    from bonsai_launch.bench.data import BenchOptions
     from bonsai_launch.bench.pipeline import Target, run_bench
 
     target = tiny_gguf.write_target(tmp_path / "target.gguf", seed=5, layer_scale=1.0)
     drafter = tiny_gguf.write_dspark_drafter(tmp_path / "drafter.gguf", seed=7, block_size=7)
-    options = BenchOptions(
-        configs=("plain", "speculative"),
-        categories=("code", "math"),
-        per_category=2,
-        temps=(0.0,),
-        repeats=1,
-        max_tokens=32,
-        tradeoffs=False,
-    )
+    options = bench_options.one_pass()
     doc, _ = run_bench(
         options,
         Target(model=str(target), drafter=str(drafter), binary=llama_server, passthrough=tuple(THREADS)),

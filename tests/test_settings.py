@@ -84,3 +84,13 @@ def test_reference_variables_exist():
 def test_parse_value_keeps_typed_flag_values():
     assert parse_value(BY_ENV["BONSAI_PORT"], 8081, "--port") == 8081
     assert parse_value(BY_ENV["BONSAI_SPECULATIVE"], True, "--speculative") is True
+
+
+def test_one_value_is_read_without_parsing_the_others():
+    from bonsai_launch.config.settings import env_value, resolve
+
+    env = {"BONSAI_API_KEY": "k1,k2", "BONSAI_PORT": "not-a-port"}
+    with pytest.raises(BonsaiError):
+        resolve({}, env)  # every setting: the bad port stops it
+    assert env_value("api_key", env) == "k1,k2"  # `bonsai ps` needs only the key
+    assert env_value("port", {"PORT": "9000"}) == 9000 and env_value("port", {}) == resolve({}, {})["port"]

@@ -36,6 +36,7 @@ app = typer.Typer(
     name="fleet",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain Click help, as `bonsai` itself (cli/main.py)
     help="Replicas of a profile behind the LiteLLM proxy (least-busy routing, retries, failover).",
     context_settings={"help_option_names": ["-h", "--help"]},
 )

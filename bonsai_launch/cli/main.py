@@ -9,32 +9,75 @@ Examples:
 
 from __future__ import annotations
 
+import importlib
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-from bonsai_launch.cli import bench as bench_cmd
-from bonsai_launch.cli import build as build_cmd
-from bonsai_launch.cli import chat as chat_cmd
-from bonsai_launch.cli import config as config_cmd
-from bonsai_launch.cli import convert_drafter as convert_drafter_cmd
-from bonsai_launch.cli import doctor as doctor_cmd
-from bonsai_launch.cli import export as export_cmd
-from bonsai_launch.cli import fleet as fleet_cmd
-from bonsai_launch.cli import inspect as inspect_cmd
-from bonsai_launch.cli import logs as logs_cmd
-from bonsai_launch.cli import models as models_cmd
-from bonsai_launch.cli import ps as ps_cmd
-from bonsai_launch.cli import pull as pull_cmd
-from bonsai_launch.cli import rm as rm_cmd
-from bonsai_launch.cli import run as run_cmd
-from bonsai_launch.cli import service as service_cmd
-from bonsai_launch.cli import start as start_cmd
-from bonsai_launch.cli import stop as stop_cmd
-from bonsai_launch.cli import tune as tune_cmd
-from bonsai_launch.cli import verify as verify_cmd
-from bonsai_launch.cli._passthrough import PassthroughCommand
 from bonsai_launch.core.errors import BonsaiError
+
+
+@dataclass(frozen=True)
+class CommandEntry:
+    """One `bonsai` command, imported only when it runs (or its own --help is asked for): a
+    command's module pulls in the library it drives, and `bonsai start` should not pay for
+    `bench`'s. `summary` is its line in `bonsai --help` (the docstring holds the rest)."""
+
+    name: str
+    module: str  # under bonsai_launch.cli
+    summary: str
+    passthrough: bool = False  # takes llama-server's options (cli/_passthrough.py)
+    subcommands: bool = False  # the module's `app` is a Typer group (fleet, service)
+
+
+COMMANDS: tuple[CommandEntry, ...] = (
+    CommandEntry("build", "build", "Compile llama-server and its tools for this machine."),
+    CommandEntry("doctor", "doctor", "Hardware, toolchains, builds, models, and what each can do."),
+    CommandEntry("config", "config", "Each BONSAI_* setting's value and where it came from."),
+    CommandEntry("pull", "pull", "Download a profile's model, drafter and projector."),
+    CommandEntry("models", "models", "List every profile and which of its files are here."),
+    CommandEntry("rm", "rm", "Delete the downloaded files of a profile."),
+    CommandEntry("inspect", "inspect", "What a GGUF file is: architecture, sizes, codec, drafter."),
+    CommandEntry("convert-drafter", "convert_drafter", "Convert a legacy `dspark` drafter to the `dflash` layout."),
+    CommandEntry("start", "start", "Launch llama-server for a profile with the right flags.", True),
+    CommandEntry("ps", "ps", "List running servers: speculation, restarts, sleep."),
+    CommandEntry("logs", "logs", "Print a server's log."),
+    CommandEntry("stop", "stop", "Stop a running server."),
+    CommandEntry("verify", "verify", "Check a server: health, model, speed, speculation."),
+    CommandEntry("run", "run", "Stream one answer to PROMPT, with speed and acceptance.", True),
+    CommandEntry("chat", "chat", "Chat in the terminal, with speed and acceptance.", True),
+    CommandEntry("tune", "tune", "Decide by measuring whether speculation pays here.", True),
+    CommandEntry("bench", "bench", "Benchmark speculative against plain decoding.", True),
+    CommandEntry("export", "export", "Print the vLLM/SGLang command for a profile's checkpoint."),
+    CommandEntry("fleet", "fleet", "Replicas of a profile behind the LiteLLM proxy.", subcommands=True),
+    CommandEntry("service", "service", "Run `bonsai start` as a login service.", subcommands=True),
+)
+_BY_NAME = {entry.name: entry for entry in COMMANDS}
+
+
+def load_command(entry: CommandEntry) -> Any:
+    """The Click command of ENTRY, built by Typer from its module (imported now)."""
+    module = importlib.import_module(f"bonsai_launch.cli.{entry.module}")
+    if entry.subcommands:
+        group = typer.main.get_group(module.app)
+        group.name = entry.name
+        return group
+    info = typer.models.CommandInfo(
+        name=entry.name,
+        callback=module.command,
+        cls=_passthrough_command() if entry.passthrough else TyperCommand,
+        short_help=entry.summary,
+    )
+    return typer.main.get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode=_MARKUP)
+
+
+def _passthrough_command() -> type:
+    from bonsai_launch.cli._passthrough import PassthroughCommand
+
+    return PassthroughCommand
 
 
 def speculative_auto_args(args: list[str]) -> list[str]:
@@ -55,48 +98,53 @@ def speculative_auto_args(args: list[str]) -> list[str]:
     return out
 
 
-class _Group(typer.core.TyperGroup):
+# Plain Click help: Typer's rich help imports rich's console, markdown and tables, about
+# 0.13 s of CPU before a single line is printed (docs/benchmarks.md, launcher overhead).
+_MARKUP = None
+
+
+class _Group(TyperGroup):
+    """The `bonsai` group: commands load on demand, and `bonsai --help` lists them from COMMANDS
+    without importing any."""
+
+    _listing = False
+
     def parse_args(self, ctx, args):
         return super().parse_args(ctx, speculative_auto_args(list(args)))
 
+    def list_commands(self, ctx) -> list[str]:
+        return [entry.name for entry in COMMANDS]
 
-app = typer.Typer(
-    cls=_Group,
+    def get_command(self, ctx, cmd_name: str):
+        entry = _BY_NAME.get(cmd_name)
+        if entry is None:
+            return None
+        if self._listing:
+            return TyperCommand(entry.name, short_help=entry.summary)
+        return load_command(entry)
+
+    def format_help(self, ctx, formatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+app = _Group(
     name="bonsai",
     help="Build, pull and launch llama.cpp servers for Bonsai and other GGUF models, "
     "with speculative decoding where it pays.",
     no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
+    rich_markup_mode=_MARKUP,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-app.command("build")(build_cmd.command)
-app.command("doctor")(doctor_cmd.command)
-app.command("config")(config_cmd.command)
-app.command("pull")(pull_cmd.command)
-app.command("models")(models_cmd.command)
-app.command("rm")(rm_cmd.command)
-app.command("inspect")(inspect_cmd.command)
-app.command("convert-drafter")(convert_drafter_cmd.command)
-app.command("start", cls=PassthroughCommand)(start_cmd.command)
-app.command("ps")(ps_cmd.command)
-app.command("logs")(logs_cmd.command)
-app.command("stop")(stop_cmd.command)
-app.command("verify")(verify_cmd.command)
-app.command("run", cls=PassthroughCommand)(run_cmd.command)
-app.command("chat", cls=PassthroughCommand)(chat_cmd.command)
-app.command("tune", cls=PassthroughCommand)(tune_cmd.command)
-app.command("bench", cls=PassthroughCommand)(bench_cmd.command)
-app.add_typer(fleet_cmd.app, name="fleet")
-app.add_typer(service_cmd.app, name="service")
-app.command("export")(export_cmd.command)
 
 
 def run() -> None:
     """Console-script entry point: user errors become one line and an exit code."""
     try:
-        app()
+        app.main(prog_name="bonsai")
     except BonsaiError as err:
         from bonsai_launch.cli._output import error_line
 

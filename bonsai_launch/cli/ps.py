@@ -28,12 +28,12 @@ def command(json_output: JsonOpt = False) -> None:
 
     State files of servers that are gone are removed, never trusted."""
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.config.settings import env_value
     from bonsai_launch.server import instances
     from bonsai_launch.server.client import first_key
 
     live = instances.running()
-    key = first_key(resolve({}).get("api_key")) if any(i.api_key_required for i in live) else None
+    key = first_key(env_value("api_key")) if any(i.api_key_required for i in live) else None
     # Asked of /props, which answers from a cache while asleep: looking never wakes a server.
     asleep = {i.name: sleep_state(i, key) for i in live} if live else {}
     if json_output:

@@ -23,6 +23,7 @@ app = typer.Typer(
     name="service",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain Click help, as `bonsai` itself (cli/main.py)
     help="Run `bonsai start` as a login service: install, uninstall, status.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )

@@ -21,13 +21,13 @@ ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", help="API key for th
 
 def default_url() -> tuple[str, str]:
     """The server to check when --url is not given, and why that one."""
-    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.config.settings import env_value
     from bonsai_launch.server import instances
 
     live = instances.running()
     if len(live) == 1:
         return live[0].base_url, f"bonsai server {live[0].name}"
-    port = resolve({})["port"]
+    port = env_value("port")
     return f"http://127.0.0.1:{port}", "default address"
 
 
@@ -44,14 +44,14 @@ def command(
     from rich.markup import escape
 
     from bonsai_launch.cli._output import console, emit_json
-    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.config.settings import env_value
     from bonsai_launch.server.verify import verify
 
     if url is None:
         url, _why = default_url()
     from bonsai_launch.server.client import first_key
 
-    key = first_key(api_key or resolve({}).get("api_key"))
+    key = first_key(api_key or env_value("api_key"))
     report = verify(url, api_key=key, expect_speculative=expect_speculative)
     if json_output:
         emit_json(report.to_json())

@@ -300,7 +300,26 @@ def parse_profile(data: Any, path: Path) -> Profile:
     )
 
 
+# Parsed profiles by (path, mtime, size): one `bonsai start` asks for every profile more than
+# once (the profile, then its family and size), and a Profile is immutable.
+_PARSED: dict[tuple[str, int, int], Profile] = {}
+
+
 def load_profile_file(path: Path) -> Profile:
+    try:
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = None
+    if key is not None and key in _PARSED:
+        return _PARSED[key]
+    profile = _read_profile_file(path)
+    if key is not None:
+        _PARSED[key] = profile
+    return profile
+
+
+def _read_profile_file(path: Path) -> Profile:
     import yaml  # lazily: keeps `bonsai --help` fast
 
     try:

@@ -507,6 +507,20 @@ def read_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return parsed
 
 
+def env_value(key: str, env: Mapping[str, str] | None = None) -> Any:
+    """One setting from the environment, else its default, for commands that need one value
+    (`ps`, `verify` and `fleet` asking for the API key): the other BONSAI_* variables are not
+    read, so a bad value in one of them does not stop a command that never uses it."""
+    env = os.environ if env is None else env
+    setting = BY_KEY[key]
+    raw = env.get(setting.env)
+    if raw is None or raw.strip() == "":
+        if key == "port" and (env.get("PORT") or "").strip():
+            return parse_value(setting, env["PORT"], "PORT")
+        return setting.default
+    return parse_value(setting, raw, setting.env)
+
+
 def parse_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
     """Validate typed CLI flag values (None means not given) with the same rules as env."""
     parsed: dict[str, Any] = {}

@@ -48,7 +48,17 @@ class Hardware:
         return data
 
 
+def _nvidia_driver_may_be_loaded() -> bool:
+    """False only where we can tell cheaply: Linux with neither the driver's control node nor
+    its /proc entry (every NVIDIA driver makes both)."""
+    if platform.system() != "Linux":
+        return True
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia")
+
+
 def _nvidia_gpus(notes: list[str]) -> tuple[GPU, ...]:
+    if not _nvidia_driver_may_be_loaded():
+        return ()  # nvmlInit would fail, after 30-40 ms of importing pynvml
     try:
         import pynvml
     except ImportError:
@@ -155,25 +165,71 @@ class VulkanDevices:
         return tuple(d for d in self.devices if d.is_gpu)
 
 
-def vulkan_devices(system: str | None = None) -> VulkanDevices:
+def vulkan_devices(system: str | None = None, *, fresh: bool = False) -> VulkanDevices:
     """The Vulkan devices here, software ones included (they are listed, never chosen by `auto`).
     `vulkaninfo --summary` when it is installed; on Linux without it, a GPU render node
-    (/dev/dri/renderD*) stands in for "a Vulkan GPU may be present"."""
+    (/dev/dri/renderD*) stands in for "a Vulkan GPU may be present". vulkaninfo's answer is
+    remembered (see _vulkaninfo_summary) unless `fresh`."""
     system = system or platform.system()
     exe = shutil.which("vulkaninfo")
     if exe:
-        try:
-            done = subprocess.run(
-                [exe, "--summary"], capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL
-            )
-            return VulkanDevices(parse_vulkaninfo_summary(done.stdout), "vulkaninfo")
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        text = _vulkaninfo_summary(exe, system, fresh)
+        if text is not None:
+            return VulkanDevices(parse_vulkaninfo_summary(text), "vulkaninfo")
     if system == "Linux":
         nodes = sorted(glob.glob("/dev/dri/renderD*"))
         if nodes:
             return VulkanDevices((VulkanDevice(f"a GPU at {nodes[0]}", "integrated GPU"),), "render node")
     return VulkanDevices((), "no vulkaninfo" if not exe else "vulkaninfo failed")
+
+
+# Where the Vulkan loader finds drivers (their JSON manifests); a driver installed or removed
+# changes these folders, so the remembered summary is asked for again.
+_VULKAN_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
+_VULKAN_DRIVER_VARS = ("VK_ICD_FILENAMES", "VK_DRIVER_FILES", "VK_ADD_DRIVER_FILES")
+
+
+def _vulkaninfo_summary(exe: str, system: str, fresh: bool) -> str | None:
+    """`vulkaninfo --summary`'s output, kept under BONSAI_HOME/cache: it takes 0.1-0.5 s (it
+    loads every driver), and `auto` asks on every `bonsai start`. Asked again when vulkaninfo,
+    the drivers' manifests, the device nodes or the visibility variables change."""
+    import hashlib
+    import json
+
+    from bonsai_launch.core.paths import bonsai_home
+
+    seen = [exe, str(_mtime(exe)), device_fingerprint(system)]
+    seen += [f"{name}={os.environ[name]}" for name in _VULKAN_DRIVER_VARS if name in os.environ]
+    for folder in _VULKAN_ICD_DIRS:
+        seen += [f"{path}:{_mtime(path)}" for path in sorted(glob.glob(os.path.join(folder, "*.json")))]
+    key = hashlib.sha256("\n".join(seen).encode()).hexdigest()[:20]
+    cache = bonsai_home() / "cache" / "vulkaninfo.json"
+    if not fresh:
+        try:
+            kept = json.loads(cache.read_text())
+            if kept.get("key") == key:
+                return str(kept["summary"])
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass
+    try:
+        done = subprocess.run([exe, "--summary"], capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"key": key, "summary": done.stdout}))
+        os.replace(partial, cache)
+    except OSError:
+        pass  # a read-only home: asked every time, as before
+    return done.stdout
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
 
 
 # -- What a binary's --list-devices depends on -------------------------------------------------

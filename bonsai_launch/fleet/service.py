@@ -99,9 +99,9 @@ def _write_configs(model: str, members: list[MemberState]) -> tuple[Path, Path]:
 
 
 def _master_key() -> tuple[str, str]:
-    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.config.settings import env_value
 
-    given = (resolve({}).get("api_key") or "").strip()  # BONSAI_API_KEY, through the settings registry
+    given = (env_value("api_key") or "").strip()  # BONSAI_API_KEY, through the settings registry
     if given:
         return given, "BONSAI_API_KEY"
     return "sk-" + secrets.token_urlsafe(24), "generated"
@@ -375,11 +375,11 @@ def ps() -> dict[str, Any]:
 
 def _proxy_view(st: FleetState) -> dict[str, health.ProxyVerdict] | None:
     """The proxy's last health verdicts; asking needs its key (BONSAI_API_KEY, as clients use)."""
-    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.config.settings import env_value
 
     if st.proxy is None or not proxy.alive(st.proxy):
         return None
-    key = (resolve({}).get("api_key") or "").split(",")[0].strip()
+    key = (env_value("api_key") or "").split(",")[0].strip()
     return health.proxy_verdicts(st.proxy.url, key or None)
 
 

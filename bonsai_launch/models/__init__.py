@@ -4,6 +4,7 @@ gguf.py      what the launcher needs from a GGUF header; whether a drafter fits 
 mtp.py       multi-token-prediction layers: does a file carry ones llama-server's draft-mtp can run
 gguf_cache.py  header facts cached by path, size and mtime (a vocabulary walk costs ~0.1 s)
 bonsai2_file.py  what a Bonsai 2 file needs (fold, codec) and the layouts that would answer gibberish
+codec_types.py   the Bonsai 2 weight types: ids, block sizes, names (no numpy: every start reads them)
 ternary_codecs.py  Q2_0, PQ2_0 and PTQ1_0 at the byte level, and the lossless move to Q2_0
 codec_repack.py  PQ2_0/PTQ1_0 files rewritten once as Q2_0, cached under BONSAI_HOME
 gguf_format.py  the format at the byte level: value types and the one header cursor bonsai reads with

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bonsai_launch.models import ternary_codecs as codecs
+from bonsai_launch.models import codec_types as codecs
 
 FOLD_KEY = "prism.hadamard.version"
 # Small arrays worth keeping from the header (the sign values are 28k numbers: skipped).

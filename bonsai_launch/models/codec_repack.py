@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.core.paths import bonsai_home
-from bonsai_launch.models import ternary_codecs as codecs
+from bonsai_launch.models import codec_types as codecs
 from bonsai_launch.models.gguf_format import HeaderReader, Truncated
 
 REPACK_VERSION = 1
@@ -109,7 +109,7 @@ def fork_to_q2_0(name: str, type_id: int, dims: tuple[int, ...], nbytes: int):
     """The converter of `repack`: PQ2_0 and PTQ1_0 tensors to Q2_0, everything else as it is."""
     if type_id not in codecs.FORK_TYPES:
         return None
-    return codecs.Q2_0, codecs.q2_0_bytes(type_id, nbytes), lambda raw: codecs.to_q2_0(type_id, raw)
+    return codecs.Q2_0, codecs.q2_0_bytes(type_id, nbytes), lambda raw: _to_q2_0(type_id, raw)
 
 
 def repack(source: Path, *, progress: Callable[[int], None] | None = None) -> Path:
@@ -192,3 +192,10 @@ def _chunk(type_id: int, nbytes: int) -> int:
     size = _type_size(type_id)
     block_bytes = size[1] if size else 1
     return max(block_bytes, block_bytes * _CHUNK_BLOCKS)
+
+
+def _to_q2_0(type_id: int, raw: bytes) -> bytes:
+    # numpy is imported here, when a file is repacked, not on every `bonsai start` that plans one
+    from bonsai_launch.models import ternary_codecs
+
+    return ternary_codecs.to_q2_0(type_id, raw)

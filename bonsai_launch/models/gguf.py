@@ -19,7 +19,7 @@ from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.models import bonsai2_file, gguf_cache
-from bonsai_launch.models import ternary_codecs as codecs
+from bonsai_launch.models import codec_types as codecs
 from bonsai_launch.models.gguf_format import ArrayRef, HeaderReader, Truncated
 
 GGUF_MAGIC = b"GGUF"

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-Q2_0, PQ2_0, PTQ1_0 = 42, 142, 143
-# type id -> (weights per block, bytes per block)
-BLOCKS = {Q2_0: (64, 18), PQ2_0: (128, 34), PTQ1_0: (128, 28)}
-FORK_TYPES = {PQ2_0: "PQ2_0", PTQ1_0: "PTQ1_0"}
-# names for the header reader, whose `gguf` package may predate these types
-NAMES = {Q2_0: "Q2_0", **FORK_TYPES}
+from bonsai_launch.models.codec_types import BLOCKS, FORK_TYPES, NAMES, PQ2_0, PTQ1_0, Q2_0, q2_0_bytes
+
+__all__ = ["BLOCKS", "FORK_TYPES", "NAMES", "PQ2_0", "PTQ1_0", "Q2_0", "q2_0_bytes"]  # the type table, for callers here
 
 # PTQ1_0's element map: qs[m] (m < 16) holds elements m + 16n, n = 0..4 (0-79); qs[16 + m]
 # (m < 8) holds 80 + m + 8n (80-119); qh[h] (h < 2) holds 120 + h + 2n, n = 0..3 (120-127).
@@ -122,9 +119,3 @@ def to_q2_0(type_id: int, data: bytes | np.ndarray) -> bytes:
         codes, d = decode_ptq1_0(data)
         return encode_q2_0(codes.reshape(-1, 64), np.repeat(d, 2))
     raise ValueError(f"type {type_id} is not a PrismML codec (142 PQ2_0, 143 PTQ1_0)")
-
-
-def q2_0_bytes(type_id: int, n_bytes: int) -> int:
-    """How many bytes a tensor of n_bytes in type_id takes as Q2_0."""
-    weights, size = BLOCKS[type_id]
-    return n_bytes // size * weights // 64 * 18

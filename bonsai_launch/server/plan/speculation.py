@@ -57,12 +57,11 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
         return plan_mtp(inputs, ngl, b, drafter)
 
     if drafter is not None:
-        problems = check_pair(inputs.model, drafter)
-        if problems:
-            raise BonsaiError(
-                "drafter does not fit the target: " + "; ".join(problems),
-                f"replace {drafter.path.name} with the drafter made for {inputs.model.path.name}",
-            )
+        _require_fit(
+            check_pair(inputs.model, drafter),
+            "drafter does not fit the target",
+            f"replace {drafter.path.name} with the drafter made for {inputs.model.path.name}",
+        )
         assert drafter.drafter is not None and drafter.drafter.block_size is not None
         needed = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
         if wanted_type and wanted_type != needed:
@@ -161,19 +160,17 @@ def plan_mtp(inputs: PlanInputs, ngl: int, b: ArgvBuilder, mtp_file: GGUFInfo | 
             "unset BONSAI_SPEC_TYPE or set it to draft-mtp",
         )
     if mtp_file is not None:
-        problems = mtp_pair_problems(inputs.model, mtp_file)
-        if problems:
-            raise BonsaiError(
-                "the MTP file does not fit the target: " + "; ".join(problems),
-                f"use the MTP file made for {inputs.model.path.name}",
-            )
+        _require_fit(
+            mtp_pair_problems(inputs.model, mtp_file),
+            "the MTP file does not fit the target",
+            f"use the MTP file made for {inputs.model.path.name}",
+        )
     else:
-        problems = mtp_problems(inputs.model)
-        if problems:
-            raise BonsaiError(
-                f"BONSAI_SPEC_TYPE=draft-mtp cannot run on this model: {problems[0]}",
-                "pass --drafter with an MTP file made for this model, or set BONSAI_SPEC_TYPE=ngram-mod (no drafter)",
-            )
+        _require_fit(
+            mtp_problems(inputs.model)[:1],
+            "BONSAI_SPEC_TYPE=draft-mtp cannot run on this model",
+            "pass --drafter with an MTP file made for this model, or set BONSAI_SPEC_TYPE=ngram-mod (no drafter)",
+        )
     require_spec_type(inputs.capabilities, "draft-mtp")
     n_max = s.get("spec_nmax")
     why = f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')})"
@@ -189,3 +186,9 @@ def plan_mtp(inputs: PlanInputs, ngl: int, b: ArgvBuilder, mtp_file: GGUFInfo | 
         b.add("-ngld", ngl, "MTP file GPU layers follow the target's" + (" (CPU)" if ngl == 0 else ""))
         return SpecPlan("draft-mtp", n_max, str(mtp_file.path), ngl)
     return SpecPlan("draft-mtp", n_max)
+
+
+def _require_fit(problems: list[str], what: str, fix: str) -> None:
+    """A drafter or MTP file that does not fit its target stops the plan: what, why, the fix."""
+    if problems:
+        raise BonsaiError(f"{what}: " + "; ".join(problems), fix)
