@@ -318,11 +318,15 @@ def test_auto_builds_vulkan_only_for_a_vulkan_gpu_never_for_lavapipe(monkeypatch
 
     sdk = _tools(glslc="/usr/bin/glslc")
     monkeypatch.setattr(backend, "vulkan_sdk_present", lambda tools: tools.glslc.found)
-    monkeypatch.setattr(machine, "vulkan_devices", lambda system=None: machine.VulkanDevices(lavapipe, "vulkaninfo"))
+    monkeypatch.setattr(
+        machine, "vulkan_devices", lambda system=None, fresh=False: machine.VulkanDevices(lavapipe, "vulkaninfo")
+    )
     chosen = backend.choose_backend("auto", _hw(), sdk)
     assert chosen.backend == "cpu" and "no Vulkan GPU" in chosen.reason
     assert backend.choose_backend("vulkan", _hw(), sdk).backend == "vulkan"  # asked for: obeyed
-    monkeypatch.setattr(machine, "vulkan_devices", lambda system=None: machine.VulkanDevices(both, "vulkaninfo"))
+    monkeypatch.setattr(
+        machine, "vulkan_devices", lambda system=None, fresh=False: machine.VulkanDevices(both, "vulkaninfo")
+    )
     chosen = backend.choose_backend("auto", _hw(), sdk)
     assert chosen.backend == "vulkan" and "AMD Radeon RX 7900 XTX" in chosen.reason
 

@@ -239,7 +239,9 @@ def test_vulkan_preflight_names_each_missing_part(no_real_toolkits, monkeypatch)
     from bonsai_launch.core import hardware as machine
 
     lavapipe = (machine.VulkanDevice("llvmpipe (LLVM 15.0.6, 256 bits)", "CPU (software)"),)
-    monkeypatch.setattr(machine, "vulkan_devices", lambda system=None: machine.VulkanDevices(lavapipe, "vulkaninfo"))
+    monkeypatch.setattr(
+        machine, "vulkan_devices", lambda system=None, fresh=False: machine.VulkanDevices(lavapipe, "vulkaninfo")
+    )
     done = preflight.check_vulkan(tools)
     assert done.details["header_version"] == 239
     assert len(done.notes) == 1 and "llvmpipe" in done.notes[0] and "GGML_VK_VISIBLE_DEVICES" in done.notes[0]
@@ -386,7 +388,9 @@ def test_doctor_shows_the_devices_per_backend_and_why_one_is_used(tmp_path, no_r
     from bonsai_launch.core import hardware as machine
 
     lavapipe = (machine.VulkanDevice("llvmpipe (LLVM 15.0.6, 256 bits)", "CPU (software)"),)
-    monkeypatch.setattr(machine, "vulkan_devices", lambda system=None: machine.VulkanDevices(lavapipe, "vulkaninfo"))
+    monkeypatch.setattr(
+        machine, "vulkan_devices", lambda system=None, fresh=False: machine.VulkanDevices(lavapipe, "vulkaninfo")
+    )
     monkeypatch.setattr(machine, "detect", lambda: Hardware("Linux", "x86_64", 2, 2, 8 * 2**30))
     monkeypatch.setattr(cuda_toolkit, "WHEEL_LOCATIONS", [str(cu13_wheels(tmp_path / "site"))])
     tools = _tools(glslc="/usr/bin/glslc", cc="/usr/bin/cc", cmake="/x/cmake", ninja="/x/ninja")
