@@ -76,9 +76,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
 
-DEFAULT_TOKEN_PREFIX = "tok"
+from bonsai_launch.models.tiny_writer import (  # the writer the self-test ships with (no copy here)
+    DEFAULT_TOKEN_PREFIX,
+    _ones,
+    _rand,
+    _rng,
+    _tmp_name,
+    _tokenizer_kv,
+    _write,
+    _zeros,
+)
+
 # Extra server arguments that make llama-server refuse write_runtime_refused_drafter's file
 # at runtime (it loads, then speculation initialization fails and the server serves without it).
 RUNTIME_REFUSED_ARGS = ("--spec-draft-p-min", "0.5")
@@ -145,31 +154,6 @@ class LogSnr:
         return out
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-def _rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
-
-
-def _rand(rng: np.random.Generator, *ggml_shape: int, scale: float = 0.1) -> np.ndarray:
-    """Random f32 weights; `ggml_shape` is ggml order {ne0, ne1}, numpy gets it reversed."""
-    return (rng.standard_normal(tuple(reversed(ggml_shape))) * scale).astype(np.float32)
-
-
-def _zeros(*ggml_shape: int) -> np.ndarray:
-    return np.zeros(tuple(reversed(ggml_shape)), dtype=np.float32)
-
-
-def _ones(*ggml_shape: int) -> np.ndarray:
-    return np.ones(tuple(reversed(ggml_shape)), dtype=np.float32)
-
-
-def token_texts(vocab: int, token_prefix: str = DEFAULT_TOKEN_PREFIX) -> list[str]:
-    return [f"{token_prefix}{i}" for i in range(vocab)]
-
-
 def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, np.ndarray]:
     """(token_embd, output) so that any token's hidden state scores `token` highest."""
     if not 0 <= token < vocab:
@@ -178,48 +162,6 @@ def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, 
     out = np.zeros((vocab, embedding), dtype=np.float16)
     out[token, :] = 1.0
     return embd, out
-
-
-def _write(path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]], tensors: Sequence[tuple]) -> Path:
-    """Write a GGUF file atomically. kv items are (kind, key, value), kind one of the
-    GGUFWriter add_* suffixes (uint32, float32, bool, string, array). Tensors are (name, data)
-    or (name, data, raw_dtype) for data already quantized (gguf.quants.quantize)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    writer = GGUFWriter(str(tmp), arch)
-    try:
-        for kind, key, value in kv:
-            getattr(writer, f"add_{kind}")(key, value)
-        for name, data, *raw in tensors:
-            writer.add_tensor(name, data, raw_dtype=raw[0] if raw else None)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _tokenizer_kv(
-    vocab: int, tokenizer: str, token_prefix: str, chat_template: str | None, mask_token_id: int | None = None
-) -> list[tuple[str, str, object]]:
-    if tokenizer != "test":
-        raise ValueError("only the 'test' tokenizer is supported by tiny_gguf")
-    kv: list[tuple[str, str, object]] = [
-        ("string", "tokenizer.ggml.model", tokenizer),
-        ("array", "tokenizer.ggml.tokens", token_texts(vocab, token_prefix)),
-    ]
-    if mask_token_id is not None:
-        kv.append(("uint32", "tokenizer.ggml.mask_token_id", mask_token_id))
-    if chat_template is not None:
-        kv.append(("string", "tokenizer.chat_template", chat_template))
-    return kv
 
 
 def _attention_kv(
