@@ -73,9 +73,13 @@ def command(
         portable=portable,
         force=force,
     )
+    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.server import selftest
+
     result = build(request, console=err)
+    result, verdict, ran = selftest.after_build(result, request, console=err, fault=resolve({})["self_test_fault"])
     if json_output:
-        emit_json({**result.manifest, "up_to_date": result.up_to_date})
+        emit_json({**result.manifest, "up_to_date": result.up_to_date, "self_test": verdict})
         return
     m = result.manifest
     caps = m.get("capabilities", {})
@@ -86,4 +90,5 @@ def command(
             f"built in {m['build_seconds']:.0f} s: {m.get('version') or 'version unknown'}; "
             f"speculative types: {', '.join(caps.get('spec_types', [])) or 'none found'}"
         )
+    err.print(selftest.summary(verdict, ran))
     print(result.server)
