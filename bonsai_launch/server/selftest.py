@@ -101,6 +101,7 @@ def run_self_test(plan: SelfTestPlan, *, console=None) -> dict[str, Any]:
                     f"[dim]({result['seconds']:.1f} s)[/]"
                 )
     record = {
+        "schema": selftest_record.SCHEMA,
         "key": plan.key_dir.name,
         "backend": plan.backend,
         "binary": plan.server.name,

@@ -72,7 +72,7 @@ def for_server(server: Path | None) -> dict[str, Any] | None:
 def write_record(key_dir: Path, data: dict[str, Any]) -> Path:
     path = record_path(key_dir)
     tmp = key_dir / f".{RECORD}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps({"schema": SCHEMA, **data}, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps({**data, "schema": SCHEMA}, indent=2, default=str) + "\n")
     os.replace(tmp, path)
     return path
 
