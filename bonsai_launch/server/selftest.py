@@ -134,11 +134,17 @@ def ensure_self_test(
 
 
 def cpu_reference(manifest: dict[str, Any]) -> Path | None:
+    """The GPU check's reference: the CPU build, else (a GPU machine that built only its GPU
+    backend) the same binary with nothing offloaded (-ngl 0, its CPU backend)."""
     if manifest.get("backend") == "cpu":
         return None
     from bonsai_launch.llamacpp.builds.builder import find_installed
 
-    return find_installed("cpu")
+    try:
+        found = find_installed("cpu")
+    except Exception:  # an unreadable pin: the GPU build's own CPU path still serves as reference
+        found = None
+    return found or Path(manifest["binaries"]["llama-server"])
 
 
 def after_build(result, request, *, console=None, fault: str | None = None):

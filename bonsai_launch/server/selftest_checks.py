@@ -147,7 +147,7 @@ def gpu_offload(plan, tmp: Path, log: IO[str]) -> dict[str, Any]:
     target = _target(tmp, weight_type="f32", mode="counter")
     base = ["-m", str(target), "-c", "1024", "-np", "1", "-t", str(plan.threads)]
     kw = {"n_probs": N_PROBS, "n_predict": 16}
-    with _serve(plan.cpu_server, base, tmp / "gpu-cpu.log") as s:
+    with _serve(plan.cpu_server, [*base, "-ngl", "0"], tmp / "gpu-cpu.log") as s:
         want = [_steps(_complete(s, p, **kw)) for p in PROMPTS]
     with _serve(plan.server, [*base, "-ngl", "999", "-v"], tmp / "gpu.log") as s:  # -v: "offloaded N/N layers"
         got = [_steps(_complete(s, p, **kw)) for p in PROMPTS]
@@ -164,7 +164,8 @@ def gpu_offload(plan, tmp: Path, log: IO[str]) -> dict[str, Any]:
         for tok, p in r[1].items()
     )
     same_tokens = [[t for t, _ in a] for a in want] == [[t for t, _ in a] for a in got]
-    out: dict[str, Any] = {"device": device or plan.backend, "worst_gap": round(worst, 5)}
+    reference = "this build with -ngl 0" if plan.cpu_server == plan.server else str(plan.cpu_server)
+    out: dict[str, Any] = {"device": device or plan.backend, "worst_gap": round(worst, 5), "reference": reference}
     if not offload or any(done != total for done, total in offload):
         seen = "/".join(offload[-1]) if offload else "none"
         return {**out, "status": "failed", "detail": f"not fully offloaded (layers offloaded: {seen})"}
