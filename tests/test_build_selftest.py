@@ -124,6 +124,12 @@ def test_a_failed_hybrid_check_makes_start_plan_the_workaround(llama_server, tmp
         assert any("--no-repack" in w and "self-test" in w for w in p.warnings), p.warnings
     assert "--no-repack" not in _plan_for(hybrid, binary, 1).argv  # one slot: nothing to work around
     assert "--no-repack" not in _plan_for(dense, binary, 2).argv  # dense targets were never affected
+    from bonsai_launch import doctor
+
+    report = doctor.gather()
+    (entry,) = [b for b in report.builds if b["key"] == manifest["key"]]
+    assert entry["self_test"]["checks"][0]["status"] == "failed"  # what `doctor --json` shows
+    assert any("--no-repack" in p.what and manifest["key"] in p.what for p in report.problems), report.problems
 
     clean = selftest.run_self_test(selftest.SelfTestPlan(plan.key_dir, binary, "cpu", only))
     assert clean["passed"], clean

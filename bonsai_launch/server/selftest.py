@@ -116,6 +116,13 @@ def run_self_test(plan: SelfTestPlan, *, console=None) -> dict[str, Any]:
         "log": str(log_path),
     }
     selftest_record.write_record(plan.key_dir, record)
+    why = selftest_record.failed(record, selftest_record.GPU)
+    if plan.backend != "cpu" and why is not None:  # remembered like a failed compile: `auto` skips it
+        from bonsai_launch.llamacpp.builds import fallback, toolchain
+
+        fallback.record_failure(
+            plan.backend, toolchain.detect(versions=False), f"its self-test failed: {why}", log_path
+        )
     return record
 
 
@@ -155,7 +162,7 @@ def after_build(result, request, *, console=None, fault: str | None = None):
     from dataclasses import replace
 
     from bonsai_launch.core.errors import ActionFailed
-    from bonsai_launch.llamacpp.builds import fallback, toolchain
+    from bonsai_launch.llamacpp.builds import fallback
     from bonsai_launch.llamacpp.builds.builder import build
 
     record, ran = ensure_self_test(result.manifest, console=console, fault=fault)
@@ -164,7 +171,6 @@ def after_build(result, request, *, console=None, fault: str | None = None):
     if backend == "cpu" or why is None:
         return result, record, ran
     log = Path(record["log"])
-    fallback.record_failure(backend, toolchain.detect(versions=False), f"its self-test failed: {why}", log)
     if not request.fall_back_to_cpu:
         raise ActionFailed(
             f"the {backend} build's self-test failed its GPU check: {why}",
