@@ -200,3 +200,21 @@ def test_a_failed_gpu_check_stops_a_named_backend_and_is_remembered_for_auto(
     hybrid = tiny_hybrid.write_hybrid_target(tmp_path / "hybrid.gguf")
     with pytest.raises(BonsaiError, match="failed its GPU check"):
         _plan_for(hybrid, binary, 1)
+
+
+@pytest.mark.server
+def test_the_speculative_check_fails_on_a_wrong_speculative_answer(llama_server, tmp_path, monkeypatch):
+    """Both pairs (hybrid draft-mtp, dense draft-simple) draft, accept only part, and equal plain;
+    the harness switch makes one speculative answer wrong, and the check says which pair."""
+    monkeypatch.setenv("BONSAI_HOME", str(tmp_path / "home"))
+    manifest = _copy_build(llama_server, tmp_path / "home")
+    binary = Path(manifest["binaries"]["llama-server"])
+    only = ("speculative",)
+    good = selftest.run_self_test(selftest.SelfTestPlan(binary.parent.parent, binary, "cpu", only))
+    check = good["checks"][0]
+    assert check["status"] == "passed", check
+    for pair in ("hybrid draft-mtp", "dense draft-simple"):
+        accepted, drafted = map(int, check[pair].split()[0].split("/"))
+        assert 0 < accepted < drafted, (pair, check)  # rollbacks happened: the path that can go wrong ran
+    bad = selftest.run_self_test(selftest.SelfTestPlan(binary.parent.parent, binary, "cpu", only, fault="speculative"))
+    assert bad["checks"][0]["status"] == "failed" and "differs from plain" in bad["checks"][0]["detail"], bad

@@ -21,7 +21,7 @@ from typing import IO, Any
 import httpx
 
 from bonsai_launch.llamacpp.builds import kernel_check, selftest_record
-from bonsai_launch.models import tiny_hybrid
+from bonsai_launch.models import tiny_dense, tiny_hybrid
 from bonsai_launch.server.process import ServerProcess, free_port
 
 N_PREDICT = 48
@@ -105,29 +105,55 @@ def hybrid_two_slots(plan, tmp: Path, log: IO[str]) -> dict[str, Any]:
     return {"status": "passed", "detail": "2 concurrent sequences = 1 at a time"}
 
 
+def _dense_pair(tmp: Path) -> tuple[Path, Path]:
+    """A tiny qwen3 target whose greedy answer depends on the context, and a drafter of the same
+    weights scaled 0.9: it agrees often, not always (accepted and rejected drafts)."""
+    target = tiny_dense.write_target(tmp / "dense-target.gguf", seed=3, layer_scale=1.0)
+    drafter = tiny_dense.write_target(tmp / "dense-drafter.gguf", seed=3, layer_scale=0.9)
+    return target, drafter
+
+
 def speculative(plan, tmp: Path, log: IO[str]) -> dict[str, Any]:
-    """draft-mtp on the hybrid target (half its drafts wrong: rollbacks mid-block) = plain."""
-    target = _target(tmp)
-    base = ["-m", str(target), "-c", "1024", "-np", "1", "-t", str(plan.threads), *_offload(plan)]
+    """Lossless against plain, both pairs: draft-mtp on the hybrid target (half its drafts wrong:
+    rollbacks of the recurrent state mid-block) and draft-simple on a dense pair."""
+    hybrid = _target(tmp)
+    common = ["-c", "1024", "-np", "1", "-t", str(plan.threads), *_offload(plan)]
     plain_file = tmp / "plain.json"
     if plain_file.is_file():
-        plain = json.loads(plain_file.read_text())
+        hybrid_plain = json.loads(plain_file.read_text())
     else:
-        with _serve(plan.server, base, tmp / "plain.log") as s:
-            plain = [_complete(s, p)["tokens"] for p in PROMPTS]
-    spec_args = [*base, "--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
-    with _serve(plan.server, spec_args, tmp / "spec.log") as s:
-        answers = [_complete(s, p) for p in PROMPTS]
-    log.write((tmp / "spec.log").read_text(errors="replace")[-4000:])
-    drafted = sum(int(a.get("timings", {}).get("draft_n") or 0) for a in answers)
-    tokens = [a["tokens"] for a in answers]
-    if plan.fault == "speculative":
-        tokens[0] = [(t + 3) % VOCAB for t in tokens[0]]
-    if drafted == 0:
-        return {"status": "failed", "detail": "draft-mtp drafted nothing"}
-    if tokens != plain:
-        return {"status": "failed", "detail": "the speculative answer differs from plain (draft-mtp, hybrid target)"}
-    return {"status": "passed", "detail": f"draft-mtp = plain ({drafted} drafted)"}
+        with _serve(plan.server, ["-m", str(hybrid), *common], tmp / "plain.log") as s:
+            hybrid_plain = [_complete(s, p)["tokens"] for p in PROMPTS]
+    mtp = ["-m", str(hybrid), *common, "--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+    with _serve(plan.server, mtp, tmp / "spec.log") as s:
+        hybrid_spec = [_complete(s, p) for p in PROMPTS]
+    target, drafter = _dense_pair(tmp)
+    with _serve(plan.server, ["-m", str(target), *common], tmp / "dense-plain.log") as s:
+        dense_plain = [_complete(s, p)["tokens"] for p in PROMPTS]
+    simple = ["-m", str(target), "-md", str(drafter), *common, "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
+    if plan.backend != "cpu":
+        simple += ["-ngld", "999"]
+    with _serve(plan.server, simple, tmp / "dense-spec.log") as s:
+        dense_spec = [_complete(s, p) for p in PROMPTS]
+    for name in ("spec.log", "dense-spec.log"):
+        log.write((tmp / name).read_text(errors="replace")[-3000:])
+    out: dict[str, Any] = {}
+    for label, plain, answers in (
+        ("hybrid draft-mtp", hybrid_plain, hybrid_spec),
+        ("dense draft-simple", dense_plain, dense_spec),
+    ):
+        drafted = sum(int(a.get("timings", {}).get("draft_n") or 0) for a in answers)
+        accepted = sum(int(a.get("timings", {}).get("draft_n_accepted") or 0) for a in answers)
+        tokens = [a["tokens"] for a in answers]
+        if plan.fault == "speculative":  # the harness switch: a speculative answer computed wrongly
+            tokens[0] = [(t + 3) % VOCAB for t in tokens[0]]
+        out[label] = f"{accepted}/{drafted} accepted"
+        if drafted == 0:
+            return {**out, "status": "failed", "detail": f"{label} drafted nothing"}
+        if tokens != plain:
+            return {**out, "status": "failed", "detail": f"{label}: the speculative answer differs from plain"}
+    detail = "; ".join(f"{k} = plain ({v})" for k, v in out.items())
+    return {**out, "status": "passed", "detail": detail}
 
 
 def _steps(answer: dict[str, Any]) -> list[tuple[int, dict[int, float]]]:
