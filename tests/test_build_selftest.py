@@ -162,6 +162,9 @@ def test_the_kernel_check_fails_on_the_build_without_our_patches(tmp_path):
     # our patches are Q1_0's and Q2_0's; the upstream types must still pass there (no false alarm)
     assert result.types == {"Q1_0": False, "Q2_0": False, "Q4_0": True, "Q8_0": True, "F16": True}, result.output
     assert any("patch 0005 missing" in f for f in result.failures)
+    # the same libraries as a build of another source (no patch series claimed): its answers are
+    # right (upstream's scalar kernels), so nothing is refused there
+    assert kernel_check.run(exe, our_patches=False).passed
     # and that verdict refuses a Q2_0 model at planning, naming the log
     from bonsai_launch.server.inputs import _refuse_failed_kernels
 

@@ -37,6 +37,7 @@ class SelfTestPlan:
     cpu_server: Path | None = None  # the reference of the GPU check
     fault: str | None = None  # BONSAI_SELF_TEST_FAULT: a check forced to see a wrong answer
     threads: int = 2
+    our_patches: bool = True  # the pin with our patch series: the kernel check also asks for our kernels
 
 
 def plan_self_test(
@@ -48,7 +49,10 @@ def plan_self_test(
     checks += [selftest_record.HYBRID, "speculative"]
     if backend != "cpu":
         checks.append(selftest_record.GPU)
-    return SelfTestPlan(server.resolve().parent.parent, server, backend, tuple(checks), cpu_server, fault)
+    source = manifest.get("source", {})
+    ours = source.get("kind") == "pin" and bool(source.get("patches"))
+    key_dir = server.resolve().parent.parent
+    return SelfTestPlan(key_dir, server, backend, tuple(checks), cpu_server, fault, our_patches=ours)
 
 
 def cpu_flags() -> dict[str, bool]:

@@ -68,7 +68,7 @@ def _offload(plan) -> list[str]:
 
 def kernels(plan, tmp: Path, log: IO[str]) -> dict[str, Any]:
     try:
-        result = kernel_check.check_build(plan.key_dir)
+        result = kernel_check.check_build(plan.key_dir, our_patches=plan.our_patches)
     except kernel_check.KernelCheckUnavailable as exc:
         return {"status": "failed", "detail": f"the kernel check could not be built: {exc}", "types": {}}
     log.write(result.output)

@@ -22,7 +22,9 @@
  *    --no-repack), where patches 0008 (Q1_0) and 0009 (Q2_0) add x86 gemv/gemm kernels over rows
  *    interleaved by four: batches of 4 and more go through gemm, the rest of a batch through
  *    gemv. On x86 with AVX2 it fails when either type is not repacked (a patch missing).
- * Arguments: `x86` expects the x86 kernels even where the probe says no; `quick` (the self-test
+ * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
+ * the answers but not which kernels are wired in (a build of another source, such as PrismML's
+ * fork, has its own kernels and none of our patches); `quick` (the self-test
  * after `bonsai build`) keeps every path (each batch size class, odd tails, 1 and 2 threads,
  * plain and repacked) but fewer sizes and repetitions: about a tenth of the full run.
  * Tolerance: |kernel - reference| <= 3e-5 x sum of |terms| (float32 summation order only); where
@@ -406,9 +408,10 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
 }
 
 int main(int argc, char ** argv) {
-    int expect_x86 = 0;
+    int expect_x86 = 0, results_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "quick") == 0) quick = 1;
+        else if (strcmp(argv[i], "results-only") == 0) results_only = 1;
         else expect_x86 = 1;
     }
     ggml_cpu_init();
@@ -421,7 +424,7 @@ int main(int argc, char ** argv) {
            "q2_0.repacked=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
            (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked);
-    if (expect_x86 || x86_avx2) { /* an argument: expect the x86 kernels even where the probe says no */
+    if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
         cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
             FAIL("Q2_0 has no x86 kernel: its vec_dot is the scalar reference (patch 0005 missing)");
