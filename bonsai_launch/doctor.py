@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
@@ -359,7 +360,65 @@ def _port(report: Report) -> None:
         )
 
 
-def gather() -> Report:
+def _self_tests(report: Report, rerun: bool, fault: str | None, console=None) -> None:
+    """Each build's self-test verdict (`--self-test` reruns it for the builds of the current pin
+    and patches), and a problem for each failed check, saying what bonsai does about it."""
+    from bonsai_launch.llamacpp.builds import selftest_record as rec
+    from bonsai_launch.llamacpp.builds.install import read_manifest
+    from bonsai_launch.server import selftest
+
+    for entry in report.builds:
+        key_dir = Path(entry["path"])
+        current = entry["is_pin"] and entry["current_patches"] and entry["flavour"] == "mainline"
+        if rerun and current and (manifest := read_manifest(key_dir)) is not None:
+            if console is not None:
+                console.print(f"self-test of {entry['key']}:")
+            plan = selftest.plan_self_test(manifest, cpu_server=selftest.cpu_reference(manifest), fault=fault)
+            record: dict[str, Any] | None = selftest.run_self_test(plan, console=console)
+        else:
+            record = rec.read_record(key_dir)
+        entry["self_test"] = record
+        if record is None:
+            if current:
+                report.problems.append(
+                    Problem(
+                        "warning", f"build {entry['key']} has no self-test verdict", "run `bonsai doctor --self-test`"
+                    )
+                )
+            continue
+        log = record.get("log")
+        if rec.failed(record, rec.HYBRID):
+            report.problems.append(
+                Problem(
+                    "warning",
+                    f"build {entry['key']}: {rec.hybrid_workaround(record)}",
+                    f"`bonsai start` does this for hybrid targets on 2+ slots; report the log ({log})",
+                )
+            )
+        for refusal in rec.refused_types(record).values():
+            report.problems.append(
+                Problem("error", f"build {entry['key']}: {refusal}", "report the log; `bonsai build --force`")
+            )
+        if gpu_why := rec.failed(record, rec.GPU):
+            report.problems.append(
+                Problem(
+                    "warning",
+                    f"build {entry['key']}: the GPU check failed ({gpu_why}); `auto` uses the CPU build, --backend "
+                    f"{entry['backend']} stops",
+                    f"report the log ({log}); `bonsai doctor --self-test` checks again",
+                )
+            )
+        if spec_why := rec.failed(record, "speculative"):
+            report.problems.append(
+                Problem(
+                    "warning",
+                    f"build {entry['key']}: the speculative check failed ({spec_why})",
+                    f"report the log ({log})",
+                )
+            )
+
+
+def gather(self_test: bool = False, fault: str | None = None, console=None) -> Report:
     from bonsai_launch.core import hardware
 
     report = Report()
@@ -367,6 +426,7 @@ def gather() -> Report:
     report.hardware = hw.to_json()
     _toolchain(report, hw)
     _builds(report)
+    _self_tests(report, self_test, fault, console)
     _explicit_server(report)
     _models(report)
     _port(report)

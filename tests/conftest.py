@@ -111,7 +111,7 @@ def tiny_hybrid_pair(tmp_path_factory) -> dict[str, Path]:
     """A tiny hybrid (qwen35) counter target with Q8_0 layers and a DSpark drafter tapping a
     delta-net layer and the attention layer: the Bonsai 27B shape of tiny_pair."""
     import tiny_gguf
-    import tiny_hybrid
+    from bonsai_launch.models import tiny_hybrid
 
     d = tmp_path_factory.mktemp("tiny_hybrid_pair")
     return {

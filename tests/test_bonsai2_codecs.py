@@ -21,10 +21,9 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 import hadamard_fold
 import tiny_gguf
-import tiny_hybrid
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp.flavours import BuildKind
-from bonsai_launch.models import codec_repack
+from bonsai_launch.models import codec_repack, tiny_hybrid
 from bonsai_launch.models import ternary_codecs as codecs
 from bonsai_launch.models.gguf import inspect_gguf
 from bonsai_launch.server.model_codec import serveable

@@ -4,7 +4,7 @@ Patches 0005 (an x86 Q2_0 kernel), 0006 (Q1_0/Q2_0 two rows by two columns, odd 
 column by column), 0008 and 0009 (Q1_0 and Q2_0 repacked four rows at a time, with x86 gemv/gemm
 kernels) change arithmetic that every Bonsai model on an x86 CPU runs through.
 Two checks, both against the real build of the current pin and patch series:
-- a small C program (support/cpu_kernels_check.c) linked against that build's static ggml
+- a small C program (bonsai_launch/llamacpp/builds/cpu_kernels_check.c, the self-test's) linked against that build's static ggml
   libraries compares the kernels and ggml_mul_mat at every batch size 1..9, 16, 17, 33 with a
   reference written from the block layouts, plain and from the repack buffer, and on x86 with
   AVX2 fails when the SIMD Q2_0 kernel, the 2x2 path or either repack is not wired in (so it
@@ -17,9 +17,6 @@ Two checks, both against the real build of the current pin and patch series:
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,9 +25,9 @@ import pytest
 
 import real_parts
 import tiny_gguf
+from bonsai_launch.llamacpp.builds import kernel_check
 
 HERE = Path(__file__).parent
-CHECK_SOURCE = HERE / "support" / "cpu_kernels_check.c"
 THREADS = ["-t", "1"]
 N_PREDICT = 48
 
@@ -39,65 +36,23 @@ def _key_dir(server: Path) -> Path:
     return server.resolve().parent.parent  # <key>/bin/llama-server
 
 
-def _link_parts(server: Path) -> tuple[Path, list[Path], bool]:
-    """(ggml's include folder, its static libraries in link order, whether OpenMP is linked)."""
-    key = _key_dir(server)
-    include = key / "src" / "ggml" / "include"
-    work = key / "work"
-    libs: list[Path] = []
-    for name in ("libggml.a", "libggml-cpu.a", "libggml-base.a"):
-        found = sorted(work.rglob(name)) if work.is_dir() else []
-        if not found:
-            real_parts.missing(
-                f"{name} is not in {work} (the build folder of {server})", "run `bonsai build` (it keeps work/)"
-            )
-        libs.append(found[0])
-    if not (include / "ggml-cpu.h").is_file():
-        real_parts.missing(f"ggml's headers are not in {include}", "run `bonsai build`")
-    cache = work / "CMakeCache.txt"
-    openmp = cache.is_file() and re.search(r"^GGML_OPENMP:BOOL=ON", cache.read_text(), re.M) is not None
-    return include, libs, openmp
-
-
-def _compiler() -> str:
-    for cc in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
-        if cc and shutil.which(cc):
-            return cc
-    real_parts.missing("no C++ compiler", "install the toolchain `bonsai build` uses")
-    raise AssertionError("unreachable")
-
-
 def _build_check(server: Path, out: Path) -> Path:
-    include, libs, openmp = _link_parts(server)
-    cc = _compiler()
-    exe = out / "cpu_kernels_check"
-    obj = out / "cpu_kernels_check.o"
-    # the harness is C; compile it as C, link with the C++ driver (ggml-cpu has C++ parts)
-    c_driver = shutil.which("cc") or cc
-    subprocess.run(
-        [c_driver, "-O2", "-std=c11", "-c", str(CHECK_SOURCE), "-I", str(include), "-o", str(obj)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    link = [cc, str(obj), *map(str, libs), "-o", str(exe), "-lpthread", "-lm"]
-    if openmp:
-        link.insert(1, "-fopenmp")
-    if sys.platform.startswith("linux"):
-        link.append("-ldl")
-    proc = subprocess.run(link, capture_output=True, text=True)
-    assert proc.returncode == 0, f"linking the kernel check failed:\n{proc.stderr[-3000:]}"
-    return exe
+    """The self-test's kernel check, compiled against the static ggml of `server`'s build."""
+    try:
+        return kernel_check.compile_check(kernel_check.link_parts(_key_dir(server)), out)
+    except kernel_check.KernelCheckUnavailable as exc:
+        real_parts.missing(f"{exc} (the build of {server})", "run `bonsai build` (it keeps work/) with a C++ compiler")
+        raise AssertionError("unreachable") from exc
 
 
 @pytest.mark.server
 def test_q1_0_q2_0_kernels_match_the_reference(llama_server, tmp_path):
     exe = _build_check(llama_server, tmp_path)
-    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    # the verdict is on stdout; ggml's own log lines ("repack: repack tensor ...") go to stderr
-    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("ok"), (proc.stdout + proc.stderr)[-4000:]
+    result = kernel_check.run(exe, timeout=600, quick=False)  # the full run; the self-test's is `quick`
+    assert result.passed, result.output[-4000:]
+    assert result.types == dict.fromkeys(kernel_check.TYPES, True), result.output[-4000:]
     # the first line says which kernels ran: keep it in the log of a passing run too
-    print(proc.stdout.splitlines()[0])
+    print(result.first_line)
 
 
 def _quantize(server: Path, src: Path, dst: Path, qtype: str) -> Path:

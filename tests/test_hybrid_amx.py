@@ -26,7 +26,7 @@ import pytest
 
 import real_parts
 import tiny_gguf
-import tiny_hybrid
+from bonsai_launch.models import tiny_hybrid
 
 pytestmark = pytest.mark.server
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import tiny_gguf
-import tiny_hybrid
+from bonsai_launch.models import tiny_hybrid
 
 pytestmark = pytest.mark.server
 

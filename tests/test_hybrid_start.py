@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import tiny_gguf
-import tiny_hybrid
+from bonsai_launch.models import tiny_hybrid
 from bonsai_launch.server import instances
 from bonsai_launch.server.process import free_port
 from start_helpers import bonsai, bonsai_env, json_out, stop_all

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import bench_options
-import tiny_hybrid
 from bonsai_launch.bench import prompts as suite
+from bonsai_launch.models import tiny_hybrid
 from bonsai_launch.tune.subject import TuneRequest, plan_candidates, subject
 
 pytestmark = pytest.mark.server

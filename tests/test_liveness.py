@@ -18,7 +18,7 @@ import pytest
 
 import bench_options
 import tiny_gguf
-import tiny_hybrid
+from bonsai_launch.models import tiny_hybrid
 from bonsai_launch.server import liveness as speculation_probe
 from bonsai_launch.server.plan import SpecPlan
 from bonsai_launch.server.process import free_port

@@ -15,9 +15,9 @@ import pytest
 
 import bench_options
 import tiny_gguf
-import tiny_hybrid
 from bonsai_launch.bench.measure import RequestResult
 from bonsai_launch.bench.verdicts import equality
+from bonsai_launch.models import tiny_hybrid
 
 THREADS = ["-t", "1"]  # ggml's spinning threads slow tiny models badly on a busy 2-core machine
 N_PREDICT = 64

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import tiny_gguf
-import tiny_hybrid
+from bonsai_launch.models import tiny_hybrid
 from bonsai_launch.models.gguf import inspect_gguf
 from bonsai_launch.models.mtp import has_usable_mtp, mtp_problems
 

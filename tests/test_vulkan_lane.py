@@ -32,7 +32,7 @@ import pytest
 import hadamard_fold
 import real_parts
 import tiny_gguf
-import tiny_hybrid
+from bonsai_launch.models import tiny_hybrid
 from bonsai_launch.server import client
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.server]

@@ -73,9 +73,13 @@ def command(
         portable=portable,
         force=force,
     )
+    from bonsai_launch.config.settings import env_value
+    from bonsai_launch.server import selftest
+
     result = build(request, console=err)
+    result, verdict, ran = selftest.after_build(result, request, console=err, fault=env_value("self_test_fault"))
     if json_output:
-        emit_json({**result.manifest, "up_to_date": result.up_to_date})
+        emit_json({**result.manifest, "up_to_date": result.up_to_date, "self_test": verdict})
         return
     m = result.manifest
     caps = m.get("capabilities", {})
@@ -94,4 +98,5 @@ def command(
 
         why = ui.get("reason") or "this build was made before bonsai built the page"
         err.print(f"no chat page: {why}; to get it: {HOW_TO_GET}", markup=False, highlight=False)
+    err.print(selftest.summary(verdict, ran))
     print(result.server)

@@ -3,23 +3,56 @@
 Examples:
     bonsai doctor
     bonsai doctor --json | jq '.problems'
+    bonsai doctor --self-test               # rerun each current build's self-test (seconds)
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from bonsai_launch.cli._options import JsonOpt
+
+SelfTestOpt = Annotated[
+    bool,
+    typer.Option(
+        "--self-test",
+        help="Rerun the self-test of each build of the current pin (kernels, 2 slots on a hybrid target, "
+        "speculation, GPU vs CPU) and keep its verdict.",
+    ),
+]
 
 
 def _gb(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def command(json_output: JsonOpt = False) -> None:
-    """Hardware, toolchains, builds and their capabilities, models present, the default port."""
+def _self_test_lines(entry: dict) -> list[str]:
+    r = entry.get("self_test")
+    if not r:
+        return [f"  {entry['key']}: [dim]no self-test verdict (`bonsai doctor --self-test`)[/]"]
+    flags = r.get("cpu_flags", {})
+    seen = ", ".join(f"{k.upper().replace('_', '-')} {'yes' if v else 'no'}" for k, v in flags.items()) or "unknown"
+    lines = [
+        f"  {entry['key']}: {'[green]passed[/]' if r.get('passed') else '[red]failed[/]'} at {r.get('ran_at')} "
+        f"in {r.get('seconds')} s; device {r.get('device')}; CPU {seen}"
+        + (f"; [yellow]forced fault: {r['fault']}[/]" if r.get("fault") else "")
+    ]
+    for c in r.get("checks", []):
+        colour = {"passed": "green", "failed": "red"}.get(c.get("status"), "yellow")
+        lines.append(f"    {c['name']}: [{colour}]{c.get('status')}[/] {c.get('detail', '')}")
+    return lines
+
+
+def command(json_output: JsonOpt = False, self_test: SelfTestOpt = False) -> None:
+    """Hardware, toolchains, builds and their capabilities and self-tests, models present, the default port."""
     from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.config.settings import resolve
     from bonsai_launch.doctor import gather
 
-    report = gather()
+    fault = resolve({})["self_test_fault"]
+    report = gather(self_test=self_test, fault=fault, console=None if json_output else console(stderr=True))
     if json_output:
         emit_json(report.to_json())
         return
@@ -80,6 +113,10 @@ def command(json_output: JsonOpt = False) -> None:
                 entry["llama_server"],
             )
         out.print(builds)
+        out.print("[bold]self-test[/] [dim](after `bonsai build`; `bonsai doctor --self-test` reruns it)[/]")
+        for entry in report.builds:
+            for line in _self_test_lines(entry):
+                out.print(line)
         if not any(entry.get("flavour") == "fork" for entry in report.builds):
             out.print(
                 "[dim]no PrismML fork build: the Bonsai 2 and 2.5 profiles and PQ2_0 files need one "

@@ -403,6 +403,15 @@ SETTINGS: tuple[Setting, ...] = (
         default=True,
     ),
     Setting(
+        "BONSAI_SELF_TEST_FAULT",
+        "self_test_fault",
+        "choice",
+        "A test switch of the build self-test (`bonsai build`, `bonsai doctor --self-test`): make one check see a wrong answer, as a build with that bug would give (hybrid: the second of two concurrent sequences gets a wrong column; gpu: the offloaded distribution moves past the tolerance; speculative: the speculative answer differs). The verdict is recorded and acted on as a real one; rerun `bonsai doctor --self-test` without it to clear it.",
+        ("build", "doctor"),
+        choices=("hybrid", "gpu", "speculative"),
+        default_text="unset (no fault)",
+    ),
+    Setting(
         "BONSAI_LLAMA_SERVER",
         "llama_server",
         "path",

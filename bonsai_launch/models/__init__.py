@@ -17,5 +17,8 @@ demo.py      the offline demo model, assembled from its PyPI package
 pull.py      `bonsai pull` as a library: which files a profile needs, from the Hub or its PyPI package
 fetch.py     one profile's files from the Hub: sizes and sha256 checked, resumable, never half-written
 chat_template.py  the guard in front of a model's chat template for reasoning efforts it refuses
+tiny_writer.py  tiny GGUF files written atomically: the primitives of the self-test's models
+tiny_dense.py   a tiny dense qwen3/llama target: the self-test's dense speculative pair, and the suite's
+tiny_hybrid.py  a tiny qwen35 hybrid target (optionally with an MTP layer): the build self-test's, and the suite's
 drafters/    legacy DSpark drafters converted to the dflash layout llama-server loads, and their cache
 """

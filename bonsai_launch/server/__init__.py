@@ -17,4 +17,6 @@ instances.py     running servers bonsai knows about (`bonsai ps`), one state fil
 liveness.py      is speculation live? one probe and one rule for every command, on one slot or several
 client.py        a small client for llama-server and OpenAI-compatible servers
 verify.py        checking any running server: health, model, speed, speculation
+selftest.py      the build self-test: which checks a build gets, running them, its verdict kept with the build
+selftest_checks.py  the checks: CPU kernels, 2 slots on a hybrid target, speculation lossless, GPU vs CPU
 """

@@ -238,6 +238,7 @@ def gather_plan(
             f"run `bonsai pull --profile {selection.profile.name}` or pass --model PATH",
         )
     capabilities = probe(binary) if binary is not None else None
+    self_test = _self_test_verdict(binary)
     args = parse_passthrough(passthrough, option_table(capabilities))
     tuning = None
     if selection.settings["speculative"] == "auto":
@@ -246,6 +247,7 @@ def gather_plan(
     from bonsai_launch.server.model_codec import serveable
 
     target, codec_note = serveable(inspect_gguf(files.model), kind, foreign=foreign, repack=repack)
+    _refuse_failed_kernels(self_test, target.tensor_types, files.model)
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
         if not files.drafter.is_file():
@@ -274,6 +276,7 @@ def gather_plan(
         drafter_unavailable=files.drafter_unavailable,
         chat_template=files.chat_template if files.chat_template and files.chat_template.is_file() else None,
         chat_template_missing=bool(files.chat_template and not files.chat_template.is_file()),
+        self_test=self_test,
     )
     plan = build_plan(inputs)
     notes = _selection_warnings(selection, model, kind, binary) + ([codec_note] if codec_note else [])
@@ -283,6 +286,33 @@ def gather_plan(
     if tuning is not None:
         plan = with_tuning(plan, tuning)
     return plan
+
+
+def _self_test_verdict(binary: Path | None) -> dict[str, Any] | None:
+    """The build self-test's verdict for `binary`; a GPU build whose GPU check failed stops here
+    (`auto` never picks it: its failure is remembered like a failed compile, fallback.py)."""
+    from bonsai_launch.llamacpp.builds import selftest_record
+
+    record = selftest_record.for_server(binary)
+    why = selftest_record.failed(record, selftest_record.GPU)
+    if record is not None and why is not None:
+        raise BonsaiError(
+            f"the {record.get('backend')} build's self-test failed its GPU check: {why} (log: {record.get('log')})",
+            "use the CPU build (--backend cpu, or leave the backend to auto), or rerun `bonsai doctor --self-test`",
+        )
+    return record
+
+
+def _refuse_failed_kernels(record: dict[str, Any] | None, tensor_types: Mapping[str, int], model: Path) -> None:
+    from bonsai_launch.llamacpp.builds import selftest_record
+
+    refused = {t: why for t, why in selftest_record.refused_types(record).items() if t in tensor_types}
+    if refused:
+        raise BonsaiError(
+            f"{model.name} has {', '.join(refused)} weights, and {next(iter(refused.values()))}",
+            "report the log at https://github.com/ (bonsai issues) and use a build whose self-test passes "
+            "(`bonsai build --force`, then `bonsai doctor --self-test`)",
+        )
 
 
 def _selection_warnings(selection: Selection, model: str | None, kind: BuildKind, binary: Path | None) -> list[str]:

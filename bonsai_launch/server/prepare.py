@@ -34,11 +34,28 @@ def launch_settings(flags, passthrough):
 
 
 def build_server(flavour: str = "mainline", min_release: int | None = None) -> Path:
-    """Build llama-server on demand (the pinned llama.cpp, or the pinned fork, for the detected backend)."""
+    """Build llama-server on demand (the pinned llama.cpp, or the pinned fork, for the detected
+    backend), ending, as `bonsai build` does, with the build's self-test (server/selftest.py):
+    a GPU build that fails its GPU check gives way to the CPU build unless the backend was named."""
     from bonsai_launch.core.console import console
     from bonsai_launch.llamacpp.builds import ensure_server
+    from bonsai_launch.llamacpp.builds.builder import BuildRequest, BuildResult
+    from bonsai_launch.llamacpp.builds.fallback import requested_backend
+    from bonsai_launch.llamacpp.builds.install import read_manifest
+    from bonsai_launch.server import selftest
 
-    return ensure_server(backend="auto", console=console(stderr=True), flavour=flavour, min_release=min_release)
+    err = console(stderr=True)
+    server = ensure_server(backend="auto", console=err, flavour=flavour, min_release=min_release)
+    key_dir = server.resolve().parent.parent
+    manifest = read_manifest(key_dir)
+    if manifest is None:
+        return server
+    _requested, explicit = requested_backend(None)
+    request = BuildRequest(backend=str(manifest.get("backend")), fall_back_to_cpu=not explicit)
+    result, record, ran = selftest.after_build(BuildResult(manifest, server, True, key_dir), request, console=err)
+    if ran:
+        err.print(selftest.summary(record, ran))
+    return result.server
 
 
 def fetch_profile_files(profile, *, layout: str, want_drafter: bool, want_vision: bool, console=None) -> None:

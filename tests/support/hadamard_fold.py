@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-import tiny_hybrid
+from bonsai_launch.models import tiny_hybrid
 
 BLOCK = 1024
 SHAPE = dict(

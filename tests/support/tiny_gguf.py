@@ -76,9 +76,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
 
-DEFAULT_TOKEN_PREFIX = "tok"
+from bonsai_launch.models.tiny_dense import _attention_kv as _attention_kv  # re-exported: the dense
+from bonsai_launch.models.tiny_dense import _constant_head as _constant_head  # target the self-test
+from bonsai_launch.models.tiny_dense import _layer_tensors  # ships with (models/tiny_dense.py)
+from bonsai_launch.models.tiny_dense import write_target as write_target
+from bonsai_launch.models.tiny_writer import (  # the writer the self-test ships with (no copy here)
+    DEFAULT_TOKEN_PREFIX,
+    _ones,
+    _rand,
+    _rng,
+    _tmp_name,
+    _tokenizer_kv,
+    _write,
+    _zeros,
+)
+
 # Extra server arguments that make llama-server refuse write_runtime_refused_drafter's file
 # at runtime (it loads, then speculation initialization fails and the server serves without it).
 RUNTIME_REFUSED_ARGS = ("--spec-draft-p-min", "0.5")
@@ -87,10 +100,6 @@ RUNTIME_REFUSED_LOG = (
     "failed to initialize speculative decoding context: "
     "DSpark draft has no confidence head: please set --spec-draft-p-min 0"
 )
-
-_RMS_EPS = 1e-6
-_ROPE_BASE = 10000.0
-_CONST = 0.5  # every embedding of a constant-token model is this vector (times ones)
 
 
 LOG_SNR_TENSORS = ("log_snr_fc1.weight", "log_snr_fc1.bias", "log_snr_fc2.weight", "log_snr_fc2.bias")
@@ -143,201 +152,6 @@ class LogSnr:
             if name in self.tensors:
                 out.append((name, data))
         return out
-
-
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-def _rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
-
-
-def _rand(rng: np.random.Generator, *ggml_shape: int, scale: float = 0.1) -> np.ndarray:
-    """Random f32 weights; `ggml_shape` is ggml order {ne0, ne1}, numpy gets it reversed."""
-    return (rng.standard_normal(tuple(reversed(ggml_shape))) * scale).astype(np.float32)
-
-
-def _zeros(*ggml_shape: int) -> np.ndarray:
-    return np.zeros(tuple(reversed(ggml_shape)), dtype=np.float32)
-
-
-def _ones(*ggml_shape: int) -> np.ndarray:
-    return np.ones(tuple(reversed(ggml_shape)), dtype=np.float32)
-
-
-def token_texts(vocab: int, token_prefix: str = DEFAULT_TOKEN_PREFIX) -> list[str]:
-    return [f"{token_prefix}{i}" for i in range(vocab)]
-
-
-def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, np.ndarray]:
-    """(token_embd, output) so that any token's hidden state scores `token` highest."""
-    if not 0 <= token < vocab:
-        raise ValueError(f"constant_token {token} outside the vocabulary of {vocab}")
-    embd = np.full((vocab, embedding), _CONST, dtype=np.float16)
-    out = np.zeros((vocab, embedding), dtype=np.float16)
-    out[token, :] = 1.0
-    return embd, out
-
-
-def _write(path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]], tensors: Sequence[tuple]) -> Path:
-    """Write a GGUF file atomically. kv items are (kind, key, value), kind one of the
-    GGUFWriter add_* suffixes (uint32, float32, bool, string, array). Tensors are (name, data)
-    or (name, data, raw_dtype) for data already quantized (gguf.quants.quantize)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    writer = GGUFWriter(str(tmp), arch)
-    try:
-        for kind, key, value in kv:
-            getattr(writer, f"add_{kind}")(key, value)
-        for name, data, *raw in tensors:
-            writer.add_tensor(name, data, raw_dtype=raw[0] if raw else None)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _tokenizer_kv(
-    vocab: int, tokenizer: str, token_prefix: str, chat_template: str | None, mask_token_id: int | None = None
-) -> list[tuple[str, str, object]]:
-    if tokenizer != "test":
-        raise ValueError("only the 'test' tokenizer is supported by tiny_gguf")
-    kv: list[tuple[str, str, object]] = [
-        ("string", "tokenizer.ggml.model", tokenizer),
-        ("array", "tokenizer.ggml.tokens", token_texts(vocab, token_prefix)),
-    ]
-    if mask_token_id is not None:
-        kv.append(("uint32", "tokenizer.ggml.mask_token_id", mask_token_id))
-    if chat_template is not None:
-        kv.append(("string", "tokenizer.chat_template", chat_template))
-    return kv
-
-
-def _attention_kv(
-    arch: str, *, context_length: int, embedding: int, layers: int, ff: int, heads: int, heads_kv: int, head_dim: int
-) -> list[tuple[str, str, object]]:
-    return [
-        ("uint32", f"{arch}.context_length", context_length),
-        ("uint32", f"{arch}.embedding_length", embedding),
-        ("uint32", f"{arch}.block_count", layers),
-        ("uint32", f"{arch}.feed_forward_length", ff),
-        ("uint32", f"{arch}.attention.head_count", heads),
-        ("uint32", f"{arch}.attention.head_count_kv", heads_kv),
-        ("uint32", f"{arch}.attention.key_length", head_dim),
-        ("uint32", f"{arch}.attention.value_length", head_dim),
-        ("float32", f"{arch}.attention.layer_norm_rms_epsilon", _RMS_EPS),
-        ("float32", f"{arch}.rope.freq_base", _ROPE_BASE),
-        ("uint32", f"{arch}.rope.dimension_count", head_dim),
-    ]
-
-
-def _layer_tensors(
-    rng: np.random.Generator,
-    i: int,
-    *,
-    embedding: int,
-    ff: int,
-    heads: int,
-    heads_kv: int,
-    head_dim: int,
-    qk_norm: bool,
-    constant: bool,
-    scale: float = 0.1,
-) -> list[tuple[str, np.ndarray]]:
-    e, q, kv = embedding, head_dim * heads, head_dim * heads_kv
-    # constant models zero the projections back into the residual stream, so it never changes
-    wo = _zeros(q, e) if constant else _rand(rng, q, e, scale=scale)
-    down = _zeros(ff, e) if constant else _rand(rng, ff, e, scale=scale)
-    out = [
-        (f"blk.{i}.attn_norm.weight", _ones(e)),
-        (f"blk.{i}.attn_q.weight", _rand(rng, e, q, scale=scale)),
-        (f"blk.{i}.attn_k.weight", _rand(rng, e, kv, scale=scale)),
-        (f"blk.{i}.attn_v.weight", _rand(rng, e, kv, scale=scale)),
-        (f"blk.{i}.attn_output.weight", wo),
-        (f"blk.{i}.ffn_norm.weight", _ones(e)),
-        (f"blk.{i}.ffn_gate.weight", _rand(rng, e, ff, scale=scale)),
-        (f"blk.{i}.ffn_up.weight", _rand(rng, e, ff, scale=scale)),
-        (f"blk.{i}.ffn_down.weight", down),
-    ]
-    if qk_norm:
-        out += [(f"blk.{i}.attn_q_norm.weight", _ones(head_dim)), (f"blk.{i}.attn_k_norm.weight", _ones(head_dim))]
-    return out
-
-
-def write_target(
-    path: str | Path,
-    *,
-    arch: str = "qwen3",
-    embedding: int = 64,
-    layers: int = 2,
-    vocab: int = 512,
-    ff: int = 128,
-    heads: int = 4,
-    heads_kv: int = 2,
-    head_dim: int = 16,
-    context_length: int = 32768,
-    seed: int = 0,
-    constant_token: int | None = None,
-    tokenizer: str = "test",
-    chat_template: str | None = None,
-    token_prefix: str = DEFAULT_TOKEN_PREFIX,
-    name: str = "tiny-target",
-    layer_scale: float = 0.1,
-    matrix_dtype: type = np.float32,
-) -> Path:
-    """A tiny `qwen3` or `llama` target. `constant_token=k`: it always predicts k.
-    With the default layer_scale the embedding dominates and the model mostly repeats its last
-    token; layer_scale=1.0 makes its greedy output vary with the context (lossless tests).
-    matrix_dtype=np.float16 stores the layers' matrices as F16 (half the memory and file: the
-    benchmarks' full-size synthetic models)."""
-    if arch not in ("qwen3", "llama"):
-        raise ValueError(f"unsupported target architecture {arch!r} (qwen3 or llama)")
-    rng = _rng(seed)
-    kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
-    kv += _attention_kv(
-        arch,
-        context_length=context_length,
-        embedding=embedding,
-        layers=layers,
-        ff=ff,
-        heads=heads,
-        heads_kv=heads_kv,
-        head_dim=head_dim,
-    )
-    kv += _tokenizer_kv(vocab, tokenizer, token_prefix, chat_template)
-
-    tensors: list[tuple[str, np.ndarray]] = []
-    if constant_token is not None:
-        embd, out = _constant_head(embedding, vocab, constant_token)
-        tensors += [("token_embd.weight", embd), ("output.weight", out)]
-    else:
-        # tied output head; f16 keeps the vocabulary-sized matrix small
-        tensors += [("token_embd.weight", _rand(rng, embedding, vocab, scale=1.0).astype(np.float16))]
-    tensors.append(("output_norm.weight", _ones(embedding)))
-    for i in range(layers):
-        layer = _layer_tensors(
-            rng,
-            i,
-            embedding=embedding,
-            ff=ff,
-            heads=heads,
-            heads_kv=heads_kv,
-            head_dim=head_dim,
-            qk_norm=arch == "qwen3",
-            constant=constant_token is not None,
-            scale=layer_scale,
-        )
-        tensors += [(n, a.astype(matrix_dtype) if a.ndim == 2 else a) for n, a in layer]
-    return _write(path, arch, kv, tensors)
 
 
 def _write_drafter(

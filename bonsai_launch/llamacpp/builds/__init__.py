@@ -13,6 +13,8 @@ preflight.py      can this machine build the chosen GPU backend? checked in seco
 fallback.py       BONSAI_BACKEND, and auto's failed GPU build giving way to the CPU build (remembered)
 cmake.py          configure and compile: hermetic flags, a progress bar, a full log, clean interrupts
 install.py        binaries and the manifest that says what they are
+kernel_check.py   the CPU kernel check (cpu_kernels_check.c) compiled against a build's ggml and run
+selftest_record.py  the self-test's verdict kept beside the manifest, and what it means for a launch
 builder.py        the whole flow, the up-to-date check, `ensure_server` for `bonsai start`
 """
 

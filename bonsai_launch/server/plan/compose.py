@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bonsai_launch.config.settings import Settings
 from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp.builds import selftest_record
 from bonsai_launch.llamacpp.capabilities import require_flag
 from bonsai_launch.server import prompt_cache
 from bonsai_launch.server import slots as slot_rules
@@ -173,6 +174,7 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
             )
     b.add("-c", ctx, ctx_why)
     slots_plan = _slots(inputs, spec, slot_choice, per_slot_ctx, b)
+    _self_test_workaround(inputs, slot_choice, b)
     if spec is None:
         # Without speculation no rule sizes them: -ub/-b after -- go to llama-server as given, once.
         for name, flag in (("ubatch", "-ub"), ("batch", "-b")):
@@ -282,6 +284,24 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         model_name=model_name,
         from_passthrough=from_passthrough,
     )
+
+
+HYBRID_ARCHS = frozenset({"qwen35", "qwen35moe"})  # gated delta-net + attention: every Bonsai 27B and Bonsai 2
+
+
+def _self_test_workaround(inputs: PlanInputs, choice: SlotChoice, b: ArgvBuilder) -> None:
+    """A build whose self-test saw 2 concurrent sequences on a hybrid target answer wrong (the
+    AMX batched-matmul bug, shared/reference/hybrid-targets.md) runs hybrid targets on 2+ slots
+    (llama-server's auto is 4) with --no-repack, its known workaround; said in one line."""
+    line = selftest_record.hybrid_workaround(inputs.self_test)
+    if line is None or inputs.model.architecture not in HYBRID_ARCHS:
+        return
+    if choice.count is not None and choice.count < 2:
+        return
+    if any(a.canonical in ("--no-repack", "--repack") for a in inputs.passthrough.args):
+        return  # the user decided repacking after --: theirs to keep
+    b.add("--no-repack", None, line)
+    b.warnings.append(line)
 
 
 def _slots(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,9 @@ class PlanInputs:
     drafter_unavailable: str | None = None  # why the profile's drafter cannot be used here
     chat_template: Path | None = None  # the profile's reasoning-effort wrapper (models/chat_template.py)
     chat_template_missing: bool = False  # the profile wants that wrapper, and it is not written yet
+    self_test: Mapping[str, Any] | None = (
+        None  # the binary's build self-test verdict (llamacpp/builds/selftest_record.py)
+    )
 
 
 class ArgvBuilder:

@@ -45,7 +45,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from tiny_gguf import DEFAULT_TOKEN_PREFIX, _ones, _rand, _rng, _tokenizer_kv, _write, _zeros
+from bonsai_launch.models.tiny_writer import DEFAULT_TOKEN_PREFIX, _ones, _rand, _rng, _tokenizer_kv, _write, _zeros
 
 ARCH = "qwen35"
 MODES = ("pure", "counter", "constant")
@@ -291,7 +291,7 @@ def hybrid_target_parts(
 
 
 def write_parts(path: str | Path, kv, tensors: Sequence[tuple[str, np.ndarray, dict]]) -> Path:
-    """tiny_gguf._write, with the quantized tensors' ggml type passed along."""
+    """tiny_writer._write, with the quantized tensors' ggml type passed along."""
     return _write(path, ARCH, kv, [(n, d, extra["raw_dtype"]) if extra else (n, d) for n, d, extra in tensors])
 
 

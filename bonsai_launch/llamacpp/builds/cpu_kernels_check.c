@@ -1,9 +1,11 @@
 /* The CPU dot products for Bonsai's formats (Q1_0, Q2_0) checked against a reference written here
  * from the block layouts, through the built ggml libraries' public API and their mul_mat.
  *
- * Built and run by tests/test_cpu_kernels.py against the static libraries of the current
- * `bonsai build`. Exit 0 and a last line "ok" when every check passes; otherwise one line per
- * failure and exit 1. Checks:
+ * Built and run by bonsai's self-test (llamacpp/builds/kernel_check.py: after `bonsai build`, and
+ * `bonsai doctor --self-test`) and by tests/test_cpu_kernels.py against the static libraries of a
+ * build. Exit 0 and a last line "ok" when every check passes; otherwise one line per failure and
+ * exit 1. Before the last line, one line per type: "type Q1_0 ok" or "type Q1_0 failed N" (what
+ * the self-test refuses the build for). Checks:
  *  - which kernel is wired in (x86 with AVX2: Q2_0's vec_dot is not the scalar reference, patch
  *    0005; Q1_0 and Q2_0 do 2 rows x 2 columns a call, patch 0006);
  *  - vec_dot (nrc 1 and, where offered, 2) on random blocks, all-(-1) / all-(+2) codes, extreme
@@ -12,10 +14,19 @@
  *    16-column tiles), odd and even row counts, 1 and 2 threads, against the same reference;
  *    and each batched column bit-identical to that column computed alone (greedy speculative
  *    verification relies on it);
+ *  - Q4_0, Q8_0 and F16 (the other types Bonsai files keep matrices in): ggml_mul_mat at batch
+ *    sizes 1..9, 16, 17, plain and, where the CPU backend offers it, repacked, against a double
+ *    reference from ggml's own dequantization of the weights and of the activations as the
+ *    kernel sees them (vec_dot_type), and each batched column against that column alone;
  *  - the same for weights in the CPU backend's repack buffer (what llama-server uses unless
  *    --no-repack), where patches 0008 (Q1_0) and 0009 (Q2_0) add x86 gemv/gemm kernels over rows
  *    interleaved by four: batches of 4 and more go through gemm, the rest of a batch through
  *    gemv. On x86 with AVX2 it fails when either type is not repacked (a patch missing).
+ * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
+ * the answers but not which kernels are wired in (a build of another source, such as PrismML's
+ * fork, has its own kernels and none of our patches); `quick` (the self-test
+ * after `bonsai build`) keeps every path (each batch size class, odd tails, 1 and 2 threads,
+ * plain and repacked) but fewer sizes and repetitions: about a tenth of the full run.
  * Tolerance: |kernel - reference| <= 3e-5 x sum of |terms| (float32 summation order only); where
  * the data has unit scale, also llama.cpp's test-quantize-fns bound (error / n <= 0.02).
  */
@@ -41,7 +52,10 @@ extern void ggml_vec_dot_q2_0_q8_0_generic(int, float *, size_t, const void *, s
     __attribute__((weak));
 
 static int failures = 0;
-#define FAIL(...) do { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } while (0)
+static int quick = 0;
+static enum ggml_type cur_type = GGML_TYPE_Q1_0; /* whose check is running: failures count against it */
+static int type_failures[GGML_TYPE_COUNT];
+#define FAIL(...) do { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; type_failures[cur_type]++; } while (0)
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {
@@ -128,7 +142,8 @@ static void check_vec_dot(enum ggml_type t) {
         const size_t bx = (size_t) (n / per) * bsize + 64; /* padded strides, as test-quantize-fns does */
         const size_t by = (size_t) (n / 32) * sizeof(q8_block) + 64;
         for (unsigned fi = 0; fi < 4; fi++) {
-            for (int rep = 0; rep < 8; rep++) {
+            for (int rep = 0; rep < (quick ? 2 : 8); rep++) {
+                if (quick && n > 2048) break;
                 char * x = calloc(2, bx);
                 char * y = calloc(2, by);
                 fill_weights(t, x, 1, n, fills[fi]);
@@ -295,8 +310,110 @@ static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int thre
     free(wdata);
 }
 
+/* Q4_0, Q8_0, F16: ggml's own dequantization is the reference (their layouts are upstream's and
+ * test-quantize-fns covers their round trip); what is checked is the kernels and mul_mat paths of
+ * this build, plain and repacked, against it, and each batched column against the column alone.
+ * Tolerance 1e-4 x sum of |terms|: F16 products are summed in float, not as exact integers. */
+static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, int threads, int repacked) {
+    const struct ggml_type_traits * tt = ggml_get_type_traits(t);
+    const enum ggml_type vt = ggml_get_type_traits_cpu(t)->vec_dot_type;
+    const struct ggml_type_traits_cpu * vtc = ggml_get_type_traits_cpu(vt);
+    const struct ggml_type_traits * vtt = ggml_get_type_traits(vt);
+    const char * path = repacked ? "repacked" : "plain";
+    const size_t wrow = ggml_row_size(t, n);
+    float * wf = malloc(sizeof(float) * (size_t) n * rows);
+    for (int i = 0; i < n * rows; i++) wf[i] = frand(-1.0f, 1.0f) * ((i / n) % 3 == 0 ? 30.0f : 0.05f);
+    char * wdata = malloc(wrow * (size_t) rows);
+    ggml_quantize_chunk(t, wf, wdata, 0, rows, n, NULL);
+    struct ggml_init_params ip = { 64 * 1024 * 1024, NULL, false };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_context * wctx = NULL;
+    ggml_backend_buffer_t wbuf = NULL;
+    struct ggml_tensor * w;
+    if (repacked) {
+        w = new_repacked_weight(t, n, rows, &wctx, &wbuf);
+        if (!w) { /* this CPU's backend does not rearrange the type: nothing to check there */
+            ggml_free(ctx);
+            free(wdata);
+            free(wf);
+            return;
+        }
+        ggml_backend_tensor_set(w, wdata, 0, ggml_nbytes(w));
+    } else {
+        w = ggml_new_tensor_2d(ctx, t, n, rows);
+        memcpy(w->data, wdata, ggml_nbytes(w));
+    }
+    struct ggml_tensor * a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, batch);
+    float * af = (float *) a->data;
+    for (int i = 0; i < n * batch; i++) af[i] = frand(-1.0f, 1.0f);
+    struct ggml_tensor * out = ggml_mul_mat(ctx, w, a);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    if (ggml_graph_compute_with_ctx(ctx, gf, threads) != GGML_STATUS_SUCCESS) {
+        FAIL("%s %s mul_mat n=%d rows=%d batch=%d: compute failed", ggml_type_name(t), path, n, rows, batch);
+    } else {
+        float * wd = malloc(sizeof(float) * (size_t) n);
+        float * ad = malloc(sizeof(float) * (size_t) n);
+        char * aq = malloc(ggml_row_size(vt, n));
+        const float * of = (const float *) out->data;
+        for (int c = 0; c < batch; c++) {
+            vtc->from_float(af + (size_t) c * n, aq, n);
+            vtt->to_float(aq, ad, n);
+            for (int r = 0; r < rows; r++) {
+                tt->to_float(wdata + r * wrow, wd, n);
+                double want = 0.0, mag = 0.0;
+                for (int k = 0; k < n; k++) {
+                    want += (double) wd[k] * ad[k];
+                    mag += fabs((double) wd[k] * ad[k]);
+                }
+                const float got = of[(size_t) c * rows + r];
+                if (!isfinite(got) || fabs(got - want) > 1e-4 * mag + 1e-30) {
+                    FAIL("%s %s mul_mat n=%d rows=%d batch=%d threads=%d: [%d,%d] %.9g, reference %.9g", ggml_type_name(t),
+                         path, n, rows, batch, threads, r, c, got, want);
+                    c = batch;
+                    break;
+                }
+            }
+        }
+        if (batch > 1) { /* each column alone, through the decode path, within the same bound of the batched one */
+            struct ggml_tensor * a1 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, 1);
+            struct ggml_tensor * o1 = ggml_mul_mat(ctx, w, a1);
+            struct ggml_cgraph * g1 = ggml_new_graph(ctx);
+            ggml_build_forward_expand(g1, o1);
+            for (int c = 0; c < batch; c++) {
+                memcpy(a1->data, af + (size_t) c * n, sizeof(float) * (size_t) n);
+                ggml_graph_compute_with_ctx(ctx, g1, threads);
+                const float * one = (const float *) o1->data;
+                int bad = -1;
+                for (int r = 0; r < rows && bad < 0; r++) {
+                    const float b = of[(size_t) c * rows + r];
+                    if (!(fabsf(one[r] - b) <= 1e-4f * (fabsf(b) + 1.0f))) bad = r;
+                }
+                if (bad >= 0) {
+                    FAIL("%s %s mul_mat n=%d rows=%d batch=%d threads=%d: column %d row %d is %.9g alone, %.9g in the batch",
+                         ggml_type_name(t), path, n, rows, batch, threads, c, bad, one[bad], of[(size_t) c * rows + bad]);
+                    break;
+                }
+            }
+        }
+        free(aq);
+        free(ad);
+        free(wd);
+    }
+    if (wbuf) ggml_backend_buffer_free(wbuf);
+    if (wctx) ggml_free(wctx);
+    ggml_free(ctx);
+    free(wdata);
+    free(wf);
+}
+
 int main(int argc, char ** argv) {
-    (void) argv;
+    int expect_x86 = 0, results_only = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "quick") == 0) quick = 1;
+        else if (strcmp(argv[i], "results-only") == 0) results_only = 1;
+        else expect_x86 = 1;
+    }
     ggml_cpu_init();
     const int x86_avx2 = ggml_cpu_has_avx2();
     const struct ggml_type_traits_cpu * q1 = ggml_get_type_traits_cpu(GGML_TYPE_Q1_0);
@@ -307,19 +424,23 @@ int main(int argc, char ** argv) {
            "q2_0.repacked=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
            (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked);
-    if (argc > 1 || x86_avx2) { /* an argument: expect the x86 kernels even where the probe says no */
+    if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
+        cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
             FAIL("Q2_0 has no x86 kernel: its vec_dot is the scalar reference (patch 0005 missing)");
         } else if ((void *) q2->vec_dot == (void *) ggml_vec_dot_q2_0_q8_0_generic) {
             FAIL("Q2_0's vec_dot is the scalar reference on an AVX2 build (patch 0005 not selected)");
         }
+        cur_type = q1->nrows != 2 ? GGML_TYPE_Q1_0 : GGML_TYPE_Q2_0;
         if (q1->nrows != 2 || q2->nrows != 2) {
             FAIL("Q1_0/Q2_0 do one row a call (nrows %lld/%lld), not 2x2 (patch 0006 missing)", (long long) q1->nrows,
                  (long long) q2->nrows);
         }
+        cur_type = GGML_TYPE_Q1_0;
         if (!q1_repacked) {
             FAIL("Q1_0 weights are not repacked: the x86 gemv/gemm kernels are not offered (patch 0008 missing)");
         }
+        cur_type = GGML_TYPE_Q2_0;
         if (!q2_repacked) {
             FAIL("Q2_0 weights are not repacked: the x86 gemv/gemm kernels are not offered (patch 0009 missing)");
         }
@@ -327,26 +448,45 @@ int main(int argc, char ** argv) {
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0 };
     for (int ti = 0; ti < 2; ti++) {
         const enum ggml_type t = types[ti];
+        cur_type = t;
         check_vec_dot(t);
         const int n = t == GGML_TYPE_Q1_0 ? 384 : 192;
         const int row_counts[] = { 2, 17, 34 };
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33 };
-        for (int ri = 0; ri < 3; ri++)
+        for (int ri = quick ? 1 : 0; ri < 3; ri++)
             for (int bi = 0; bi < 12; bi++)
-                for (int th = 1; th <= 2; th++) check_mul_mat(t, n, row_counts[ri], batches[bi], th, 0);
+                for (int th = 1; th <= 2; th++)
+                    if (!quick || (bi + th) % 2 == 0 || bi >= 9) check_mul_mat(t, n, row_counts[ri], batches[bi], th, 0);
         check_mul_mat(t, 2048, 64, 5, 2, 0);
     }
     for (int ti = 0; ti < 2; ti++) { /* rows come in fours there; 4 and 36 leave a thread a lone group of four */
         const enum ggml_type t = types[ti];
+        cur_type = t;
         if (!(t == GGML_TYPE_Q1_0 ? q1_repacked : q2_repacked)) continue;
         const int per = t == GGML_TYPE_Q1_0 ? 128 : 64;
         const int row_counts[] = { 4, 36, 64 };
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33 };
-        for (int ri = 0; ri < 3; ri++)
+        for (int ri = quick ? 1 : 0; ri < 3; ri++)
             for (int bi = 0; bi < 12; bi++)
-                for (int th = 1; th <= 2; th++) check_mul_mat(t, 3 * per, row_counts[ri], batches[bi], th, 1);
+                for (int th = 1; th <= 2; th++)
+                    if (!quick || (bi + th) % 2 == 0 || bi >= 9) check_mul_mat(t, 3 * per, row_counts[ri], batches[bi], th, 1);
         check_mul_mat(t, 2048, 64, 5, 2, 1);
         check_mul_mat(t, per, 8, 9, 2, 1); /* one block per row */
+    }
+    const enum ggml_type others[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
+    for (int ti = 0; ti < 3; ti++) {
+        const enum ggml_type t = others[ti];
+        cur_type = t;
+        const int row_counts[] = { 3, 16, 40 };
+        const int batches[] = { 1, 2, 3, 4, 5, 7, 8, 9, 16, 17 };
+        for (int rep = 0; rep <= 1; rep++)
+            for (int ri = quick ? 1 : 0; ri < 3; ri++)
+                for (int bi = 0; bi < 10; bi++) check_generic_mul_mat(t, 256, row_counts[ri], batches[bi], 1 + (bi % 2), rep);
+    }
+    const enum ggml_type all[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
+    for (int ti = 0; ti < 5; ti++) {
+        if (type_failures[all[ti]]) printf("type %s failed %d\n", ggml_type_name(all[ti]), type_failures[all[ti]]);
+        else printf("type %s ok\n", ggml_type_name(all[ti]));
     }
     if (failures) {
         printf("%d failures\n", failures);

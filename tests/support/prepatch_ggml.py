@@ -1,0 +1,80 @@
+"""ggml's static libraries from the pinned llama.cpp *without* our patches: the build a kernel
+check must fail on (no x86 Q2_0 kernel, no 2x2 path, no Q1_0/Q2_0 repack: patches 0005-0009).
+
+Only what the kernel check links is built (ggml, ggml-cpu, ggml-base; cmake at the llama.cpp top
+level with every llama target off), natively, from the pin's sdist that `bonsai build` keeps in
+BONSAI_HOME/sources/downloads. About 3.5 minutes on 2 busy cores cold, cached after in
+~/.cache/bonsai-tests/prepatch-ggml-<sha>/ (a key folder as kernel_check.link_parts reads it:
+work/ and the headers).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import real_parts
+from bonsai_launch.core.paths import bonsai_home
+from bonsai_launch.llamacpp.builds import toolchain
+from bonsai_launch.llamacpp.builds.pin import load_pin
+
+TARGETS = ("ggml-cpu", "ggml-base", "ggml")
+
+
+def _sdist() -> tuple[Path, str]:
+    pin = load_pin().default
+    homes = [bonsai_home(), Path.home() / ".cache" / "bonsai"]
+    for home in homes:
+        for f in sorted((home / "sources" / "downloads").glob("*.tar.gz")) if (home / "sources").is_dir() else []:
+            if str(pin.version) in f.name:
+                return f, pin.sha256
+    real_parts.missing(
+        f"the pinned sdist ({pin.package}=={pin.version}) is not in BONSAI_HOME/sources/downloads",
+        "run `bonsai build` once (it downloads and keeps it)",
+    )
+    raise AssertionError("unreachable")
+
+
+def prepatch_key_dir() -> tuple[Path, Path]:
+    """(key folder with work/ holding the libraries, ggml's include folder), built when missing."""
+    sdist, sha = _sdist()
+    root = (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bonsai-tests" / f"prepatch-ggml-{sha[:12]}"
+    )
+    work = root / "work"
+    done = root / ".done"
+    src = root / "src"
+    if not done.is_file():
+        shutil.rmtree(root, ignore_errors=True)
+        src.mkdir(parents=True)
+        with tarfile.open(sdist) as tar:
+            tar.extractall(src, filter="data")
+        tree = next(src.glob("*/llama.cpp"))
+        cmake, ninja = toolchain.cmake_exe(), toolchain.ninja_exe()
+        if cmake is None or ninja is None:
+            real_parts.missing("cmake/ninja (PyPI packages) are not installed", "pip install -e '.[test]'")
+        env = {**os.environ, "CCACHE_BASEDIR": str(root)}
+        env["PATH"] = os.pathsep.join([str(Path(ninja).parent), env.get("PATH", "")])
+        flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DGGML_CCACHE=ON"]
+        flags += [
+            f"-DLLAMA_{x}=OFF" for x in ("BUILD_TESTS", "BUILD_EXAMPLES", "BUILD_TOOLS", "BUILD_SERVER", "OPENSSL")
+        ]
+        flags += ["-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"]
+        for argv in (
+            [str(cmake), "-S", str(tree), "-B", str(work), "-G", "Ninja", *flags],
+            [str(ninja), "-C", str(work), "-j2", *TARGETS],
+        ):
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+            assert proc.returncode == 0, (
+                f"building the pre-patch ggml failed ({argv[0]}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+            )
+        done.write_text(sha)
+    tree = next(src.glob("*/llama.cpp"))
+    return root, tree / "ggml" / "include"
+
+
+if __name__ == "__main__":
+    print(prepatch_key_dir())
