@@ -9,39 +9,17 @@ from pathlib import Path
 
 import numpy as np
 
-from bonsai_launch.models.tiny_writer import DEFAULT_TOKEN_PREFIX, _ones, _rand, _rng, _tokenizer_kv, _write, _zeros
-
-_RMS_EPS = 1e-6
-_ROPE_BASE = 10000.0
-_CONST = 0.5  # every embedding of a constant-token model is this vector (times ones)
-
-
-def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, np.ndarray]:
-    """(token_embd, output) so that any token's hidden state scores `token` highest."""
-    if not 0 <= token < vocab:
-        raise ValueError(f"constant_token {token} outside the vocabulary of {vocab}")
-    embd = np.full((vocab, embedding), _CONST, dtype=np.float16)
-    out = np.zeros((vocab, embedding), dtype=np.float16)
-    out[token, :] = 1.0
-    return embd, out
-
-
-def _attention_kv(
-    arch: str, *, context_length: int, embedding: int, layers: int, ff: int, heads: int, heads_kv: int, head_dim: int
-) -> list[tuple[str, str, object]]:
-    return [
-        ("uint32", f"{arch}.context_length", context_length),
-        ("uint32", f"{arch}.embedding_length", embedding),
-        ("uint32", f"{arch}.block_count", layers),
-        ("uint32", f"{arch}.feed_forward_length", ff),
-        ("uint32", f"{arch}.attention.head_count", heads),
-        ("uint32", f"{arch}.attention.head_count_kv", heads_kv),
-        ("uint32", f"{arch}.attention.key_length", head_dim),
-        ("uint32", f"{arch}.attention.value_length", head_dim),
-        ("float32", f"{arch}.attention.layer_norm_rms_epsilon", _RMS_EPS),
-        ("float32", f"{arch}.rope.freq_base", _ROPE_BASE),
-        ("uint32", f"{arch}.rope.dimension_count", head_dim),
-    ]
+from bonsai_launch.models.tiny_writer import (
+    DEFAULT_TOKEN_PREFIX,
+    _attention_kv,
+    _constant_head,
+    _ones,
+    _rand,
+    _rng,
+    _tokenizer_kv,
+    _write,
+    _zeros,
+)
 
 
 def _layer_tensors(

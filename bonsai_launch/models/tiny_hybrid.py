@@ -45,7 +45,17 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from bonsai_launch.models.tiny_writer import DEFAULT_TOKEN_PREFIX, _ones, _rand, _rng, _tokenizer_kv, _write, _zeros
+from bonsai_launch.models.tiny_writer import (
+    DEFAULT_TOKEN_PREFIX,
+    _attention_kv,
+    _constant_head,
+    _ones,
+    _rand,
+    _rng,
+    _tokenizer_kv,
+    _write,
+    _zeros,
+)
 
 ARCH = "qwen35"
 MODES = ("pure", "counter", "constant")
@@ -58,7 +68,6 @@ WEIGHT_TYPES = {
 }
 # What the defaults give: layers 0-2 delta-net, layer 3 attention, MTP (if any) block 4.
 TRUNK_LAYERS = 4
-_RMS_EPS = 1e-6
 
 
 def _matrix(data: np.ndarray, weight_type: str) -> tuple[np.ndarray, dict]:
@@ -88,15 +97,6 @@ def counter_head(embedding: int, vocab: int, seed: int) -> tuple[np.ndarray, np.
     if (top2[:, 1] - top2[:, 0]).min() < 0.25 * embedding:
         raise ValueError(f"seed {seed}: the counter head's margin is too small; pick another seed")
     return embd.astype(np.float16), out.astype(np.float16)
-
-
-def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, np.ndarray]:
-    if not 0 <= token < vocab:
-        raise ValueError(f"constant_token {token} outside the vocabulary of {vocab}")
-    embd = np.full((vocab, embedding), 0.5, dtype=np.float16)
-    out = np.zeros((vocab, embedding), dtype=np.float16)
-    out[token, :] = 1.0
-    return embd, out
 
 
 def _mtp_embed_tokens(embd: np.ndarray, accept: float, seed: int) -> np.ndarray:
@@ -241,18 +241,19 @@ def hybrid_target_parts(
     n_mtp = (nextn if nextn is not None else 1) if (mtp or mtp_only) else 0
     e = embedding
     kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
+    kv += _attention_kv(
+        ARCH,
+        context_length=context_length,
+        embedding=e,
+        layers=layers + n_mtp,
+        ff=ff,
+        heads=heads,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+        rope_base=1e7,
+        rope_dims=head_dim // 2,
+    )
     kv += [
-        ("uint32", f"{ARCH}.context_length", context_length),
-        ("uint32", f"{ARCH}.embedding_length", e),
-        ("uint32", f"{ARCH}.block_count", layers + n_mtp),
-        ("uint32", f"{ARCH}.feed_forward_length", ff),
-        ("uint32", f"{ARCH}.attention.head_count", heads),
-        ("uint32", f"{ARCH}.attention.head_count_kv", heads_kv),
-        ("uint32", f"{ARCH}.attention.key_length", head_dim),
-        ("uint32", f"{ARCH}.attention.value_length", head_dim),
-        ("float32", f"{ARCH}.attention.layer_norm_rms_epsilon", _RMS_EPS),
-        ("float32", f"{ARCH}.rope.freq_base", 1e7),
-        ("uint32", f"{ARCH}.rope.dimension_count", head_dim // 2),
         ("array", f"{ARCH}.rope.dimension_sections", [head_dim // 8, head_dim // 16, head_dim // 16, 0]),
         ("uint32", f"{ARCH}.full_attention_interval", full_attention_interval),
         ("uint32", f"{ARCH}.ssm.conv_kernel", conv_kernel),

@@ -15,6 +15,11 @@ from gguf import GGUFWriter
 DEFAULT_TOKEN_PREFIX = "tok"
 
 
+_RMS_EPS = 1e-6
+_ROPE_BASE = 10000.0
+_CONST = 0.5  # every embedding of a constant-token model is this vector (times ones)
+
+
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
@@ -80,3 +85,42 @@ def _tokenizer_kv(
     if chat_template is not None:
         kv.append(("string", "tokenizer.chat_template", chat_template))
     return kv
+
+
+def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token_embd, output) so that any token's hidden state scores `token` highest."""
+    if not 0 <= token < vocab:
+        raise ValueError(f"constant_token {token} outside the vocabulary of {vocab}")
+    embd = np.full((vocab, embedding), _CONST, dtype=np.float16)
+    out = np.zeros((vocab, embedding), dtype=np.float16)
+    out[token, :] = 1.0
+    return embd, out
+
+
+def _attention_kv(
+    arch: str,
+    *,
+    context_length: int,
+    embedding: int,
+    layers: int,
+    ff: int,
+    heads: int,
+    heads_kv: int,
+    head_dim: int,
+    rope_base: float = _ROPE_BASE,
+    rope_dims: int | None = None,
+) -> list[tuple[str, str, object]]:
+    """The attention keys every tiny writer sets (rope: the dense default unless given)."""
+    return [
+        ("uint32", f"{arch}.context_length", context_length),
+        ("uint32", f"{arch}.embedding_length", embedding),
+        ("uint32", f"{arch}.block_count", layers),
+        ("uint32", f"{arch}.feed_forward_length", ff),
+        ("uint32", f"{arch}.attention.head_count", heads),
+        ("uint32", f"{arch}.attention.head_count_kv", heads_kv),
+        ("uint32", f"{arch}.attention.key_length", head_dim),
+        ("uint32", f"{arch}.attention.value_length", head_dim),
+        ("float32", f"{arch}.attention.layer_norm_rms_epsilon", _RMS_EPS),
+        ("float32", f"{arch}.rope.freq_base", rope_base),
+        ("uint32", f"{arch}.rope.dimension_count", head_dim if rope_dims is None else rope_dims),
+    ]

@@ -77,12 +77,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bonsai_launch.models.tiny_dense import _attention_kv as _attention_kv  # re-exported: the dense
-from bonsai_launch.models.tiny_dense import _constant_head as _constant_head  # target the self-test
-from bonsai_launch.models.tiny_dense import _layer_tensors  # ships with (models/tiny_dense.py)
-from bonsai_launch.models.tiny_dense import write_target as write_target
+from bonsai_launch.models.tiny_dense import _layer_tensors  # the dense target the self-test
+from bonsai_launch.models.tiny_dense import write_target as write_target  # ships with, re-exported
 from bonsai_launch.models.tiny_writer import (  # the writer the self-test ships with (no copy here)
     DEFAULT_TOKEN_PREFIX,
+    _attention_kv,
+    _constant_head,
     _ones,
     _rand,
     _rng,
