@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 PROBE_TIMEOUT = 5.0
 
@@ -30,13 +31,17 @@ class Reach:
     error: str | None = None
 
 
-def reach(url: str, api_key: str | None) -> Reach:
-    """GET /v1/models with the member's key. Never raises."""
+def reach(url: str, api_key: str | None, http: Any = None) -> Reach:
+    """GET /v1/models with the member's key, on `http` (an httpx.Client) when given: `fleet ps`
+    asks it on the client its probe already holds. Never raises."""
     import httpx
 
+    if http is None:
+        with httpx.Client(timeout=PROBE_TIMEOUT, trust_env=False) as own:
+            return reach(url, api_key, own)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        r = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=PROBE_TIMEOUT, trust_env=False)
+        r = http.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=PROBE_TIMEOUT)
     except httpx.HTTPError as exc:
         return Reach(UNREACHABLE, f"{type(exc).__name__}: {exc}"[:200] or type(exc).__name__)
     if r.status_code == 200:

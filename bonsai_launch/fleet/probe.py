@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from bonsai_launch.fleet.health import UNREACHABLE, Reach, reach
+
 PROBE_TIMEOUT = 3.0
 
 
@@ -23,6 +25,7 @@ class MemberProbe:
     drafted: int | None
     accepted: int | None
     asleep: bool = False  # /props' is_sleeping: the model is unloaded until the next request
+    reach: Reach | None = None  # with check_key: whether it answers its key (/v1/models), for remote members
 
     @property
     def healthy(self) -> bool:
@@ -43,7 +46,9 @@ def spec_counters(metrics: dict[str, float]) -> tuple[int | None, int | None]:
     return (None if drafted is None else int(drafted)), (None if accepted is None else int(accepted))
 
 
-def probe(url: str, api_key: str | None) -> MemberProbe:
+def probe(url: str, api_key: str | None, *, check_key: bool = False) -> MemberProbe:
+    """The member's state; with check_key also whether it answers its key, on the same client
+    (one look per member, not two)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -52,8 +57,9 @@ def probe(url: str, api_key: str | None) -> MemberProbe:
     with httpx.Client(timeout=PROBE_TIMEOUT, trust_env=False, headers=headers) as http:
         try:
             r = http.get(url + "/health")
-        except httpx.HTTPError:
-            return MemberProbe("down", None, None, None)
+        except httpx.HTTPError as exc:
+            down = Reach(UNREACHABLE, f"{type(exc).__name__}: {exc}"[:200]) if check_key else None
+            return MemberProbe("down", None, None, None, reach=down)
         health = "ok" if r.status_code == 200 else "loading" if r.status_code == 503 else f"http {r.status_code}"
         in_flight = drafted = accepted = None
         asleep = sleeping(url, api_key, PROBE_TIMEOUT) is True
@@ -75,7 +81,8 @@ def probe(url: str, api_key: str | None) -> MemberProbe:
                 drafted, accepted = spec_counters(metrics)
         except httpx.HTTPError:
             pass
-    return MemberProbe(health, in_flight, drafted, accepted, asleep)
+        key_check = reach(url, api_key, http) if check_key else None
+    return MemberProbe(health, in_flight, drafted, accepted, asleep, key_check)
 
 
 def member_key(api_key_env: str | None) -> str | None:

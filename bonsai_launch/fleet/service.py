@@ -336,7 +336,7 @@ def ps() -> dict[str, Any]:
     members = []
     verdicts = _proxy_view(st)
     for m in st.members:
-        p = probe.probe(m.url, probe.member_key(m.api_key_env))
+        p = probe.probe(m.url, probe.member_key(m.api_key_env), check_key=not m.local)
         inst = live.get(m.instance or "") if m.local else None
         alive = (inst is not None) if m.local else None
         health_text = p.health if (alive is not False) else "dead"
@@ -344,8 +344,8 @@ def ps() -> dict[str, Any]:
         restarted = {"pid": inst.pid, "restarts": inst.restarts, "last_exit": inst.last_exit} if inst else {}
         state, last_error = None, None
         if not m.local:  # as the proxy sees it, refined by what the member answers its key now
-            direct = health.reach(m.url, probe.member_key(m.api_key_env))
-            state, last_error = health.member_state(None if verdicts is None else verdicts.get(m.name), direct)
+            assert p.reach is not None  # asked for remote members (check_key)
+            state, last_error = health.member_state(None if verdicts is None else verdicts.get(m.name), p.reach)
         members.append(
             {
                 **_member_json(m),
