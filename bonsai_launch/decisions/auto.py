@@ -75,6 +75,7 @@ def decision_info(
         "setting": AUTO,
         "status": found.status,
         "id": d.key.id[:8],
+        "key_id": d.key.id,  # the running server's watch marks this one for re-tuning (server/watch.py)
         "created": d.created,
         "source": d.source,
         "prompts": d.prompts,
