@@ -54,6 +54,14 @@ def test_drafter_plan_table(slots, block):
     assert "-kvu" not in plan.argv
 
 
+# b11434 accepts each n-gram type's length flag (the per-slot draft length needs it)
+LENGTH_CAPS = dataclasses.replace(
+    CAPS["cpu-8g"],
+    flags=CAPS["cpu-8g"].flags
+    | {"--spec-ngram-mod-n-max", "--spec-ngram-mod-n-min", "--spec-ngram-simple-size-m", "--spec-ngram-map-k-size-m"},
+)
+
+
 @pytest.mark.parametrize("slots", [1, 2, 4, 8])
 @pytest.mark.parametrize(
     "spec_type,draft", [("ngram-mod", 64), ("ngram-simple", 48), ("ngram-map-k", 48), ("ngram-cache", 8)]
@@ -63,10 +71,17 @@ def test_ngram_plan_table(slots, spec_type, draft):
         **DEMO,
         hw="cpu-8g",
         env={**SPEC, "BONSAI_PARALLEL": str(slots), "BONSAI_SPEC_TYPE": spec_type},
-        caps=CAPS["cpu-8g"] if spec_type in CAPS["cpu-8g"].spec_types else None,
+        caps=LENGTH_CAPS if spec_type in CAPS["cpu-8g"].spec_types else None,
     )
+    # Several slots share one slot's draft budget (server/plan/speculation.py per_slot_draft):
+    # n-max 64 on each of 4 slots made verify batches of up to 260 mostly rejected tokens.
+    if slots > 1 and spec_type != "ngram-cache":
+        draft = max(8, draft // slots)
+        assert f"{slots} slots share one step's draft budget" in reason(
+            plan, "--spec-" + spec_type + "-n-max" if spec_type == "ngram-mod" else "--spec-" + spec_type + "-size-m"
+        )
     need = slots * (draft + 1)
-    assert plan.slots.batch_need == need
+    assert plan.slots.batch_need == need and plan.slots.draft_length == draft
     # n-gram drafts are verified causally: -ub is never resized; -b must hold every slot's draft.
     assert arg(plan, "-ub") is None
     assert "causally" in reason(plan, "-ub")
@@ -81,12 +96,22 @@ def test_many_slots_of_a_block_16_drafter_raise_ubatch_beyond_the_default():
     assert "llama-server's default is 512" in reason(plan, "-ub")
 
 
+def test_a_binary_without_the_length_flag_keeps_the_one_slot_default_on_every_slot():
+    plan = plan_for(**DEMO, env={**SPEC, "BONSAI_PARALLEL": "4", "BONSAI_SPEC_TYPE": "ngram-mod"}, caps=CAPS["cpu-8g"])
+    assert plan.slots.draft_length == 64 and "--spec-ngram-mod-n-max" not in plan.argv
+
+
+def test_bonsai_spec_nmax_beats_the_per_slot_length():
+    plan = plan_for(**DEMO, env={**SPEC, "BONSAI_PARALLEL": "4", "BONSAI_SPEC_NMAX": "32"}, caps=LENGTH_CAPS)
+    assert plan.slots.draft_length == 32 and "BONSAI_SPEC_NMAX" in reason(plan, "--spec-ngram-mod-n-max")
+
+
 def test_ngram_draft_length_follows_the_value_after_double_dash():
     plan = plan_for(**DEMO, env={**SPEC, "BONSAI_PARALLEL": "40"}, passthrough=("--spec-ngram-mod-n-max", "16"))
     assert plan.slots.draft_length == 16 and plan.slots.batch_need == 40 * 17
     assert arg(plan, "-b") == str(LLAMA_BATCH_DEFAULT)
-    plan = plan_for(**DEMO, env={**SPEC, "BONSAI_PARALLEL": "40"})
-    assert arg(plan, "-b") == str(40 * 65)
+    plan = plan_for(**DEMO, env={**SPEC, "BONSAI_PARALLEL": "40"})  # without it: the per-slot share, 8
+    assert plan.slots.draft_length == 8 and plan.slots.batch_need == 40 * 9
 
 
 # -- refusals ------------------------------------------------------------------------------------------

@@ -257,3 +257,30 @@ def test_tune_cli_prints_json_and_a_table(llama_server, pair_dir):
 
     done = bonsai(["tune", "--model", pair_dir / "tiny.gguf", "--configs", "plain,turbo"], env=env)
     assert done.returncode == 2 and "'turbo' cannot be measured" in done.stderr
+
+
+def test_tune_parallel_measures_with_as_many_clients_and_show_says_so(llama_server, pair_dir, tmp_path):
+    """`--parallel 2`: every run sends the prompts through 2 clients at once on 2 slots; the
+    decision records the prompts and clients, and `tune --show` prints them without measuring."""
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "category": "mine", "prompt": f"count {i} to {i + 9}"}) + "\n" for i in range(4)
+        )
+    )
+    env = bonsai_env(llama_server)
+    model = ["--model", pair_dir / "tiny.gguf", "--drafter", pair_dir / "tiny-disagrees.gguf"]
+    args = ["tune", *model, "--parallel", "2", "--prompts", prompts, "--configs", "plain,draft-dspark"]
+    data = json_out(
+        bonsai([*args, "--max-tokens", "32", "--budget", "60", "--json", "--", *THREADS], env=env, timeout=300)
+    )
+    decision = data["decision"]
+    assert decision["evidence"]["clients"] == 2 and decision["evidence"]["prompts"] == 4
+    assert decision["prompts"] == str(prompts) and "--parallel 2" in decision["key"]["conditions"]
+    report = json.loads(Path(data["reports"]["json"]).read_text())
+    plain_argv = next(c for c in report["configs"] if c["name"] == "plain")["argv"]
+    assert plain_argv[plain_argv.index("-np") + 1] == "2"
+
+    shown = bonsai(["tune", *model, "--parallel", "2", "--show", "--", *THREADS], env={**env, "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    assert f"figures for: 4 prompts ({prompts}), 2 clients at once, 32 tokens each" in shown.stdout, shown.stdout

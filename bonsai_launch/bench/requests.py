@@ -186,3 +186,32 @@ def run_concurrency(
         )
         data.requests.extend(results)
         listener.advance(len(results))
+
+
+def run_clients(
+    endpoint: Endpoint,
+    spec: ConfigSpec,
+    options: BenchOptions,
+    prompts: list[suite.Prompt],
+    temperature: float,
+    repeat: int,
+    data: BenchData,
+    listener: Listener,
+    clients: int,
+) -> None:
+    """The measured prompts sent by `clients` clients at once (`bonsai tune --parallel N`):
+    each request's own server timings, taken while the others run, so a configuration's
+    pooled decode speed is what each of N users sees. Counted as suite requests: the decision
+    rule pools them as it pools one client's."""
+    listener.step(f"{spec.label}: {len(prompts)} prompts by {clients} clients at once (repeat {repeat + 1})")
+    results = [RequestResult(spec.name, p.id, p.category, temperature, repeat) for p in prompts]
+    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
+    with httpx.Client(trust_env=False, limits=limits) as http, ThreadPoolExecutor(max_workers=clients) as pool:
+        futures = [
+            pool.submit(_send, http, endpoint, r, p.chat_messages(), options.max_tokens, options.seed)
+            for r, p in zip(results, prompts, strict=True)
+        ]
+        for f in futures:
+            f.result()
+    data.requests.extend(results)
+    listener.advance(len(results))

@@ -18,15 +18,25 @@ def tune_now(
     max_tokens: int = 64,
     temperature: float = 0.0,
     binary: Path | None = None,
+    clients: int | None = None,
 ):
-    """Fetch what is missing (model, drafter, llama-server), then measure with a progress bar."""
+    """Fetch what is missing (model, drafter, llama-server), then measure with a progress bar.
+    `clients` at once per run; None: as many as the launch has slots (--parallel/BONSAI_PARALLEL)."""
     from bonsai_launch.cli._progress import ProgressListener
+    from bonsai_launch.config.settings import resolve
     from bonsai_launch.server.prepare import prepare_launch
     from bonsai_launch.tune.session import TuneOptions, check_options, run_tune
     from bonsai_launch.tune.subject import TuneRequest
 
+    if clients is None:
+        clients = int(resolve({k: v for k, v in flags.items() if v is not None}).get("parallel") or 1)
     options = TuneOptions(
-        budget_s=budget, max_tokens=max_tokens, temperature=temperature, prompts_path=prompts, configs=configs
+        budget_s=budget,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        prompts_path=prompts,
+        configs=configs,
+        clients=clients,
     )
     check_options(options)  # a bad value is refused before any model is downloaded or built
     if binary is None:
@@ -51,6 +61,7 @@ def print_decision(out, decision: dict, title: str | None = None) -> None:
     for row in format_rows(decision["table"]):
         table.add_row(*row)
     out.print(table)
+    out.print(measured_on(decision), markup=False, highlight=False)
     if any(row.get("ratio") for row in decision["table"]):
         out.print(RATIO_NOTE, markup=False, highlight=False)
     # A stored decision (tune, config) or the plan's view of it (start): the same facts, two shapes.
@@ -64,3 +75,34 @@ def print_decision(out, decision: dict, title: str | None = None) -> None:
         out.print(f"choice: [bold]{choice['label']}[/] ({choice['reason']})")
     else:
         out.print("choice: [bold]plain[/]: no speculative configuration was faster than plain beyond noise")
+
+
+def show_decision(flags: dict, model: str | None, drafter: str | None, passthrough: tuple[str, ...], as_json: bool):
+    """`bonsai tune --show`: the decision a launch with these settings would use (the lookup
+    `start` and `config` make), with the prompts and clients it was measured with."""
+    from bonsai_launch.cli._output import console, emit_json
+    from bonsai_launch.server.inputs import select
+    from bonsai_launch.server.prepare import describe_for_config
+
+    selection = select({**{k: v for k, v in flags.items() if v is not None}, "speculative": None})
+    tuning = describe_for_config(selection, model, drafter, passthrough)
+    if as_json:
+        emit_json(tuning)
+        return
+    out = console()
+    if tuning.get("table"):
+        print_decision(out, tuning)
+    out.print(tuning.get("message", ""), markup=False, highlight=False)
+
+
+def measured_on(decision: dict) -> str:
+    """`figures for: 8 prompts (bundled tuning prompts), 4 clients at once, 64 tokens each`."""
+    evidence = decision.get("evidence") or {}  # the stored decision's, or the plan's copy of it
+    n = evidence.get("prompts") if isinstance(evidence.get("prompts"), int) else None
+    clients = evidence.get("clients") or 1  # decisions from before clients were measured: one
+    where = decision.get("prompts") if isinstance(decision.get("prompts"), str) else "?"
+    words = f"figures for: {n} prompts ({where})" if n else f"figures for: prompts {where}"
+    words += f", {clients} client{'s' if clients != 1 else ''} at once"
+    if evidence.get("max_tokens"):
+        words += f", {evidence['max_tokens']} tokens each"
+    return words

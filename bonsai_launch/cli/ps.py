@@ -48,8 +48,11 @@ def command(json_output: JsonOpt = False) -> None:
 
     table = Table(box=None, pad_edge=False)
     tuned = any(i.tuning for i in live)
-    for col in ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE", "RESTARTS", "SLEEP") + (
-        ("AUTO DECISION",) if tuned else ()
+    watched = any(i.watch for i in live)
+    for col in (
+        ("NAME", "PROFILE", "ADDRESS", "KEY", "PID", "UPTIME", "SPECULATIVE", "MODE", "RESTARTS", "SLEEP")
+        + (("AUTO DECISION",) if tuned else ())
+        + (("SPEC WATCH",) if watched else ())
     ):
         table.add_column(col, no_wrap=True)
     for i in live:
@@ -73,6 +76,8 @@ def command(json_output: JsonOpt = False) -> None:
         ]
         if tuned:
             row.append(decision_cell(i.tuning))
+        if watched:
+            row.append(watch_cell(i.watch))
         table.add_row(*row)
     if not out.is_terminal:
         out.width = max(out.width, 160)  # piped into a script or a file: never cut a row short
@@ -109,3 +114,20 @@ def decision_cell(tuning: dict | None) -> str:
     if choice.get("ratio"):
         what += f" {choice['ratio']:.2f}x"
     return f"{what} (decision {tuning.get('id')})"
+
+
+def watch_cell(watch: dict | None) -> str:
+    """`paying: 96% accepted, 41.2 tok/s (4 windows)`, `below plain: ...`, `watching: ...`
+    (server/watch.py: the server's own /metrics over windows of drafted tokens)."""
+    if not watch:
+        return "-"
+    status = watch.get("status")
+    last = watch.get("last") or {}
+    if status == "watching" or not last:
+        return f"watching: {watch.get('why')}"
+    figures = f"{last['acceptance']:.0%} accepted"
+    if last.get("decode_tps"):
+        figures += f", {last['decode_tps']:.1f} tok/s"
+    if status == "below plain":
+        return f"below plain: {watch.get('why')}"
+    return f"{status}: {figures} ({watch.get('windows')} windows)"

@@ -6,7 +6,9 @@ Examples:
     bonsai tune --profile demo --budget 180 --json
     bonsai tune --model T.gguf --drafter D.gguf --configs plain,draft-dspark
     bonsai tune --profile demo --prompts my_prompts.jsonl -- --threads 2   # arguments after -- go to every llama-server
-    bonsai tune --profile demo --parallel 4          # a decision for `start --parallel 4` (one client measured)
+    bonsai tune --profile demo --parallel 4          # a decision for `start --parallel 4`, measured with 4 clients at once
+    bonsai tune --profile demo --prompts my_work.jsonl   # decide on your own prompts (JSONL: messages or prompt)
+    bonsai tune --profile demo --show                # the stored decision for this launch, and what it was made on
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ ConfigsOpt = Annotated[
     ),
 ]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens generated per prompt.")]
+ClientsOpt = Annotated[
+    int | None,
+    typer.Option("--clients", help="Concurrent clients per measurement (default: the slot count, --parallel)."),
+]
+ShowOpt = Annotated[bool, typer.Option("--show", help="Print the stored decision for this launch; measure nothing.")]
 TempOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature of the measurements.")]
 
 
@@ -63,6 +70,8 @@ def command(
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,
     parallel: ParallelOpt = None,
+    clients: ClientsOpt = None,
+    show: ShowOpt = False,
     json_output: JsonOpt = False,
 ) -> None:
     """Decide, by measuring on this machine, whether speculative decoding pays for this model.
@@ -73,6 +82,11 @@ def command(
 
     flags = {"profile": profile, "family": family, "size": size, "ctx": ctx_size, "ngl": ngl, "parallel": parallel}
     names = tuple(c.strip() for c in configs.split(",") if c.strip()) if configs else None
+    if show:
+        from bonsai_launch.cli._decision import show_decision
+
+        show_decision(flags, model, drafter, passthrough_args(ctx), json_output)
+        return
     outcome = tune_now(
         flags,
         model,
@@ -83,6 +97,7 @@ def command(
         configs=names,
         max_tokens=max_tokens,
         temperature=temperature,
+        clients=clients,
     )
     if json_output:
         emit_json(

@@ -335,6 +335,56 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=31_536_000,
         default_text="never sleep",
     ),
+    # The speculation watch (bonsai_launch/server/watch.py): the running server's own counters.
+    Setting(
+        "BONSAI_WATCH_SECONDS",
+        "watch_seconds",
+        "int",
+        "How often the process that restarts a speculative server (the keeper of `start --detach`, or a "
+        "foreground `start`) reads its /props and /metrics to judge whether speculation still pays on the work "
+        "it gets; `bonsai ps` shows the verdict (SPEC WATCH). A sleeping server is left alone (/props only). "
+        "It never restarts a server: when speculation is below plain for BONSAI_WATCH_WINDOWS windows under "
+        "BONSAI_SPECULATIVE=auto, the decision is marked stale and the next `bonsai start` tunes again. 0: off.",
+        _START,
+        default=30,
+        minimum=0,
+        maximum=86_400,
+    ),
+    Setting(
+        "BONSAI_WATCH_WINDOW_TOKENS",
+        "watch_window_tokens",
+        "int",
+        "Drafted tokens in one watch window: the window's acceptance (accepted / drafted, from the server's "
+        "/metrics) and decode speed are judged once this many tokens were drafted since the window began.",
+        _START,
+        default=512,
+        minimum=1,
+        maximum=10_000_000,
+    ),
+    Setting(
+        "BONSAI_WATCH_WINDOWS",
+        "watch_windows",
+        "int",
+        "Consecutive watch windows that must each be below plain before `bonsai ps` says so and an auto "
+        "decision is marked for re-tuning (a sustained change of work, not one odd request).",
+        _START,
+        default=3,
+        minimum=1,
+        maximum=1000,
+    ),
+    Setting(
+        "BONSAI_WATCH_MIN_ACCEPT_PERCENT",
+        "watch_min_accept_percent",
+        "int",
+        "A watch window whose drafts were accepted less often than this (percent of drafted tokens) is below "
+        "plain: verifying mostly rejected drafts costs more than the few kept tokens save. Under "
+        "BONSAI_SPECULATIVE=auto a window is also below plain when its decode speed is under the plain speed "
+        "the decision measured.",
+        _START,
+        default=20,
+        minimum=0,
+        maximum=100,
+    ),
     Setting("BONSAI_LLAMA_VERBOSE", "verbose", "bool", "Pass --verbose to llama-server.", _START, default=False),
     Setting(
         "BONSAI_RESTART",

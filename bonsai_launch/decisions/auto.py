@@ -75,12 +75,15 @@ def decision_info(
         "setting": AUTO,
         "status": found.status,
         "id": d.key.id[:8],
+        "key_id": d.key.id,  # the running server's watch marks this one for re-tuning (server/watch.py)
         "created": d.created,
         "source": d.source,
         "prompts": d.prompts,
         "choice": d.choice.to_json(),
         "table": list(d.table),
         "report": d.evidence.get("report"),
+        # what the figures are for: how many prompts, clients at once, tokens each
+        "evidence": {k: d.evidence.get(k) for k in ("prompts", "clients", "max_tokens")},
         "conditions": d.evidence.get("conditions"),
         "server_settings": d.key.conditions,  # what a launch must give to use it ("": the defaults)
         "notes": list(d.evidence.get("notes") or ()),  # e.g. the machine was busy while tuning

@@ -147,7 +147,38 @@ def save(decision: Decision) -> Path:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(decision.to_json(), indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+    clear_retune(decision.key.id)  # measured again: what the running server saw is answered
     return path
+
+
+def retune_path(decision_id: str) -> Path:
+    return tune_dir() / "retune" / f"{decision_id}.json"
+
+
+def mark_retune(decision_id: str, why: dict[str, Any]) -> Path:
+    """The running server's watch (server/watch.py) found speculation below plain for a
+    sustained window: the decision is stale until it is measured again."""
+    path = retune_path(decision_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(why, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def retune_reason(decision_id: str) -> str | None:
+    try:
+        data = json.loads(retune_path(decision_id).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(data.get("why") or "the running server measured speculation below plain")
+
+
+def clear_retune(decision_id: str) -> None:
+    try:
+        retune_path(decision_id).unlink()
+    except OSError:
+        pass
 
 
 def load_all() -> list[Decision]:
@@ -198,6 +229,9 @@ def lookup(key: TuneKey, model_path: str | Path | None = None) -> Lookup:
     decisions = load_all()
     for d in decisions:
         if d.key.launch_part() == key.launch_part():
+            why = retune_reason(d.key.id)
+            if why is not None:
+                return Lookup("stale", d, (f"workload (the running server measured: {why})",))
             return Lookup("found", d)
     model = str(Path(model_path).resolve()) if model_path is not None else None
     for d in decisions:

@@ -51,6 +51,7 @@ class Instance:
     last_exit: str | None = None  # `was killed by signal 9 (...)`
     last_exit_at: float | None = None
     state: str = "running"  # "restarting" between a crash and the new server's /health 200
+    watch: dict[str, Any] | None = None  # whether speculation still pays on its work (server/watch.py)
 
     @property
     def uptime(self) -> float:

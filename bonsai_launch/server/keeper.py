@@ -237,6 +237,9 @@ def main() -> int:
                     _say({"serving": True})
                     break
             _detach_stdout()
+            from bonsai_launch.server import watch
+
+            watch.for_job(job)  # a daemon thread: it ends with the keeper
 
             def current(new: ServerProcess) -> None:
                 nonlocal server

@@ -159,7 +159,9 @@ def usable_for_start(flags, env: Mapping[str, str], model: str | None, drafter: 
         return str(usable_drafter(path, target, reporter=reporter))
 
 
-def describe_for_config(selection) -> dict[str, Any]:
+def describe_for_config(
+    selection, model: str | None = None, drafter: str | None = None, passthrough: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """What BONSAI_SPECULATIVE=auto would use for this selection now (`bonsai config`): the
     decision `bonsai start` would look up, for the binary it would run (choose_server, so
     BONSAI_LLAMA_BIN and the fork build count) and its default server settings."""
@@ -170,7 +172,7 @@ def describe_for_config(selection) -> dict[str, Any]:
 
     try:
         choice = choose_server(selection.settings, selection.flavour)
-        files = model_files(selection, None, None, choice.kind)
+        files = model_files(selection, model, drafter, choice.kind)
         if not files.model.is_file():
             return {
                 "setting": AUTO,
@@ -178,7 +180,9 @@ def describe_for_config(selection) -> dict[str, Any]:
                 "message": f"BONSAI_SPECULATIVE=auto: no decision can be looked up ({files.model.name} is not "
                 f"downloaded)",
             }
-        _selection, info = auto_decision(selection, files, choice.path, None, parse((), option_table(None)))
+        _selection, info = auto_decision(
+            selection, files, choice.path, model, parse(tuple(passthrough), option_table(None))
+        )
     except BonsaiError as exc:
         return {"setting": AUTO, "status": "unavailable", "message": f"BONSAI_SPECULATIVE=auto: {exc}"}
     return info

@@ -62,6 +62,7 @@ class Job:
     cores: list[int] = field(default_factory=list)  # CPU affinity of the server (fleet replicas)
     die_with_parent: bool = True  # False for a detached server: it outlives its keeper
     policy: RestartPolicy = field(default_factory=RestartPolicy)
+    watch: dict[str, Any] = field(default_factory=dict)  # watch.Bounds as JSON; empty: no watch
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -115,7 +116,8 @@ def _wait_exit(server: ServerProcess, poll: float) -> int:
             return code
 
 
-def _register(job: Job, **changes: Any) -> None:
+def record(job: Job, **changes: Any) -> None:
+    """Change the registered instance (what `bonsai ps` reads) and the job's copy of it."""
     job.instance.update(changes)
     data = {k: v for k, v in job.instance.items() if k != "uptime_s"}
     data["argv"] = tuple(data.get("argv") or ())
@@ -165,7 +167,7 @@ def supervise(
             exits.popleft()
         cause = exit_cause(code)
         tail = "\n".join("  " + line for line in server.log_tail(12)) or "  (the log is empty)"
-        _register(job, state="restarting", last_exit=cause, last_exit_at=time.time())
+        record(job, state="restarting", last_exit=cause, last_exit_at=time.time())
         if len(exits) >= policy.max_exits:
             message = (
                 f"llama-server {cause}: {len(exits)} unexpected exits within {policy.window_s:.0f} s, "
@@ -201,7 +203,7 @@ def supervise(
                 server.wait(10)
             continue
         live = _prove(job, on_event)
-        _register(
+        record(
             job,
             pid=server.pid,
             create_time=instances.process_create_time(server.pid) or time.time(),

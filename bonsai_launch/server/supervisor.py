@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.log_files import open_read_shared
 from bonsai_launch.core.paths import logs_dir
-from bonsai_launch.server import instances, restart
+from bonsai_launch.server import instances, restart, watch
 from bonsai_launch.server import liveness as speculation_probe
 from bonsai_launch.server.keeper import KeptChild, spawn_kept
 from bonsai_launch.server.liveness import PROOF_PROMPT, PROOF_TOKENS, SpecProof, speculation_failure_reason  # noqa: F401 - re-exported
@@ -211,7 +211,16 @@ def _job(
         cores=list(cores),
         die_with_parent=not detach,
         policy=policy,
+        watch=_watch_bounds(plan) if spec is not None and inst.speculative else {},
     )
+
+
+def _watch_bounds(plan: LaunchPlan) -> dict:
+    """The BONSAI_WATCH_SECONDS family of settings, and the plain speed of the decision it runs (server/watch.py)."""
+    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.server.watch import Bounds, plain_speed
+
+    return Bounds.from_settings(resolve({}), plain_speed(getattr(plan, "tuning", None))).to_json()
 
 
 def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> SlotsProof | None:
@@ -255,11 +264,14 @@ def serve(launched: Launched, *, poll: float = 0.25, forwarder: SignalForwarder 
 
     try:
         job = launched.job or restart.Job(launched.instance.to_json(), [], {}, policy=restart.RestartPolicy(False))
+        watching = watch.for_job(job, restart.stderr_event)
         restart.supervise(job, launched.server, on_server=current, on_event=restart.stderr_event, poll=poll)
         return 1  # not reached: supervise only ends by raising
     except StopRequested:
         return 0
     finally:
+        if "watching" in locals() and watching is not None:
+            watching.stop()
         shutdown(launched)
 
 

@@ -54,6 +54,7 @@ class TuneOptions:
     configs: tuple[str, ...] | None = None  # only these candidates (plain always)
     finalists: int = 2
     seed: int = 42
+    clients: int = 1  # concurrent clients per run (`--parallel N`: N, as many as the launch has slots)
 
 
 @dataclass
@@ -162,6 +163,8 @@ def check_options(options: TuneOptions) -> None:
     """Refuse options that cannot measure anything; cheap, so callers run it before any download."""
     if options.max_tokens < 16:
         raise BonsaiError(f"--max-tokens {options.max_tokens} is too small to measure decode speed", "use 32 or more")
+    if options.clients < 1:
+        raise BonsaiError(f"{options.clients} clients cannot measure anything", "use 1 or more")
     if options.budget_s is not None and options.budget_s < 5:
         raise BonsaiError(f"--budget {options.budget_s:g} is too short", "give at least 30 seconds, or leave it out")
 
@@ -219,7 +222,11 @@ def run_tune(
         t0, done_before = time.monotonic(), len(data.requests)
         with servers.launched(spec, run, log_dir, listener) as endpoint, httpx.Client(trust_env=False) as http:
             requests.warm_up(http, endpoint, spec, bench_options)
-            for prompt in prompts:
+            if options.clients > 1:  # the load: every prompt at once through N clients
+                requests.run_clients(
+                    endpoint, spec, bench_options, prompts, options.temperature, repeat, data, listener, options.clients
+                )
+            for prompt in prompts if options.clients == 1 else ():
                 if clock.over():
                     del data.requests[done_before:]
                     raise _OutOfTime(spec.name)
@@ -232,7 +239,8 @@ def run_tune(
     budget = f"{options.budget_s:.0f} s" if options.budget_s else f"{BUDGET_RUNS} x the first plain run"
     listener.note(
         f"tuning {subj.model.name}: plain against {', '.join(s.name for s in others)} "
-        f"({len(prompts)} prompts, {options.max_tokens} tokens each; budget {budget})"
+        f"({len(prompts)} prompts, {options.max_tokens} tokens each, {options.clients} client(s) at once; "
+        f"budget {budget})"
     )
     notes: list[str] = []
     try:
@@ -271,6 +279,7 @@ def run_tune(
             "budget_s": round(clock.budget_s or 0, 1),
             "max_tokens": options.max_tokens,
             "temperature": options.temperature,
+            "clients": options.clients,
             "runs": dict(measured),
             "notes": notes,
             "conditions": {

@@ -113,7 +113,29 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
             )
         if draft_free not in NGRAM_LENGTH_FLAGS:
             b.warnings.append(f"BONSAI_SPEC_NMAX has no effect on {draft_free}, whose draft length is fixed")
-    return SpecPlan(draft_free, n_max)
+        return SpecPlan(draft_free, n_max)
+    slots = slot_rules.choose_slots(s.get("parallel"), s.source("parallel"), True).count or 1
+    per_slot = per_slot_draft(draft_free, slots)
+    option = NGRAM_LENGTH_FLAGS.get(draft_free)
+    caps = inputs.capabilities
+    flags = ngram_length_flags(draft_free, per_slot) if per_slot is not None else []
+    # the length after -- is the user's; a binary without the flags keeps the type's default
+    if (
+        flags
+        and option
+        and inputs.passthrough.last_int(option) is None
+        and all(caps is None or caps.accepts(f) for f, _ in flags)
+    ):
+        for flag, value in flags:
+            b.add(
+                flag,
+                value,
+                f"{slots} slots share one step's draft budget ({slot_rules.NGRAM_DRAFT_LENGTH[draft_free][1]} "
+                f"tokens, {draft_free}'s default for one slot): {per_slot} each, so a step of every slot does not "
+                "verify a huge batch of mostly rejected drafts (BONSAI_SPEC_NMAX sets it)",
+            )
+        return SpecPlan(draft_free, per_slot)
+    return SpecPlan(draft_free, None)
 
 
 # The n-gram types ignore --spec-draft-n-max (b11434 reads it for draft models only): each has
@@ -123,6 +145,21 @@ NGRAM_LENGTH_FLAGS = {t: option for t, (option, _default) in slot_rules.NGRAM_DR
 
 NGRAM_MOD_DEFAULT_N_MIN = 48
 NO_PROFILE_DRAFT_FREE = "ngram-mod"  # what every profile with a draft-free mode names
+
+
+PER_SLOT_MIN_DRAFT = 8  # below this an n-gram draft saves too little to pay for its verification
+
+
+def per_slot_draft(spec_type: str, slots: int) -> int | None:
+    """The draft length planned per slot for an n-gram type on `slots` slots (None: its
+    default stands). A speculative step verifies every busy slot's draft in one batch; with
+    the one-slot default (ngram-mod 64) on 4 slots that is up to 260 tokens, on a CPU as costly
+    as that many prompt tokens, mostly for drafts that are rejected. Sharing the one-slot budget
+    keeps a step's batch near one slot's."""
+    option, default = slot_rules.NGRAM_DRAFT_LENGTH.get(spec_type, (None, 0))
+    if option is None or slots < 2:
+        return None
+    return max(PER_SLOT_MIN_DRAFT, default // slots)
 
 
 def ngram_length_flags(spec_type: str, n_max: int) -> list[tuple[str, int]]:
