@@ -26,18 +26,29 @@ _BONSAI_VARS = [k for k in os.environ if k.startswith("BONSAI_")]
 REAL_SERVER, REAL_SERVER_PROBLEM = real_parts.find_real_server()
 
 # Named lanes: tests that need more than this checkout and a CPU build (root and network
-# namespaces, a Vulkan build, a browser and the chat page) or take minutes. They stay out of the README's test command and run
-# only when a -m expression names them (`pytest -m hosts`); .ci/run runs each one after it.
-NAMED_LANES = ("hosts", "vulkan", "browser")
+# namespaces, a Vulkan build, a browser and the chat page) or take more than a couple of seconds
+# each (`slow`). They stay out of the README's test command and run only when a -m expression
+# names them (`pytest -m slow`); .ci/run runs each one after it (CONTRIBUTING.md, "Checks and
+# test lanes").
+NAMED_LANES = ("hosts", "vulkan", "browser", "slow")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """A test that uses the real llama-server is a `server` test even where the marker was
     forgotten, so the fast lane (`pytest -m "not server and not slow"`, run on macOS and
-    Windows in CI) never needs a build; one that loads the demo model into it is also `slow`.
-    Tests of a named lane are deselected unless -m names the lane. tryfirst: before -m
+    Windows in CI) never needs a build; one that loads the demo model into it is also `slow`,
+    except the one marked `readme`, which keeps the demo model in the README's command.
+    Then tests of a named lane are deselected unless -m names the lane. tryfirst: before -m
     deselects anything."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "llama_server" in fixtures and item.get_closest_marker("server") is None:
+            item.add_marker(pytest.mark.server)
+        # The real demo model (250 MB) loading into a real server takes seconds, not milliseconds.
+        demo_server = "llama_server" in fixtures and "demo_gguf" in fixtures
+        if demo_server and item.get_closest_marker("slow") is None and item.get_closest_marker("readme") is None:
+            item.add_marker(pytest.mark.slow)
     asked = config.getoption("markexpr") or ""
     kept, dropped = [], []
     for item in items:
@@ -46,13 +57,6 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if "llama_server" in fixtures and item.get_closest_marker("server") is None:
-            item.add_marker(pytest.mark.server)
-        # The real demo model (250 MB) loading into a real server takes seconds, not milliseconds.
-        if "llama_server" in fixtures and "demo_gguf" in fixtures and item.get_closest_marker("slow") is None:
-            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

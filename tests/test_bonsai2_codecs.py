@@ -104,6 +104,7 @@ def ternary(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+@pytest.mark.slow
 def test_both_codecs_repack_into_the_same_q2_0_file(ternary):
     pq2, ptq1 = codec_repack.repack(ternary["PQ2_0"]), codec_repack.repack(ternary["PTQ1_0"])
     assert pq2.read_bytes()[64:] != b"" and pq2.read_bytes() == ptq1.read_bytes()
@@ -149,6 +150,7 @@ def test_a_folded_file_is_refused_on_a_build_that_cannot_fold(ternary):
 
 
 @pytest.mark.parametrize("codec", ["PQ2_0", "PTQ1_0"])
+@pytest.mark.slow
 def test_start_serves_a_folded_file_like_its_plain_twin(llama_server, ternary, tmp_path, codec):
     try:
         started = json_out(

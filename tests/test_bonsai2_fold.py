@@ -60,6 +60,7 @@ def _close(a, b) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_the_folded_twin_answers_like_the_plain_one(llama_server, fold_pair, tmp_path):
     plain = _answers(llama_server, fold_pair.plain, tmp_path / "plain.log")
     folded = _answers(llama_server, fold_pair.folded, tmp_path / "folded.log")
@@ -85,6 +86,7 @@ def test_without_the_permutation_ssm_out_is_wrong(llama_server, fold_pair, tmp_p
     assert not all(_close(p[1][0], u[1][0]) for p, u in zip(plain, wrong, strict=True))
 
 
+@pytest.mark.slow
 def test_version_2_folds_the_tied_lm_head_through_token_embd(llama_server, fold_pair, tmp_path):
     """Version 2: no output.weight, the LM head is the rotated token_embd and takes the transform."""
     untied = [t for t in fold_pair.folded_tensors if t[0] != "output.weight"]
@@ -131,6 +133,7 @@ BAD_KEYS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_KEYS))
+@pytest.mark.slow
 def test_keys_that_do_not_fit_fail_the_load_in_one_line(llama_server, fold_pair, tmp_path, case):
     override, message = BAD_KEYS[case]
     override = {k: (v(fold_pair) if callable(v) else v) for k, v in override.items()}

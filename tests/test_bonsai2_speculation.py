@@ -25,11 +25,13 @@ def folded(tmp_path_factory):
     return hadamard_fold.write_fold_pair(tmp_path_factory.mktemp("fold-mtp"), mtp=True)
 
 
+@pytest.mark.slow
 def test_draft_mtp_on_a_grafted_head_is_lossless(llama_server, folded, tmp_path):
     spec = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
     check_lossless(llama_server, tmp_path, folded.folded, spec, PROMPTS, "drafted", "folded-mtp")
 
 
+@pytest.mark.slow
 def test_ngram_mod_is_lossless(llama_server, folded, tmp_path):
     """The prompts hold the model's own answer to their start, then the start again: text that
     ngram-mod finds repeated, whatever this (non-counting) model says."""
@@ -40,6 +42,7 @@ def test_ngram_mod_is_lossless(llama_server, folded, tmp_path):
     check_lossless(llama_server, tmp_path, folded.folded, spec, prompts, "drafted", "folded-ngram")
 
 
+@pytest.mark.slow
 def test_dspark_sharing_the_folded_embedding_and_head_is_lossless(llama_server, folded, tmp_path):
     drafter = tiny_gguf.write_dspark_drafter(
         tmp_path / "d.gguf", target_embedding=hadamard_fold.SHAPE["embedding"], target_layers=(0, 1), seed=3

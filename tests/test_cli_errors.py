@@ -110,6 +110,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case,env,argv,expected", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.slow
 def test_bad_input_exits_nonzero_with_one_line(case, env, argv, expected, ggufs, monkeypatch, capsys):
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -46,6 +46,7 @@ def _build_check(server: Path, out: Path) -> Path:
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_q1_0_q2_0_kernels_match_the_reference(llama_server, tmp_path):
     exe = _build_check(llama_server, tmp_path)
     result = kernel_check.run(exe, timeout=600, quick=False)  # the full run; the self-test's is `quick`
@@ -77,6 +78,7 @@ def _prompts(seed: int, n: int = 3, length: int = 24) -> list[list[int]]:
     [("Q1_0", True), ("Q1_0", False), ("Q2_0", True), ("Q2_0", False)],
     ids=["Q1_0", "Q1_0-no-repack", "Q2_0", "Q2_0-no-repack"],
 )
+@pytest.mark.slow
 def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_path, qtype, repack):
     # every matrix row is 128 or 256 long, so every layer takes the format (Q1_0 blocks are 128)
     dims = {"embedding": 128, "ff": 256, "heads": 4, "heads_kv": 2, "head_dim": 32}

@@ -145,6 +145,7 @@ def _start_live(args, server, **env):
         stop_all()
 
 
+@pytest.mark.slow
 def test_legacy_drafter_is_converted_into_the_cache_and_goes_live(pair, with_build, isolated_home):
     data, done = _start_live(["--model", pair["target"], "--drafter", pair["legacy"]], with_build)
     spec = data["speculative"]
@@ -159,6 +160,7 @@ def test_legacy_drafter_is_converted_into_the_cache_and_goes_live(pair, with_bui
     assert "converted the legacy drafter" not in done.stderr
 
 
+@pytest.mark.slow
 def test_done_when_log_snr_drafter_converted_and_live(pair, with_build, tmp_path):
     """Issue 9's Done-when, with generated files only, on the build with the log-SNR patch."""
     out = tmp_path / "D.gguf"

@@ -177,6 +177,7 @@ def test_pin_refuses_a_tag_without_its_commit(tmp_path):
         load_pin(tmp_path / "pin.toml")
 
 
+@pytest.mark.slow
 def test_build_keys_stay_apart_and_patches_stay_on_the_pin(tmp_path, fork_repo, monkeypatch):
     """The pinned sdist (with our patch) and the fork (never patched) build side by side."""
     repo, commit = fork_repo
@@ -310,6 +311,7 @@ def test_start_bonsai2_builds_the_pinned_fork_when_it_can_be_fetched(tmp_path, f
     assert Path(plan.model).name == "Ternary-Bonsai-2-27B-PQ2_0.gguf" and plan.profile == "bonsai2-27b"
 
 
+@pytest.mark.slow
 def test_builds_of_the_previous_pin_stay_usable_and_doctor_says_what_they_are_too_old_for(
     tmp_path, fork_repo, monkeypatch, capsys
 ):

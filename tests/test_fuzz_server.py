@@ -25,6 +25,7 @@ def cleanup():
 
 
 @pytest.mark.parametrize("seed", [1])
+@pytest.mark.slow
 def test_no_request_kills_the_server(llama_server, tiny_pair, monkeypatch, seed):
     monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))
     target = http_fuzz.BonsaiTarget(tiny_pair["target"], free_port())

@@ -80,6 +80,7 @@ AMX_SYMBOLS = {"amx.cpp": "ggml_backend_amx_buffer_type", "mmq.cpp": "ggml_backe
 
 
 @pytest.mark.parametrize("source", sorted(AMX_SYMBOLS))
+@pytest.mark.slow
 def test_the_patched_amx_sources_compile_for_an_amx_cpu(llama_server, tmp_path, source):
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip(f"ggml's AMX code is x86 only; this machine is {platform.machine()}")

@@ -101,6 +101,7 @@ PROMPTS = [tiny_hybrid.counter_prompt(10, 16), tiny_hybrid.counter_prompt(300, 2
 
 @pytest.mark.parametrize("n_max", [1, 2, 3])
 @pytest.mark.parametrize("accept,level", [(0.0, "none"), (0.5, "part"), (1.0, "all")])
+@pytest.mark.slow
 def test_draft_mtp_is_lossless_at_every_acceptance_level(llama_server, tmp_path, n_max, accept, level):
     target = tiny_hybrid.write_hybrid_target(tmp_path / "t.gguf", mtp=True, mtp_accept=accept, weight_type=WEIGHTS)
     spec = ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]

@@ -51,6 +51,7 @@ def test_speculative_on_a_model_with_an_mtp_layer_runs_draft_mtp_n_max_1(llama_s
 
 
 @pytest.mark.parametrize("n_max", [2, 3])
+@pytest.mark.slow
 def test_draft_mtp_n_max_is_a_setting_and_the_proof_names_it(llama_server, files, n_max):
     data = json_out(start(llama_server, "--model", files["mtp"], "--json", BONSAI_SPEC_NMAX=str(n_max)))
     spec = data["speculative"]

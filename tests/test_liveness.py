@@ -101,6 +101,7 @@ SPEC_TYPES = {"ngram": SpecPlan("ngram-mod", None), "drafter": SpecPlan("draft-d
 
 
 @pytest.mark.parametrize("slots, drafted, kind", list(itertools.product([True, False, None], [0, 6], SPEC_TYPES)))
+@pytest.mark.slow
 def test_live_only_when_the_probe_drafted(stand_in, slots, drafted, kind):
     url = stand_in(StandIn(slots, drafted))
     proof = prove_speculation(url, SPEC_TYPES[kind])
@@ -165,6 +166,7 @@ NGRAM_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngr
 @pytest.mark.server
 @pytest.mark.parametrize("model", ["target", "const", "hybrid"])
 @pytest.mark.parametrize("spec_type", NGRAM_TYPES)
+@pytest.mark.slow
 def test_every_ngram_type_drafts_on_the_probe_and_verify_agrees(llama_server, tiny, cleanup, spec_type, model):
     started = json_out(
         bonsai(

@@ -248,6 +248,7 @@ def test_log_snr_drafter_loads_and_speculation_is_live(llama_server, tmp_path):
 
 @pytest.mark.server
 @pytest.mark.parametrize("focus", R.FOCUSES)
+@pytest.mark.slow
 def test_conditioning_as_specified_accepts_every_draft(llama_server, tmp_path, focus):
     # 300 near decoys: a server vector 1% (relative) off numpy's value would draft a decoy (see
     # test_near_decoys_catch_a_vector_off_by_one_or_two_percent), so these drafts pin the MLP output
@@ -286,6 +287,7 @@ def acceptance(server: Path, pair: R.ConditioningPair, log: Path) -> float:
 
 @pytest.mark.server
 @pytest.mark.parametrize("focus", R.FOCUSES)
+@pytest.mark.slow
 def test_swapped_conditioning_fixtures_are_rejected(llama_server, tmp_path, focus):
     rates = {
         c: acceptance(
@@ -303,6 +305,7 @@ def test_swapped_conditioning_fixtures_are_rejected(llama_server, tmp_path, focu
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_conditioning_survives_q4_0_quantization(llama_server, tmp_path):
     # the real drafter ships Q4_0 (llama-quantize of the converted file): fc1/fc2 are quantized too
     quantize = llama_server.parent / "llama-quantize"

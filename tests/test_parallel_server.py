@@ -39,6 +39,7 @@ def concurrent_completions(url: str, n: int, tokens: int = 16) -> list[dict]:
 
 
 @pytest.mark.parametrize("pair", ["tiny_pair", "tiny_hybrid_pair"])
+@pytest.mark.slow
 def test_dspark_pair_drafts_on_four_slots(llama_server, pair, request):
     tiny_pair = request.getfixturevalue(pair)  # the dense pair, and the hybrid (qwen35) one
     data = json_out(
@@ -71,6 +72,7 @@ def test_dspark_pair_drafts_on_four_slots(llama_server, pair, request):
     assert "n_slots = 4" in log and "GGML_ASSERT" not in log
 
 
+@pytest.mark.slow
 def test_ngram_on_a_random_model_is_proven_on_every_slot_by_the_echo_request(llama_server, tiny_pair):
     """A random model does not continue the probe's alphabet, so an n-gram type drafts only on
     the echo request: the several-slots proof sends it too, as the single-request proof does."""

@@ -99,6 +99,7 @@ def test_small_context_after_dashdash_with_speculation(llama_server, tiny_pair):
     assert props["default_generation_settings"]["n_ctx"] == 1024 and props["total_slots"] == 1
 
 
+@pytest.mark.slow
 def test_api_key_after_dashdash_is_required_and_never_shown(llama_server, tiny_pair):
     port = free_port()
     done = bonsai(

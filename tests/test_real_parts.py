@@ -26,6 +26,7 @@ def _pytest(test_id: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_a_missing_llama_server_fails_the_run_unless_skipping_is_asked_for(tmp_path):
     test_id = "tests/test_verify.py::test_verify_plain_server"
     gone = str(tmp_path / "no-such-llama-server")

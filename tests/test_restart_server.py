@@ -54,6 +54,7 @@ def ps_entry(server: Path, name: str) -> dict:
     return next(p for p in json_out(bonsai(["ps", "--json"], server=server)) if p["name"] == name)
 
 
+@pytest.mark.slow
 def test_foreground_server_killed_comes_back_on_the_same_port(llama_server, tiny_pair, tmp_path):
     port = free_port()
     fg = Foreground(start_args(tiny_pair["target"], port=port), llama_server, tmp_path)
@@ -78,6 +79,7 @@ def test_foreground_server_killed_comes_back_on_the_same_port(llama_server, tiny
         fg.kill()
 
 
+@pytest.mark.slow
 def test_detached_server_killed_comes_back_proven_and_ps_says_so(llama_server, tiny_pair):
     port = free_port()
     data = json_out(
@@ -119,6 +121,7 @@ def _break_model(model: Path) -> None:
     os.replace(broken, model)
 
 
+@pytest.mark.slow
 def test_detached_crash_loop_gives_up_with_one_message_naming_the_log(llama_server, tiny_pair, tmp_path):
     model = tmp_path / "doomed.gguf"
     shutil.copy(tiny_pair["target"], model)
@@ -136,6 +139,7 @@ def test_detached_crash_loop_gives_up_with_one_message_naming_the_log(llama_serv
     assert instances.running() == [] and no_server_left(model)
 
 
+@pytest.mark.slow
 def test_foreground_crash_loop_exits_1_naming_the_log(llama_server, tiny_pair, tmp_path):
     model = tmp_path / "doomed.gguf"
     shutil.copy(tiny_pair["target"], model)
@@ -166,6 +170,7 @@ def test_a_server_stopped_politely_from_outside_is_not_restarted(llama_server, t
         fg.kill()
 
 
+@pytest.mark.slow
 def test_restarts_off_shows_in_ps(llama_server, tiny_pair):
     from start_helpers import bonsai_env
 

@@ -47,6 +47,7 @@ def test_chat_to_a_dead_url_fails_before_the_prompt():
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_run_and_chat_refuse_a_plain_url_when_speculation_is_asked_for(llama_server, target):
     plain = json_out(
         bonsai(

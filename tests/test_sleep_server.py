@@ -44,6 +44,7 @@ def ps_entry(server: Path, name: str) -> dict:
     return next(p for p in json_out(bonsai(["ps", "--json"], server=server)) if p["name"] == name)
 
 
+@pytest.mark.slow
 def test_sleeping_server_is_shown_asleep_not_restarted_and_wakes_speculating(llama_server, tiny_pair):
     env = bonsai_env(llama_server, BONSAI_SLEEP_IDLE_SECONDS="1")
     args = ["start", *with_pair(tiny_pair), "--port", str(free_port()), "--ctx", "1024", "--detach", "--json"]

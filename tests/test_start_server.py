@@ -191,6 +191,7 @@ def test_port_taken_by_a_bonsai_server_names_it(llama_server, tiny):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+@pytest.mark.slow
 def test_user_stop_exits_zero_and_leaves_nothing(llama_server, tiny, tmp_path, sig):
     fg = Foreground(start_args(tiny["target"]), llama_server, tmp_path)
     try:
@@ -288,6 +289,7 @@ def test_a_stop_during_the_spawn_stops_the_server_it_started(llama_server, tiny,
 # -- detach, ps, logs, stop ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_detach_ps_logs_stop(llama_server, tiny):
     a = json_out(bonsai(["start", *start_args(tiny["target"]), "--detach", "--json"], server=llama_server))
     b = json_out(bonsai(["start", *start_args(tiny["target"]), "--detach", "--json"], server=llama_server))
@@ -392,7 +394,7 @@ def test_run_against_a_speculative_server_reports_acceptance(llama_server, tiny)
 # -- the demo profile ----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.readme  # the README's test command runs the demo model in the real llama-server here
 def test_demo_profile_ngram_speculation_is_live(llama_server, demo_gguf, isolated_home):
     folder = isolated_home / "models" / "demo"
     folder.mkdir(parents=True)

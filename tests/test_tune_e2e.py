@@ -94,6 +94,7 @@ def test_a_constant_drafter_that_wins_is_chosen(llama_server, pair_dir):
     assert _stopped(outcomes[-1].doc)
 
 
+@pytest.mark.slow
 def test_start_auto_tunes_first_then_uses_the_decision(llama_server, pair_dir, tmp_path):
     env = bonsai_env(llama_server)
     target, drafter = pair_dir / "tiny.gguf", pair_dir / "tiny-disagrees.gguf"
@@ -138,6 +139,7 @@ def test_start_auto_tunes_first_then_uses_the_decision(llama_server, pair_dir, t
     assert no_server_left(target)
 
 
+@pytest.mark.slow
 def test_bench_save_feeds_the_store_and_bench_runs_auto(llama_server, pair_dir, tmp_path):
     env = bonsai_env(llama_server)
     target, drafter = pair_dir / "tiny.gguf", pair_dir / "tiny-disagrees.gguf"
@@ -211,6 +213,7 @@ def test_bench_save_feeds_the_store_and_bench_runs_auto(llama_server, pair_dir, 
     assert next(c for c in doc["configs"] if c["name"] == "auto")["label"] == "auto (plain)"
 
 
+@pytest.mark.slow
 def test_the_budget_bounds_the_measurement(llama_server, pair_dir):
     # the memory-bound target: a plain run takes a few seconds, so 6 s cannot hold screening
     # and confirmation of every candidate
@@ -224,6 +227,7 @@ def test_the_budget_bounds_the_measurement(llama_server, pair_dir):
     assert _stopped(outcome.doc)
 
 
+@pytest.mark.slow
 def test_tune_cli_prints_json_and_a_table(llama_server, pair_dir):
     env = bonsai_env(llama_server)
     args = [

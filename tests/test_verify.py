@@ -30,6 +30,7 @@ def detached(llama_server, model, *extra) -> dict:
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_verify_plain_server(llama_server, tiny_pair, cleanup):
     srv = detached(llama_server, tiny_pair["target"])
     report = json_out(bonsai(["verify", "--url", srv["url"], "--json"], server=llama_server))
@@ -43,6 +44,7 @@ def test_verify_plain_server(llama_server, tiny_pair, cleanup):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_verify_speculative_server(llama_server, tiny_pair, cleanup):
     srv = detached(llama_server, tiny_pair["target"], "--drafter", tiny_pair["drafter"], "--speculative")
     # No --url: the only server bonsai runs is the one checked.
