@@ -49,6 +49,7 @@ def _result(doc, config, category="all", temp=0.0):
     )
 
 
+@pytest.mark.slow
 def test_launch_mode_measures_plain_against_the_dspark_drafter(llama_server, tiny_pair, tmp_path):
     target, drafter = tiny_pair
     options = BenchOptions(configs=("plain", "speculative"), **SMALL)

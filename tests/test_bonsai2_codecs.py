@@ -136,6 +136,7 @@ def test_group128_under_type_42_is_refused_by_inspect_and_start(tmp_path, llama_
     assert done.returncode != 0 and "old group-128" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_folded_file_is_refused_on_a_build_that_cannot_fold(ternary):
     """A bonsai build from before patch 0010, and a binary bonsai did not build."""
     info = inspect_gguf(ternary["PQ2_0"])

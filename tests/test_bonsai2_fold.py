@@ -69,6 +69,7 @@ def test_the_folded_twin_answers_like_the_plain_one(llama_server, fold_pair, tmp
         assert _close(p_top[0], f_top[0]), (p_top, f_top)
 
 
+@pytest.mark.slow
 def test_the_folded_weights_read_without_the_fold_do_not_match(llama_server, fold_pair, tmp_path):
     """The test above can fail: what a build that ignores prism.hadamard.* reads is far off."""
     plain = _answers(llama_server, fold_pair.plain, tmp_path / "plain.log")
@@ -78,6 +79,7 @@ def test_the_folded_weights_read_without_the_fold_do_not_match(llama_server, fol
     assert not any(_close(p[1][0], u[1][0]) for p, u in zip(plain, unfolded, strict=True))
 
 
+@pytest.mark.slow
 def test_without_the_permutation_ssm_out_is_wrong(llama_server, fold_pair, tmp_path):
     """gdn_v_grouped matters: the same file saying the value heads are not grouped answers differently."""
     ungrouped = fold_pair.variant(tmp_path / "ungrouped.gguf", grouped=False)

@@ -196,6 +196,7 @@ def test_every_ngram_type_drafts_on_the_probe_and_verify_agrees(llama_server, ti
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_start_and_verify_agree_when_nothing_is_drafted(llama_server, tiny, cleanup):
     """An n-gram type whose lookup can never match (n-gram size 256): /slots says speculative,
     nothing is drafted, so start refuses, --spec-fallback warns, and verify says the same."""

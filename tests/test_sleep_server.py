@@ -77,6 +77,7 @@ def test_sleeping_server_is_shown_asleep_not_restarted_and_wakes_speculating(lla
     assert entry["pid"] == pid and entry["restarts"] == 0 and entry["last_exit"] is None
 
 
+@pytest.mark.slow
 def test_fleet_probe_of_a_sleeping_member_does_not_wake_it(llama_server, tiny_pair):
     """`fleet ps` probes each member every time it is run; /slots would wake a sleeping one (its
     model loaded again for nothing). The probe reads /props first and skips /slots while asleep."""

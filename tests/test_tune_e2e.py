@@ -263,6 +263,7 @@ def test_tune_cli_prints_json_and_a_table(llama_server, pair_dir):
     assert done.returncode == 2 and "'turbo' cannot be measured" in done.stderr
 
 
+@pytest.mark.slow
 def test_tune_parallel_measures_with_as_many_clients_and_show_says_so(llama_server, pair_dir, tmp_path):
     """`--parallel 2`: every run sends the prompts through 2 clients at once on 2 slots; the
     decision records the prompts and clients, and `tune --show` prints them without measuring."""

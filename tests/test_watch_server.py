@@ -57,6 +57,7 @@ def drive_until(server: Path, name: str, url: str, status: str, **request: objec
     raise AssertionError(f"the watch never said {status!r}: {ps_entry(server, name).get('watch')}")
 
 
+@pytest.mark.slow
 def test_a_workload_change_flips_the_watch_verdict_in_ps(llama_server, const_pair):
     env = bonsai_env(llama_server, **WATCH_ENV)
     args = ["--model", const_pair["target"], "--drafter", const_pair["drafter"], "--speculative"]
