@@ -15,9 +15,10 @@ from start_helpers import ROOT
 
 
 def _pytest(test_id: str, **env: str) -> subprocess.CompletedProcess:
+    """Run one test of the slow lane in a child pytest (-m slow: the lane is deselected otherwise)."""
     clean = {k: v for k, v in os.environ.items() if k not in ("SKIP_REAL_SERVER_TESTS", "BONSAI_TEST_LLAMA_SERVER")}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_id],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow", test_id],
         env={**clean, **env},
         capture_output=True,
         text=True,

@@ -172,13 +172,15 @@ def _web_ui(base_url: str, api_key: str | None) -> bool:
     import httpx
 
     try:
-        r = httpx.get(
+        # the headers say whether a page is served; its body (the whole app, megabytes) is not read
+        with httpx.stream(
+            "GET",
             base_url + "/",
             timeout=2.0,
             trust_env=False,
             headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-        )
-        return r.status_code == 200 and "html" in r.headers.get("content-type", "")
+        ) as r:
+            return r.status_code == 200 and "html" in r.headers.get("content-type", "")
     except httpx.HTTPError:
         return False
 
