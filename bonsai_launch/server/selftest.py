@@ -121,12 +121,15 @@ def run_self_test(plan: SelfTestPlan, *, console=None) -> dict[str, Any]:
     }
     selftest_record.write_record(plan.key_dir, record)
     why = selftest_record.failed(record, selftest_record.GPU)
-    if plan.backend != "cpu" and why is not None:  # remembered like a failed compile: `auto` skips it
+    if plan.backend != "cpu":
         from bonsai_launch.llamacpp.builds import fallback, toolchain
 
-        fallback.record_failure(
-            plan.backend, toolchain.detect(versions=False), f"its self-test failed: {why}", log_path
-        )
+        if why is not None:  # remembered like a failed compile: `auto` skips it
+            fallback.record_failure(
+                plan.backend, toolchain.detect(versions=False), f"its self-test failed: {why}", log_path
+            )
+        elif any(c["name"] == selftest_record.GPU and c["status"] == "passed" for c in results):
+            fallback.clear_failure(plan.backend)  # a rerun that passes on the device: usable again
     return record
 
 

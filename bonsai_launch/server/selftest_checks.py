@@ -202,6 +202,10 @@ def gpu_offload(plan, tmp: Path, log: IO[str]) -> dict[str, Any]:
     same_tokens = [[t for t, _ in a] for a in want] == [[t for t, _ in a] for a in got]
     reference = "this build with -ngl 0" if plan.cpu_server == plan.server else str(plan.cpu_server)
     out: dict[str, Any] = {"device": device or plan.backend, "worst_gap": round(worst, 5), "reference": reference}
+    if not offload and not device:  # no device at all: nothing to check, and nothing wrong with the build
+        why = "no GPU device visible to this build (llama.cpp skips software devices such as llvmpipe;"
+        why += " GGML_VK_VISIBLE_DEVICES=0 exposes one): the build runs on the CPU, the GPU check did not run"
+        return {**out, "status": "skipped", "detail": why}
     if not offload or any(done != total for done, total in offload):
         seen = "/".join(offload[-1]) if offload else "none"
         return {**out, "status": "failed", "detail": f"not fully offloaded (layers offloaded: {seen})"}
