@@ -2,7 +2,8 @@
 
 A prompt line is `{"id": "...", "category": "...", "messages": [{"role": "user", "content": "..."}]}`
 or, for plain completion models, `{"id": ..., "category": ..., "prompt": "..."}`. Either form
-works with both APIs: messages are flattened into text for /v1/completions, and a bare prompt
+works with both APIs (a third, `{"id", "category", "raw": "..."}`, is a prompt the model's chat
+template already made, as BONSAI_TUNE_SAMPLE records them: sent to /v1/completions as it is): messages are flattened into text for /v1/completions, and a bare prompt
 becomes one user message for /v1/chat/completions. Conversations (for the multi-turn
 trade-off) are `{"id": "...", "turns": ["user message 1", "user message 2", ...]}`.
 
@@ -36,6 +37,7 @@ class Prompt:
     id: str
     category: str
     messages: tuple[tuple[str, str], ...]  # (role, content)
+    raw: bool = False  # one message, a prompt already in the model's template: sent as it is
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.messages]
@@ -64,6 +66,7 @@ def _parse_prompt(data: Any, where: str) -> Prompt:
     if not isinstance(category, str) or not category.strip():
         raise BonsaiError(f'{where}: missing "category"', "give every prompt a category such as code, math or chat")
     messages: list[tuple[str, str]] = []
+    raw = False
     if "messages" in data:
         raw = data["messages"]
         if not isinstance(raw, list) or not raw:
@@ -76,10 +79,13 @@ def _parse_prompt(data: Any, where: str) -> Prompt:
             messages.append((m["role"], m["content"]))
     elif isinstance(data.get("prompt"), str) and data["prompt"].strip():
         messages.append(("user", data["prompt"]))
+    elif isinstance(data.get("raw"), str) and data["raw"].strip():
+        messages.append(("user", data["raw"]))
+        raw = True
     else:
-        raise BonsaiError(f'{where}: a prompt needs "prompt" (text) or "messages" (a chat)')
+        raise BonsaiError(f'{where}: a prompt needs "prompt" (text), "messages" (a chat) or "raw" (templated text)')
     pid = data.get("id")
-    return Prompt(str(pid) if pid else where.rsplit(" ", 1)[-1], category.strip(), tuple(messages))
+    return Prompt(str(pid) if pid else where.rsplit(" ", 1)[-1], category.strip(), tuple(messages), raw)
 
 
 def _read_jsonl(text: str, source: str) -> list[tuple[str, Any]]:

@@ -3,6 +3,7 @@ conversations and concurrency rounds (each prompt salted so no cache carries ove
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,9 +46,15 @@ def _send(
     messages: list[dict[str, str]],
     max_tokens: int,
     seed: int,
+    raw: bool = False,
 ) -> RequestResult:
+    """`raw`: the one message is a prompt the model's template already made (a sample of what a
+    server was sent, server/prompt_sample.py): sent to /v1/completions as it is, whatever the API."""
     text = None
-    if endpoint.api == "completion":
+    if raw:
+        endpoint = dataclasses.replace(endpoint, api="completion")
+        text = messages[0]["content"]
+    elif endpoint.api == "completion":
         text = suite.Prompt(
             result.prompt_id, result.category, tuple((m["role"], m["content"]) for m in messages)
         ).completion_text()
@@ -90,7 +97,9 @@ def run_suite(
     for prompt in prompts:
         listener.step(f"{spec.label}: {prompt.category} {prompt.id} (T={temperature:g}, repeat {repeat + 1})")
         result = RequestResult(spec.name, prompt.id, prompt.category, temperature, repeat)
-        _send(http, endpoint, result, _salted(prompt.chat_messages(), salt), options.max_tokens, options.seed)
+        _send(
+            http, endpoint, result, _salted(prompt.chat_messages(), salt), options.max_tokens, options.seed, prompt.raw
+        )
         after = spec_counters(read_metrics(http, endpoint))
         drafted, accepted, steps = counter_delta(before, after)
         if result.drafted is None and drafted is not None:  # servers without timings (vLLM)
@@ -174,6 +183,7 @@ def run_concurrency(
                         _salted(p.chat_messages(), salt),
                         options.tradeoff_tokens,
                         options.seed,
+                        p.raw,
                     )
                     for r, p in zip(results, batch, strict=True)
                 ]
@@ -208,7 +218,7 @@ def run_clients(
     limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
     with httpx.Client(trust_env=False, limits=limits) as http, ThreadPoolExecutor(max_workers=clients) as pool:
         futures = [
-            pool.submit(_send, http, endpoint, r, p.chat_messages(), options.max_tokens, options.seed)
+            pool.submit(_send, http, endpoint, r, p.chat_messages(), options.max_tokens, options.seed, p.raw)
             for r, p in zip(results, prompts, strict=True)
         ]
         for f in futures:

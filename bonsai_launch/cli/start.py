@@ -321,10 +321,14 @@ def tune_first(plan, flags, model, drafter, passthrough, json_output: bool) -> N
     )
     sys.stderr.flush()
     from bonsai_launch.cli._decision import tune_now
+    from bonsai_launch.server.prompt_sample import tuning_prompts
 
     # The slots and arguments of this start go to the tuning too, so its decision is keyed for them.
     tune_flags = {k: v for k, v in flags.items() if k in ("profile", "family", "size", "ctx", "ngl", "parallel")}
-    outcome = tune_now(tune_flags, model, drafter, passthrough, binary=Path(plan.binary))
+    prompts = tuning_prompts(Path(plan.model))  # the server's own recent work, when BONSAI_TUNE_SAMPLE kept enough
+    if prompts:
+        sys.stderr.write("tuning on the recent requests BONSAI_TUNE_SAMPLE kept for this model\n")
+    outcome = tune_now(tune_flags, model, drafter, passthrough, binary=Path(plan.binary), prompts=prompts)
     if not json_output:
         sys.stderr.write(f"tuned in {outcome.elapsed_s:.0f} s: {outcome.decision.choice.describe()}\n")
 

@@ -8,6 +8,8 @@ Examples:
     bonsai tune --profile demo --prompts my_prompts.jsonl -- --threads 2   # arguments after -- go to every llama-server
     bonsai tune --profile demo --parallel 4          # a decision for `start --parallel 4`, measured with 4 clients at once
     bonsai tune --profile demo --prompts my_work.jsonl   # decide on your own prompts (JSONL: messages or prompt)
+    BONSAI_TUNE_SAMPLE=200 bonsai start --profile demo --detach   # keep a sample of the work it gets
+    bonsai tune --profile demo --prompts recent      # ... then decide on that sample
     bonsai tune --profile demo --show                # the stored decision for this launch, and what it was made on
 """
 
@@ -37,7 +39,11 @@ BudgetOpt = Annotated[
     ),
 ]
 PromptsOpt = Annotated[
-    str | None, typer.Option("--prompts", help="JSONL prompt file instead of the bundled tuning prompts.")
+    str | None,
+    typer.Option(
+        "--prompts",
+        help="JSONL prompt file instead of the bundled tuning prompts; `recent`: the requests BONSAI_TUNE_SAMPLE kept.",
+    ),
 ]
 ConfigsOpt = Annotated[
     str | None,

@@ -385,6 +385,22 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
         maximum=100,
     ),
+    Setting(
+        "BONSAI_TUNE_SAMPLE",
+        "tune_sample",
+        "int",
+        "Keep the prompts of up to this many recent requests, so that `bonsai tune --prompts recent` decides on "
+        "the server's own work. Off (0) by default. The process that restarts the server reads each slot's last "
+        "prompt from /slots every BONSAI_WATCH_SECONDS (llama-server shows it there, and logs prompt text on "
+        "cache misses, only with LLAMA_SERVER_SLOTS_DEBUG=1, which bonsai then sets: anyone who can call the "
+        "server's API can read them). The sample is a file per model under BONSAI_HOME/tune/samples, readable "
+        "by you alone, the newest N prompts of at most 64 KiB each; nothing leaves the machine. "
+        "`bonsai tune --prompts recent` then measures on it, and a re-tune the speculation watch asked for uses it.",
+        _START,
+        default=0,
+        minimum=0,
+        maximum=1000,
+    ),
     Setting("BONSAI_LLAMA_VERBOSE", "verbose", "bool", "Pass --verbose to llama-server.", _START, default=False),
     Setting(
         "BONSAI_RESTART",

@@ -13,6 +13,7 @@ restart.py       restarting a server that died on its own: backoff, crash loop, 
 service_files.py the text of a login service running `bonsai start`: systemd unit, launchd agent, task XML
 service.py       `bonsai service`: writes that file in the user's folders and hands it to the manager
 watch.py         whether speculation still pays on a running server's work, from its /metrics
+prompt_sample.py BONSAI_TUNE_SAMPLE: the prompts a server was sent, from its /slots, for `tune --prompts recent`
 keeper.py        the parent of a detached server, so that it is restarted with its exit cause known
 instances.py     running servers bonsai knows about (`bonsai ps`), one state file each
 liveness.py      is speculation live? one probe and one rule for every command, on one slot or several

@@ -237,9 +237,10 @@ def main() -> int:
                     _say({"serving": True})
                     break
             _detach_stdout()
-            from bonsai_launch.server import watch
+            from bonsai_launch.server import prompt_sample, watch
 
-            watch.for_job(job)  # a daemon thread: it ends with the keeper
+            watch.for_job(job)  # daemon threads: they end with the keeper
+            prompt_sample.for_job(job)
 
             def current(new: ServerProcess) -> None:
                 nonlocal server

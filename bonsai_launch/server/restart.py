@@ -63,6 +63,7 @@ class Job:
     die_with_parent: bool = True  # False for a detached server: it outlives its keeper
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     watch: dict[str, Any] = field(default_factory=dict)  # watch.Bounds as JSON; empty: no watch
+    sample: dict[str, Any] = field(default_factory=dict)  # prompt_sample's limit, every_s, path; empty: off
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.log_files import open_read_shared
 from bonsai_launch.core.paths import logs_dir
-from bonsai_launch.server import instances, restart, watch
+from bonsai_launch.server import instances, prompt_sample, restart, watch
 from bonsai_launch.server import liveness as speculation_probe
 from bonsai_launch.server.keeper import KeptChild, spawn_kept
 from bonsai_launch.server.liveness import PROOF_PROMPT, PROOF_TOKENS, SpecProof, speculation_failure_reason  # noqa: F401 - re-exported
@@ -212,6 +212,7 @@ def _job(
         die_with_parent=not detach,
         policy=policy,
         watch=_watch_bounds(plan) if spec is not None and inst.speculative else {},
+        sample=dict(plan.prompt_sample or {}),
     )
 
 
@@ -262,16 +263,18 @@ def serve(launched: Launched, *, poll: float = 0.25, forwarder: SignalForwarder 
         if forwarder is not None:
             forwarder.server = server
 
+    job = launched.job or restart.Job(launched.instance.to_json(), [], {}, policy=restart.RestartPolicy(False))
+    observers: list = []  # filled inside the try: a stop signal at any point still shuts the server down
     try:
-        job = launched.job or restart.Job(launched.instance.to_json(), [], {}, policy=restart.RestartPolicy(False))
-        watching = watch.for_job(job, restart.stderr_event)
+        observers += [watch.for_job(job, restart.stderr_event), prompt_sample.for_job(job)]
         restart.supervise(job, launched.server, on_server=current, on_event=restart.stderr_event, poll=poll)
         return 1  # not reached: supervise only ends by raising
     except StopRequested:
         return 0
     finally:
-        if "watching" in locals() and watching is not None:
-            watching.stop()
+        for observer in observers:
+            if observer is not None:
+                observer.stop()
         shutdown(launched)
 
 

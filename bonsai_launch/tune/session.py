@@ -37,7 +37,7 @@ from bonsai_launch.decisions.identity import (
 )
 from bonsai_launch.decisions.store import Decision, save
 from bonsai_launch.tune.decide import decide
-from bonsai_launch.tune.subject import TuneRequest, measured_decision, plan_candidates, subject
+from bonsai_launch.tune.subject import TuneRequest, measured_decision, plan_candidates, subject, tuned_model
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
 BUDGET_RUNS = 16  # default budget, in first-plain-run times: 8 screening + 2 x 2 confirming + slack
@@ -68,7 +68,23 @@ class TuneOutcome:
     notes: list[str] = field(default_factory=list)
 
 
-def load_tuning_prompts(path: str | None) -> tuple[list[suite.Prompt], str]:
+RECENT = "recent"  # --prompts recent: the sample BONSAI_TUNE_SAMPLE keeps of the model's own requests
+
+
+def load_tuning_prompts(path: str | None, model: Path | None = None) -> tuple[list[suite.Prompt], str]:
+    """The prompts and how the decision names them: a file, the bundled ones, or (`recent`) the
+    sample of what a server of `model` was sent (server/prompt_sample.py)."""
+    if path == RECENT:
+        from bonsai_launch.server.prompt_sample import sample_path
+
+        sample = sample_path(model) if model is not None else None
+        if sample is None or not sample.is_file():
+            raise BonsaiError(
+                f"--prompts recent: no sample of recent requests for {model.name if model else 'this model'} yet",
+                "start the server with BONSAI_TUNE_SAMPLE=200 (prompts kept), serve your work, then tune again",
+            )
+        prompts = suite.load_prompts(sample)
+        return prompts, f"{len(prompts)} recent requests ({sample})"
     prompts = suite.load_prompts(path or PROMPTS_FILE)
     return prompts, (str(Path(path).expanduser()) if path else "bundled tuning prompts")
 
@@ -182,7 +198,7 @@ def run_tune(
 
     listener = listener or SilentListener()
     check_options(options)
-    prompts, prompts_name = load_tuning_prompts(options.prompts_path)
+    prompts, prompts_name = load_tuning_prompts(options.prompts_path, tuned_model(request))
     subj = subject(request, prompts, options.configs)
     specs, refused = plan_candidates(request, subj.candidates)
     skipped: dict[str, str] = {**refused}

@@ -49,6 +49,13 @@ class Subject:
     unusable: dict[str, str]  # candidates that cannot run here, with why
 
 
+def tuned_model(request: TuneRequest) -> Path:
+    """The model file a tuning request is for (the profile's or --model), present or not."""
+    from bonsai_launch.server.inputs import model_files, select
+
+    return model_files(select({**request.flags, "speculative": None}), request.model, request.drafter).model
+
+
 def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[str, ...] | None = None) -> Subject:
     """Resolve the files and the candidates; hash what the decision's key needs."""
     from bonsai_launch.llamacpp.binaries import probe

@@ -55,6 +55,27 @@ def _why(s: Settings, key: str, default_why: str) -> str:
     }.get(source, default_why)
 
 
+def _prompt_sample(inputs: PlanInputs, env: dict[str, str], b: ArgvBuilder) -> dict | None:
+    """BONSAI_TUNE_SAMPLE: llama-server shows each slot's last prompt in /slots only with
+    LLAMA_SERVER_SLOTS_DEBUG=1; the restarting process samples them (server/prompt_sample.py)."""
+    from bonsai_launch.server.prompt_sample import SLOTS_DEBUG_ENV, sample_path
+
+    s = inputs.settings
+    limit = s.get("tune_sample") or 0
+    if not limit:
+        return None
+    env[SLOTS_DEBUG_ENV] = "1"
+    b.reasons.append(
+        Reason(
+            SLOTS_DEBUG_ENV,
+            "1",
+            f"BONSAI_TUNE_SAMPLE={limit} ({s.source('tune_sample')}): /slots shows each slot's last prompt, "
+            "sampled for `bonsai tune --prompts recent`",
+        )
+    )
+    return {"limit": limit, "every_s": s.get("watch_seconds") or 0, "path": str(sample_path(inputs.model.path))}
+
+
 def build_plan(inputs: PlanInputs) -> LaunchPlan:
     passthrough = inputs.passthrough
     passthrough.check_refused()
@@ -214,6 +235,8 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
             f"BONSAI_SLEEP_IDLE_SECONDS ({s.source('sleep_idle_seconds')}): unload the model when idle",
         )
 
+    sample = _prompt_sample(inputs, env, b)
+
     mmproj = _vision(inputs, backend, b)
 
     if s["verbose"]:
@@ -280,6 +303,7 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         speculative=spec,
         mmproj=str(mmproj) if mmproj else None,
         slots=slots_plan,
+        prompt_sample=sample,
         prompt_cache=prompt_cache.describe(s.get("cache_ram"), s.get("ctx_checkpoints"), s.get("cache_idle_slots")),
         model_name=model_name,
         from_passthrough=from_passthrough,

@@ -51,6 +51,7 @@ class LaunchPlan:
     mmproj: str | None = None
     slots: SlotsPlan | None = None
     prompt_cache: dict[str, Any] | None = None
+    prompt_sample: dict[str, Any] | None = None  # BONSAI_TUNE_SAMPLE: limit, every_s, path (server/prompt_sample.py)
     tuning: dict[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision and its evidence
     model_name: str = ""  # what clients put in "model" (llama-server's --alias)
     from_passthrough: tuple[str, ...] = ()  # plan values that came from arguments after --
@@ -75,7 +76,7 @@ class LaunchPlan:
         return {
             "argv": list(self.argv),
             "command": shlex.join(self.argv),
-            "env": {k: "***" for k in self.env},  # the plan's environment holds only secrets
+            "env": {k: "***" for k in self.env},  # secrets (the key, tokens); a switch is named in the reasons
             "reasons": [{"flag": r.flag, "value": r.value, "why": r.why} for r in self.reasons],
             "warnings": list(self.warnings),
             "profile": self.profile,
@@ -100,6 +101,7 @@ class LaunchPlan:
             },
             "slots": self.slots.to_json() if self.slots else None,
             "prompt_cache": self.prompt_cache,
+            "prompt_sample": self.prompt_sample,
             "tuning": self.tuning,
         }
 
