@@ -300,12 +300,12 @@ def write_synthetic(path: Path, qtype: str, layers: int, shape: dict[str, int] =
     """A 27B-shaped qwen3 GGUF in `qtype`, streamed block by block (never held in memory)."""
     from gguf import GGUFWriter
 
-    import tiny_gguf
+    from bonsai_launch.models import tiny_writer as tw
 
     w = GGUFWriter(str(path), "qwen3")
     w.add_string("general.name", f"synthetic 27B-shaped {qtype}")
     s = shape
-    for kind, key, value in tiny_gguf._attention_kv(
+    for kind, key, value in tw.attention_kv(
         "qwen3",
         context_length=4096,
         embedding=s["embedding"],
@@ -314,7 +314,7 @@ def write_synthetic(path: Path, qtype: str, layers: int, shape: dict[str, int] =
         heads=s["heads"],
         heads_kv=s["heads_kv"],
         head_dim=s["head_dim"],
-    ) + tiny_gguf._tokenizer_kv(s["vocab"], "test", tiny_gguf.DEFAULT_TOKEN_PREFIX, None):
+    ) + tw.tokenizer_kv(s["vocab"], "test", tw.DEFAULT_TOKEN_PREFIX, None):
         getattr(w, f"add_{kind}")(key, value)
     plan = tensor_plan(qtype, layers, shape)
     for name, ne, t in plan:

@@ -9,17 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bonsai_launch.models.tiny_writer import (
-    DEFAULT_TOKEN_PREFIX,
-    _attention_kv,
-    _constant_head,
-    _ones,
-    _rand,
-    _rng,
-    _tokenizer_kv,
-    _write,
-    _zeros,
-)
+from bonsai_launch.models import tiny_writer as tw
 
 
 def _layer_tensors(
@@ -37,21 +27,24 @@ def _layer_tensors(
 ) -> list[tuple[str, np.ndarray]]:
     e, q, kv = embedding, head_dim * heads, head_dim * heads_kv
     # constant models zero the projections back into the residual stream, so it never changes
-    wo = _zeros(q, e) if constant else _rand(rng, q, e, scale=scale)
-    down = _zeros(ff, e) if constant else _rand(rng, ff, e, scale=scale)
+    wo = tw.zeros(q, e) if constant else tw.rand(rng, q, e, scale=scale)
+    down = tw.zeros(ff, e) if constant else tw.rand(rng, ff, e, scale=scale)
     out = [
-        (f"blk.{i}.attn_norm.weight", _ones(e)),
-        (f"blk.{i}.attn_q.weight", _rand(rng, e, q, scale=scale)),
-        (f"blk.{i}.attn_k.weight", _rand(rng, e, kv, scale=scale)),
-        (f"blk.{i}.attn_v.weight", _rand(rng, e, kv, scale=scale)),
+        (f"blk.{i}.attn_norm.weight", tw.ones(e)),
+        (f"blk.{i}.attn_q.weight", tw.rand(rng, e, q, scale=scale)),
+        (f"blk.{i}.attn_k.weight", tw.rand(rng, e, kv, scale=scale)),
+        (f"blk.{i}.attn_v.weight", tw.rand(rng, e, kv, scale=scale)),
         (f"blk.{i}.attn_output.weight", wo),
-        (f"blk.{i}.ffn_norm.weight", _ones(e)),
-        (f"blk.{i}.ffn_gate.weight", _rand(rng, e, ff, scale=scale)),
-        (f"blk.{i}.ffn_up.weight", _rand(rng, e, ff, scale=scale)),
+        (f"blk.{i}.ffn_norm.weight", tw.ones(e)),
+        (f"blk.{i}.ffn_gate.weight", tw.rand(rng, e, ff, scale=scale)),
+        (f"blk.{i}.ffn_up.weight", tw.rand(rng, e, ff, scale=scale)),
         (f"blk.{i}.ffn_down.weight", down),
     ]
     if qk_norm:
-        out += [(f"blk.{i}.attn_q_norm.weight", _ones(head_dim)), (f"blk.{i}.attn_k_norm.weight", _ones(head_dim))]
+        out += [
+            (f"blk.{i}.attn_q_norm.weight", tw.ones(head_dim)),
+            (f"blk.{i}.attn_k_norm.weight", tw.ones(head_dim)),
+        ]
     return out
 
 
@@ -71,7 +64,7 @@ def write_target(
     constant_token: int | None = None,
     tokenizer: str = "test",
     chat_template: str | None = None,
-    token_prefix: str = DEFAULT_TOKEN_PREFIX,
+    token_prefix: str = tw.DEFAULT_TOKEN_PREFIX,
     name: str = "tiny-target",
     layer_scale: float = 0.1,
     matrix_dtype: type = np.float32,
@@ -83,9 +76,9 @@ def write_target(
     benchmarks' full-size synthetic models)."""
     if arch not in ("qwen3", "llama"):
         raise ValueError(f"unsupported target architecture {arch!r} (qwen3 or llama)")
-    rng = _rng(seed)
+    rng = tw.rng(seed)
     kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
-    kv += _attention_kv(
+    kv += tw.attention_kv(
         arch,
         context_length=context_length,
         embedding=embedding,
@@ -95,16 +88,16 @@ def write_target(
         heads_kv=heads_kv,
         head_dim=head_dim,
     )
-    kv += _tokenizer_kv(vocab, tokenizer, token_prefix, chat_template)
+    kv += tw.tokenizer_kv(vocab, tokenizer, token_prefix, chat_template)
 
     tensors: list[tuple[str, np.ndarray]] = []
     if constant_token is not None:
-        embd, out = _constant_head(embedding, vocab, constant_token)
+        embd, out = tw.constant_head(embedding, vocab, constant_token)
         tensors += [("token_embd.weight", embd), ("output.weight", out)]
     else:
         # tied output head; f16 keeps the vocabulary-sized matrix small
-        tensors += [("token_embd.weight", _rand(rng, embedding, vocab, scale=1.0).astype(np.float16))]
-    tensors.append(("output_norm.weight", _ones(embedding)))
+        tensors += [("token_embd.weight", tw.rand(rng, embedding, vocab, scale=1.0).astype(np.float16))]
+    tensors.append(("output_norm.weight", tw.ones(embedding)))
     for i in range(layers):
         layer = _layer_tensors(
             rng,
@@ -119,4 +112,4 @@ def write_target(
             scale=layer_scale,
         )
         tensors += [(n, a.astype(matrix_dtype) if a.ndim == 2 else a) for n, a in layer]
-    return _write(path, arch, kv, tensors)
+    return tw.write(path, arch, kv, tensors)

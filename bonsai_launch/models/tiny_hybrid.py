@@ -45,17 +45,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from bonsai_launch.models.tiny_writer import (
-    DEFAULT_TOKEN_PREFIX,
-    _attention_kv,
-    _constant_head,
-    _ones,
-    _rand,
-    _rng,
-    _tokenizer_kv,
-    _write,
-    _zeros,
-)
+from bonsai_launch.models import tiny_writer as tw
 
 ARCH = "qwen35"
 MODES = ("pure", "counter", "constant")
@@ -84,7 +74,7 @@ def counter_head(embedding: int, vocab: int, seed: int) -> tuple[np.ndarray, np.
     """(token_embd, output), numpy layout (vocab, embedding): output row j = embedding row j-1,
     so a hidden state equal to token i's embedding scores i+1 highest. Checked with a margin:
     a wrong token is never a near-tie."""
-    rng = _rng(seed + 1000)
+    rng = tw.rng(seed + 1000)
     embd = rng.standard_normal((vocab, embedding)).astype(np.float32)
     embd = embd.astype(np.float16).astype(np.float32)  # what the file will hold
     out = np.roll(embd, 1, axis=0)  # out[j] = embd[j-1]
@@ -105,7 +95,7 @@ def _mtp_embed_tokens(embd: np.ndarray, accept: float, seed: int) -> np.ndarray:
     i'+1 differs from the target's i+1)."""
     vocab = embd.shape[0]
     good = np.zeros(vocab, dtype=bool)
-    good[_rng(seed + 2000).permutation(vocab)[: round(accept * vocab)]] = True
+    good[tw.rng(seed + 2000).permutation(vocab)[: round(accept * vocab)]] = True
     far = (np.arange(vocab) + vocab // 2) % vocab
     return np.where(good[:, None], embd, embd[far]).astype(np.float16)
 
@@ -123,25 +113,25 @@ def _attention_block(
     scale: float,
 ) -> list[tuple[str, np.ndarray, dict]]:
     """A full-attention qwen35 block; `still`: nothing flows back into the residual stream."""
-    back = (lambda *s: _zeros(*s)) if still else (lambda *s: _rand(rng, *s, scale=scale))
+    back = (lambda *s: tw.zeros(*s)) if still else (lambda *s: tw.rand(rng, *s, scale=scale))
     out = [
-        (f"blk.{i}.attn_norm.weight", _ones(e), {}),
-        (f"blk.{i}.post_attention_norm.weight", _ones(e), {}),
-        (f"blk.{i}.attn_q.weight", *_matrix(_rand(rng, e, 2 * heads * d), wt)),
-        (f"blk.{i}.attn_k.weight", *_matrix(_rand(rng, e, heads_kv * d), wt)),
-        (f"blk.{i}.attn_v.weight", *_matrix(_rand(rng, e, heads_kv * d), wt)),
+        (f"blk.{i}.attn_norm.weight", tw.ones(e), {}),
+        (f"blk.{i}.post_attention_norm.weight", tw.ones(e), {}),
+        (f"blk.{i}.attn_q.weight", *_matrix(tw.rand(rng, e, 2 * heads * d), wt)),
+        (f"blk.{i}.attn_k.weight", *_matrix(tw.rand(rng, e, heads_kv * d), wt)),
+        (f"blk.{i}.attn_v.weight", *_matrix(tw.rand(rng, e, heads_kv * d), wt)),
         (f"blk.{i}.attn_output.weight", *_matrix(back(heads * d, e), wt)),
-        (f"blk.{i}.attn_q_norm.weight", _ones(d), {}),
-        (f"blk.{i}.attn_k_norm.weight", _ones(d), {}),
+        (f"blk.{i}.attn_q_norm.weight", tw.ones(d), {}),
+        (f"blk.{i}.attn_k_norm.weight", tw.ones(d), {}),
     ]
     return out + _ffn(rng, i, e, ff, wt, back)
 
 
 def _ffn(rng, i: int, e: int, ff: int, wt: str, back) -> list[tuple[str, np.ndarray, dict]]:
     return [
-        (f"blk.{i}.ffn_gate.weight", *_matrix(_rand(rng, e, ff), wt)),
+        (f"blk.{i}.ffn_gate.weight", *_matrix(tw.rand(rng, e, ff), wt)),
         (f"blk.{i}.ffn_down.weight", *_matrix(back(ff, e), wt)),
-        (f"blk.{i}.ffn_up.weight", *_matrix(_rand(rng, e, ff), wt)),
+        (f"blk.{i}.ffn_up.weight", *_matrix(tw.rand(rng, e, ff), wt)),
     ]
 
 
@@ -158,20 +148,20 @@ def _delta_net_block(
     still: bool,
     scale: float,
 ) -> list[tuple[str, np.ndarray, dict]]:
-    back = (lambda *s: _zeros(*s)) if still else (lambda *s: _rand(rng, *s, scale=scale))
+    back = (lambda *s: tw.zeros(*s)) if still else (lambda *s: tw.rand(rng, *s, scale=scale))
     inner = state * v_heads
     qkv = 2 * k_heads * state + inner
     out = [
-        (f"blk.{i}.attn_norm.weight", _ones(e), {}),
-        (f"blk.{i}.post_attention_norm.weight", _ones(e), {}),
-        (f"blk.{i}.attn_qkv.weight", *_matrix(_rand(rng, e, qkv), wt)),
-        (f"blk.{i}.attn_gate.weight", *_matrix(_rand(rng, e, inner), wt)),
-        (f"blk.{i}.ssm_conv1d.weight", _rand(rng, conv_kernel, qkv, scale=0.5), {}),
-        (f"blk.{i}.ssm_dt.bias", _zeros(v_heads), {}),
-        (f"blk.{i}.ssm_a", -np.exp(_rand(rng, v_heads, scale=0.5)), {}),
-        (f"blk.{i}.ssm_beta.weight", _rand(rng, e, v_heads), {}),
-        (f"blk.{i}.ssm_alpha.weight", _rand(rng, e, v_heads), {}),
-        (f"blk.{i}.ssm_norm.weight", _ones(state), {}),
+        (f"blk.{i}.attn_norm.weight", tw.ones(e), {}),
+        (f"blk.{i}.post_attention_norm.weight", tw.ones(e), {}),
+        (f"blk.{i}.attn_qkv.weight", *_matrix(tw.rand(rng, e, qkv), wt)),
+        (f"blk.{i}.attn_gate.weight", *_matrix(tw.rand(rng, e, inner), wt)),
+        (f"blk.{i}.ssm_conv1d.weight", tw.rand(rng, conv_kernel, qkv, scale=0.5), {}),
+        (f"blk.{i}.ssm_dt.bias", tw.zeros(v_heads), {}),
+        (f"blk.{i}.ssm_a", -np.exp(tw.rand(rng, v_heads, scale=0.5)), {}),
+        (f"blk.{i}.ssm_beta.weight", tw.rand(rng, e, v_heads), {}),
+        (f"blk.{i}.ssm_alpha.weight", tw.rand(rng, e, v_heads), {}),
+        (f"blk.{i}.ssm_norm.weight", tw.ones(state), {}),
         # weights of every type around ssm_out stay random: a kernel reading past it (the AMX
         # offset bug) then gets garbage, not zeros
         (f"blk.{i}.ssm_out.weight", *_matrix(back(inner, e), wt)),
@@ -187,9 +177,9 @@ def _mtp_block(
     out = _attention_block(rng, i, e, ff, heads, heads_kv, d, wt, still=True, scale=0.1)
     out += [
         (f"blk.{i}.nextn.eh_proj.weight", *_matrix(eh, wt)),
-        (f"blk.{i}.nextn.enorm.weight", _ones(e), {}),
-        (f"blk.{i}.nextn.hnorm.weight", _ones(e), {}),
-        (f"blk.{i}.nextn.shared_head_norm.weight", _ones(e), {}),
+        (f"blk.{i}.nextn.enorm.weight", tw.ones(e), {}),
+        (f"blk.{i}.nextn.hnorm.weight", tw.ones(e), {}),
+        (f"blk.{i}.nextn.shared_head_norm.weight", tw.ones(e), {}),
     ]
     if embed_tokens is not None:
         out.append((f"blk.{i}.nextn.embed_tokens.weight", embed_tokens, {}))
@@ -225,7 +215,7 @@ def hybrid_target_parts(
     seed: int = 0,
     constant_token: int = 7,
     layer_scale: float = 0.1,
-    token_prefix: str = DEFAULT_TOKEN_PREFIX,
+    token_prefix: str = tw.DEFAULT_TOKEN_PREFIX,
     chat_template: str | None = None,
     name: str = "tiny-hybrid",
 ) -> tuple[list[tuple[str, str, object]], list[tuple[str, np.ndarray, dict]]]:
@@ -241,7 +231,7 @@ def hybrid_target_parts(
     n_mtp = (nextn if nextn is not None else 1) if (mtp or mtp_only) else 0
     e = embedding
     kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
-    kv += _attention_kv(
+    kv += tw.attention_kv(
         ARCH,
         context_length=context_length,
         embedding=e,
@@ -264,18 +254,18 @@ def hybrid_target_parts(
     ]
     if n_mtp:
         kv.append(("uint32", f"{ARCH}.nextn_predict_layers", n_mtp))
-    kv += _tokenizer_kv(vocab, "test", token_prefix, chat_template)
+    kv += tw.tokenizer_kv(vocab, "test", token_prefix, chat_template)
 
     if mode == "constant":
-        embd, out = _constant_head(e, vocab, constant_token)
+        embd, out = tw.constant_head(e, vocab, constant_token)
     else:
         embd, out = counter_head(e, vocab, seed)
     tensors: list[tuple[str, np.ndarray, dict]] = [
         ("token_embd.weight", embd, {}),
-        ("output_norm.weight", _ones(e), {}),
+        ("output_norm.weight", tw.ones(e), {}),
         ("output.weight", out, {}),
     ]
-    rng = _rng(seed)
+    rng = tw.rng(seed)
     still = mode in ("pure", "constant")
     if not mtp_only:
         for i in range(layers):
@@ -293,7 +283,7 @@ def hybrid_target_parts(
 
 def write_parts(path: str | Path, kv, tensors: Sequence[tuple[str, np.ndarray, dict]]) -> Path:
     """tiny_writer._write, with the quantized tensors' ggml type passed along."""
-    return _write(path, ARCH, kv, [(n, d, extra["raw_dtype"]) if extra else (n, d) for n, d, extra in tensors])
+    return tw.write(path, ARCH, kv, [(n, d, extra["raw_dtype"]) if extra else (n, d) for n, d, extra in tensors])
 
 
 def counter_prompt(start: int = 10, length: int = 16, vocab: int = 512) -> list[int]:

@@ -20,24 +20,24 @@ _ROPE_BASE = 10000.0
 _CONST = 0.5  # every embedding of a constant-token model is this vector (times ones)
 
 
-def _tmp_name(path: Path) -> Path:
+def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def _rng(seed: int) -> np.random.Generator:
+def rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def _rand(rng: np.random.Generator, *ggml_shape: int, scale: float = 0.1) -> np.ndarray:
+def rand(rng: np.random.Generator, *ggml_shape: int, scale: float = 0.1) -> np.ndarray:
     """Random f32 weights; `ggml_shape` is ggml order {ne0, ne1}, numpy gets it reversed."""
     return (rng.standard_normal(tuple(reversed(ggml_shape))) * scale).astype(np.float32)
 
 
-def _zeros(*ggml_shape: int) -> np.ndarray:
+def zeros(*ggml_shape: int) -> np.ndarray:
     return np.zeros(tuple(reversed(ggml_shape)), dtype=np.float32)
 
 
-def _ones(*ggml_shape: int) -> np.ndarray:
+def ones(*ggml_shape: int) -> np.ndarray:
     return np.ones(tuple(reversed(ggml_shape)), dtype=np.float32)
 
 
@@ -45,13 +45,13 @@ def token_texts(vocab: int, token_prefix: str = DEFAULT_TOKEN_PREFIX) -> list[st
     return [f"{token_prefix}{i}" for i in range(vocab)]
 
 
-def _write(path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]], tensors: Sequence[tuple]) -> Path:
+def write(path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]], tensors: Sequence[tuple]) -> Path:
     """Write a GGUF file atomically. kv items are (kind, key, value), kind one of the
     GGUFWriter add_* suffixes (uint32, float32, bool, string, array). Tensors are (name, data)
     or (name, data, raw_dtype) for data already quantized (gguf.quants.quantize)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
+    tmp = tmp_name(path)
     writer = GGUFWriter(str(tmp), arch)
     try:
         for kind, key, value in kv:
@@ -71,7 +71,7 @@ def _write(path: str | Path, arch: str, kv: Sequence[tuple[str, str, object]], t
     return path
 
 
-def _tokenizer_kv(
+def tokenizer_kv(
     vocab: int, tokenizer: str, token_prefix: str, chat_template: str | None, mask_token_id: int | None = None
 ) -> list[tuple[str, str, object]]:
     if tokenizer != "test":
@@ -87,7 +87,7 @@ def _tokenizer_kv(
     return kv
 
 
-def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, np.ndarray]:
+def constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, np.ndarray]:
     """(token_embd, output) so that any token's hidden state scores `token` highest."""
     if not 0 <= token < vocab:
         raise ValueError(f"constant_token {token} outside the vocabulary of {vocab}")
@@ -97,7 +97,7 @@ def _constant_head(embedding: int, vocab: int, token: int) -> tuple[np.ndarray, 
     return embd, out
 
 
-def _attention_kv(
+def attention_kv(
     arch: str,
     *,
     context_length: int,

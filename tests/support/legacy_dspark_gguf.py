@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
-from tiny_gguf import _constant_head, _rng
+from bonsai_launch.models.tiny_writer import constant_head as _constant_head
+from bonsai_launch.models.tiny_writer import rng as _rng
 
 LOG_SNR_TENSORS = (
     "dspark.log_snr_fc1.weight",

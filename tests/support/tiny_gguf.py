@@ -74,23 +74,13 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from bonsai_launch.models import tiny_writer as tw  # the writer the self-test ships with (no copy here)
 from bonsai_launch.models.tiny_dense import _layer_tensors  # the dense target the self-test
 from bonsai_launch.models.tiny_dense import write_target as write_target  # ships with, re-exported
-from bonsai_launch.models.tiny_writer import (  # the writer the self-test ships with (no copy here)
-    DEFAULT_TOKEN_PREFIX,
-    _attention_kv,
-    _constant_head,
-    _ones,
-    _rand,
-    _rng,
-    _tmp_name,
-    _tokenizer_kv,
-    _write,
-    _zeros,
-)
 
 # Extra server arguments that make llama-server refuse write_runtime_refused_drafter's file
 # at runtime (it loads, then speculation initialization fails and the server serves without it).
@@ -144,7 +134,7 @@ class LogSnr:
             raise ValueError(f"not log-SNR tensors: {sorted(unknown)}")
         out = []
         for name in LOG_SNR_TENSORS:  # drawn in a fixed order, so a dropped tensor changes no other
-            data = _rand(rng, *shapes[name])
+            data = tw.rand(rng, *shapes[name])
             if name in self.weights:
                 data = np.asarray(self.weights[name], dtype=np.float32)
                 if data.shape != tuple(reversed(shapes[name])):
@@ -158,102 +148,6 @@ def _write_drafter(
     path: str | Path,
     *,
     markov: bool,
-    target_embedding: int,
-    target_layers: Sequence[int],
-    vocab: int,
-    block_size: int,
-    mask_token_id: int | None,
-    draft_layers: int,
-    seed: int,
-    constant_token: int | None,
-    legacy: bool,
-    omit_block_size: bool,
-    markov_rank: int,
-    token_prefix: str,
-    heads: int,
-    heads_kv: int,
-    head_dim: int,
-    ff: int,
-    context_length: int,
-    has_confidence_head: bool | None,
-    confidence_head: bool,
-    name: str,
-    log_snr: LogSnr | None = None,
-    tensor_overrides: Mapping[str, np.ndarray] | None = None,
-) -> Path:
-    arch = "dspark" if legacy else "dflash"
-    e = target_embedding
-    mask = vocab - 1 if mask_token_id is None else mask_token_id
-    rng = _rng(seed)
-    kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
-    kv += _attention_kv(
-        arch,
-        context_length=context_length,
-        embedding=e,
-        layers=draft_layers,
-        ff=ff,
-        heads=heads,
-        heads_kv=heads_kv,
-        head_dim=head_dim,
-    )
-    layer_ids = [int(i) for i in target_layers]
-    if legacy:
-        # the PrismML fork's layout: the DSpark settings live under "dspark.dspark."
-        kv.append(("array", "dspark.dspark.target_layers", layer_ids))
-        if not omit_block_size:
-            kv.append(("uint32", "dspark.dspark.block_size", block_size))
-    else:
-        kv.append(("array", "dflash.target_layers", layer_ids))
-        if not omit_block_size:
-            kv.append(("uint32", "dflash.block_size", block_size))
-        kv.append(("bool", "dflash.sample_from_anchor", True))
-    if has_confidence_head is not None:
-        kv.append(("bool", f"{arch}.has_confidence_head", has_confidence_head))
-    if log_snr is not None:
-        kv += log_snr.kv("dspark.dspark" if legacy else "dflash")
-    kv += _tokenizer_kv(vocab, "test", token_prefix, None, mask_token_id=mask)
-
-    n_in = len(layer_ids) * e
-    tensors: list[tuple[str, np.ndarray]] = [
-        ("fc.weight", _rand(rng, n_in, e)),
-        ("enc.output_norm.weight", _ones(e)),
-        ("output_norm.weight", _ones(e)),
-    ]
-    if constant_token is not None:
-        # its own embeddings and head, so it drafts k whatever the target is
-        embd, out = _constant_head(e, vocab, constant_token)
-        tensors += [("token_embd.weight", embd), ("output.weight", out)]
-    # otherwise token_embd/output are borrowed from the target, like the real drafters
-    if markov:
-        w2 = _zeros(markov_rank, vocab) if constant_token is not None else _rand(rng, markov_rank, vocab)
-        tensors += [("markov_w1.weight", _rand(rng, markov_rank, vocab)), ("markov_w2.weight", w2)]
-        if confidence_head:
-            tensors += [("conf_proj.weight", _rand(rng, e + markov_rank, 1)), ("conf_proj.bias", _zeros(1))]
-    for i in range(draft_layers):
-        tensors += _layer_tensors(
-            rng,
-            i,
-            embedding=e,
-            ff=ff,
-            heads=heads,
-            heads_kv=heads_kv,
-            head_dim=head_dim,
-            qk_norm=True,
-            constant=constant_token is not None,
-        )
-    if log_snr is not None:
-        tensors += log_snr.tensor_list(rng, e)
-    if tensor_overrides:
-        missing = set(tensor_overrides) - {n for n, _ in tensors}
-        if missing:
-            raise ValueError(f"tensor_overrides names tensors this drafter does not have: {sorted(missing)}")
-        tensors = [(n, tensor_overrides.get(n, data)) for n, data in tensors]
-    return _write(path, arch, kv, tensors)
-
-
-def write_dspark_drafter(
-    path: str | Path,
-    *,
     target_embedding: int = 64,
     target_layers: Sequence[int] = (1,),
     vocab: int = 512,
@@ -278,8 +172,87 @@ def write_dspark_drafter(
     log_snr: LogSnr | bool | None = None,
     tensor_overrides: Mapping[str, np.ndarray] | None = None,
 ) -> Path:
+    """The one drafter writer: DSpark (markov=True) and plain DFlash share all but the Markov head."""
+    token_prefix = token_prefix or (tw.DEFAULT_TOKEN_PREFIX if tokens_like_target else "other")
+    if log_snr is True:
+        log_snr = LogSnr()
+    log_snr = log_snr or None
+    arch = "dspark" if legacy else "dflash"
+    e = target_embedding
+    mask = vocab - 1 if mask_token_id is None else mask_token_id
+    rng = tw.rng(seed)
+    kv: list[tuple[str, str, object]] = [("string", "general.name", name)]
+    kv += tw.attention_kv(
+        arch,
+        context_length=context_length,
+        embedding=e,
+        layers=draft_layers,
+        ff=ff,
+        heads=heads,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+    )
+    layer_ids = [int(i) for i in target_layers]
+    if legacy:
+        # the PrismML fork's layout: the DSpark settings live under "dspark.dspark."
+        kv.append(("array", "dspark.dspark.target_layers", layer_ids))
+        if not omit_block_size:
+            kv.append(("uint32", "dspark.dspark.block_size", block_size))
+    else:
+        kv.append(("array", "dflash.target_layers", layer_ids))
+        if not omit_block_size:
+            kv.append(("uint32", "dflash.block_size", block_size))
+        kv.append(("bool", "dflash.sample_from_anchor", True))
+    if has_confidence_head is not None:
+        kv.append(("bool", f"{arch}.has_confidence_head", has_confidence_head))
+    if log_snr is not None:
+        kv += log_snr.kv("dspark.dspark" if legacy else "dflash")
+    kv += tw.tokenizer_kv(vocab, "test", token_prefix, None, mask_token_id=mask)
+
+    n_in = len(layer_ids) * e
+    tensors: list[tuple[str, np.ndarray]] = [
+        ("fc.weight", tw.rand(rng, n_in, e)),
+        ("enc.output_norm.weight", tw.ones(e)),
+        ("output_norm.weight", tw.ones(e)),
+    ]
+    if constant_token is not None:
+        # its own embeddings and head, so it drafts k whatever the target is
+        embd, out = tw.constant_head(e, vocab, constant_token)
+        tensors += [("token_embd.weight", embd), ("output.weight", out)]
+    # otherwise token_embd/output are borrowed from the target, like the real drafters
+    if markov:
+        w2 = tw.zeros(markov_rank, vocab) if constant_token is not None else tw.rand(rng, markov_rank, vocab)
+        tensors += [("markov_w1.weight", tw.rand(rng, markov_rank, vocab)), ("markov_w2.weight", w2)]
+        if confidence_head:
+            tensors += [("conf_proj.weight", tw.rand(rng, e + markov_rank, 1)), ("conf_proj.bias", tw.zeros(1))]
+    for i in range(draft_layers):
+        tensors += _layer_tensors(
+            rng,
+            i,
+            embedding=e,
+            ff=ff,
+            heads=heads,
+            heads_kv=heads_kv,
+            head_dim=head_dim,
+            qk_norm=True,
+            constant=constant_token is not None,
+        )
+    if log_snr is not None:
+        tensors += log_snr.tensor_list(rng, e)
+    if tensor_overrides:
+        missing = set(tensor_overrides) - {n for n, _ in tensors}
+        if missing:
+            raise ValueError(f"tensor_overrides names tensors this drafter does not have: {sorted(missing)}")
+        tensors = [(n, tensor_overrides.get(n, data)) for n, data in tensors]
+    return tw.write(path, arch, kv, tensors)
+
+
+def write_dspark_drafter(path: str | Path, **options: Any) -> Path:
     """A DSpark drafter: architecture `dflash` plus markov_w1/markov_w2.
 
+    Options (keyword, with the defaults of _write_drafter): target_embedding, target_layers,
+    vocab, block_size, mask_token_id, draft_layers, seed, constant_token, omit_block_size,
+    markov_rank, heads, heads_kv, head_dim, ff, context_length, name, and:
     legacy=True writes the PrismML fork's `general.architecture = "dspark"` form (block size
     under `dspark.dspark.block_size`), which upstream llama.cpp cannot load. tokens_like_target
     =False (or another token_prefix) gives a same-size vocabulary with different token texts.
@@ -288,84 +261,21 @@ def write_dspark_drafter(
     unless given). tensor_overrides replaces tensors by name (numpy layout), e.g. the
     conditioning fixture's token_embd/output.
     """
-    prefix = token_prefix or (DEFAULT_TOKEN_PREFIX if tokens_like_target else "other")
-    if log_snr is True:
-        log_snr = LogSnr()
-    return _write_drafter(
-        path,
-        markov=True,
-        log_snr=log_snr or None,
-        tensor_overrides=tensor_overrides,
-        target_embedding=target_embedding,
-        target_layers=target_layers,
-        vocab=vocab,
-        block_size=block_size,
-        mask_token_id=mask_token_id,
-        draft_layers=draft_layers,
-        seed=seed,
-        constant_token=constant_token,
-        legacy=legacy,
-        omit_block_size=omit_block_size,
-        markov_rank=markov_rank,
-        token_prefix=prefix,
-        heads=heads,
-        heads_kv=heads_kv,
-        head_dim=head_dim,
-        ff=ff,
-        context_length=context_length,
-        has_confidence_head=has_confidence_head,
-        confidence_head=confidence_head,
-        name=name,
-    )
+    return _write_drafter(path, markov=True, **options)
 
 
-def write_dflash_drafter(
-    path: str | Path,
-    *,
-    target_embedding: int = 64,
-    target_layers: Sequence[int] = (1,),
-    vocab: int = 512,
-    block_size: int = 4,
-    mask_token_id: int | None = None,
-    draft_layers: int = 1,
-    seed: int = 0,
-    constant_token: int | None = None,
-    omit_block_size: bool = False,
-    tokens_like_target: bool = True,
-    token_prefix: str | None = None,
-    heads: int = 4,
-    heads_kv: int = 2,
-    head_dim: int = 16,
-    ff: int = 128,
-    context_length: int = 32768,
-    name: str = "tiny-dflash",
-) -> Path:
-    """A plain DFlash drafter (no Markov head; llama-server's kind draft-dflash)."""
-    prefix = token_prefix or (DEFAULT_TOKEN_PREFIX if tokens_like_target else "other")
-    return _write_drafter(
-        path,
-        markov=False,
-        target_embedding=target_embedding,
-        target_layers=target_layers,
-        vocab=vocab,
-        block_size=block_size,
-        mask_token_id=mask_token_id,
-        draft_layers=draft_layers,
-        seed=seed,
-        constant_token=constant_token,
-        legacy=False,
-        omit_block_size=omit_block_size,
-        markov_rank=0,
-        token_prefix=prefix,
-        heads=heads,
-        heads_kv=heads_kv,
-        head_dim=head_dim,
-        ff=ff,
-        context_length=context_length,
-        has_confidence_head=None,
-        confidence_head=False,
-        name=name,
-    )
+# What only a DSpark drafter has: a plain DFlash drafter refuses these options.
+_DSPARK_ONLY = ("legacy", "markov_rank", "confidence_head", "has_confidence_head", "log_snr")
+
+
+def write_dflash_drafter(path: str | Path, **options: Any) -> Path:
+    """A plain DFlash drafter (no Markov head; llama-server's kind draft-dflash); the options of
+    write_dspark_drafter but those of its Markov head, confidence head and legacy form."""
+    refused = sorted(set(options) & set(_DSPARK_ONLY))
+    if refused:
+        raise TypeError(f"a DFlash drafter has no {', '.join(refused)} (write_dspark_drafter has)")
+    options.setdefault("name", "tiny-dflash")
+    return _write_drafter(path, markov=False, markov_rank=0, **options)
 
 
 def write_runtime_refused_drafter(path: str | Path, **kwargs) -> Path:
@@ -389,7 +299,7 @@ def write_not_gguf(path: str | Path, content: bytes = b"<html>404 Not Found</htm
     """A file with a .gguf name that is not GGUF (an error page saved by a download)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
+    tmp = tw.tmp_name(path)
     tmp.write_bytes(content)
     os.replace(tmp, path)
     return path
