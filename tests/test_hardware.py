@@ -15,6 +15,23 @@ def test_detect_on_this_machine():
     assert hw.to_json()["ram_gb"] > 0
 
 
+def test_cores_and_memory_without_psutil_agree_with_psutil(monkeypatch):
+    """Linux reads sysfs and sysconf (psutil's import is ~20 ms of every start); the figures
+    must be psutil's own, and psutil must not be imported for them."""
+    import psutil
+
+    want = (psutil.cpu_count(logical=False), psutil.cpu_count(logical=True), psutil.virtual_memory().total)
+    monkeypatch.delitem(sys.modules, "psutil")
+    real_import = builtins.__import__
+
+    def no_psutil(name, *args, **kwargs):
+        assert name != "psutil", "hardware.detect imported psutil on Linux"
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_psutil)
+    assert hardware._cores_and_ram("Linux") == want
+
+
 def test_nvml_without_driver_means_no_gpu(monkeypatch):
     import pynvml
 

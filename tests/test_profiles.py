@@ -185,3 +185,24 @@ def test_broken_user_profile_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("BONSAI_PROFILES_DIR", str(tmp_path))
     with pytest.raises(BonsaiError, match=r"bad\.yaml: not valid YAML"):
         load_all()
+
+
+def test_kept_profile_data_follows_an_edited_file(tmp_path, monkeypatch):
+    """The YAML kept between runs is stamped with each file's size and mtime: an edit is seen on
+    the next load, in a new process as in this one."""
+    import yaml
+
+    from bonsai_launch.config import profiles
+
+    monkeypatch.setenv("BONSAI_HOME", str(tmp_path / "home"))
+    user = tmp_path / "profiles"
+    user.mkdir()
+    demo = yaml.safe_load((profiles.builtin_profiles_dir() / "demo.yaml").read_text())
+    mine = user / "mine.yaml"
+    mine.write_text(yaml.safe_dump({**demo, "name": "mine", "description": "first"}))
+    monkeypatch.setenv("BONSAI_PROFILES_DIR", str(user))
+    assert profiles.load_all()["mine"].description == "first"
+    assert (tmp_path / "home" / "cache" / "profiles.json").is_file()
+    mine.write_text(yaml.safe_dump({**demo, "name": "mine", "description": "second, longer"}))
+    profiles._PARSED.clear()  # a new process: only the kept JSON is left
+    assert profiles.load_all()["mine"].description == "second, longer"

@@ -71,3 +71,17 @@ def test_a_dry_run_start_reads_the_header_without_numpy_or_a_gpu_library(tmp_pat
     assert "numpy" not in loaded  # models/codec_types.py: the type table without the codecs
     if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia")):
         assert "pynvml" not in loaded  # no NVIDIA driver: nothing to ask it
+
+
+def test_a_second_start_reads_the_profiles_without_yaml_and_the_machine_without_psutil(tmp_path):
+    """The profiles' YAML is kept as JSON under BONSAI_HOME/cache, stamped per file; cores and
+    RAM come from sysfs and sysconf on Linux (each import is ~20-30 ms of every start)."""
+    import tiny_gguf
+
+    model = tiny_gguf.write_target(tmp_path / "m.gguf")
+    _modules_after("start", "--model", str(model), "--dry-run")  # writes the cache if it is missing
+    loaded = _modules_after("start", "--model", str(model), "--dry-run")
+    assert "bonsai_launch.config.profiles" in loaded  # the profiles were read
+    assert "yaml" not in loaded
+    if sys.platform == "linux":
+        assert "psutil" not in loaded
