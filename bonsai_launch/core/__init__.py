@@ -8,4 +8,5 @@ log_files.py        logs and state files that Windows can still rename while a s
 process_control.py  start, stop and outlive child processes on each OS; what a fatal exit code means
 watchdog.py         `python -m bonsai_launch.core.watchdog`: stops a server when bonsai dies (macOS)
 shell.py            an argv as a POSIX or PowerShell command line to paste
+json_cache.py       small answers kept as JSON under BONSAI_HOME/cache, stamped, written atomically
 """

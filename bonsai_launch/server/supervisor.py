@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.log_files import open_read_shared
 from bonsai_launch.core.paths import logs_dir
-from bonsai_launch.server import instances, prompt_sample, restart, watch
+from bonsai_launch.server import instances, restart
 from bonsai_launch.server import liveness as speculation_probe
 from bonsai_launch.server.keeper import KeptChild, spawn_kept
 from bonsai_launch.server.liveness import PROOF_PROMPT, PROOF_TOKENS, SpecProof, speculation_failure_reason  # noqa: F401 - re-exported
@@ -266,6 +266,9 @@ def serve(launched: Launched, *, poll: float = 0.25, forwarder: SignalForwarder 
     job = launched.job or restart.Job(launched.instance.to_json(), [], {}, policy=restart.RestartPolicy(False))
     observers: list = []  # filled inside the try: a stop signal at any point still shuts the server down
     try:
+        # Loaded here, after the spawn: the start path imports nothing it needs only while serving.
+        from bonsai_launch.server import prompt_sample, watch
+
         observers += [watch.for_job(job, restart.stderr_event), prompt_sample.for_job(job)]
         restart.supervise(job, launched.server, on_server=current, on_event=restart.stderr_event, poll=poll)
         return 1  # not reached: supervise only ends by raising
