@@ -66,6 +66,17 @@ def json_of(done) -> dict:
     return json.loads(done.stdout)
 
 
+def ask_proxy(url: str, key: str, content: str = "Hi", model: str = "demo", max_tokens: int = 4) -> httpx.Response:
+    """One chat completion through the fleet's proxy, with its key."""
+    return httpx.post(
+        url + "/v1/chat/completions",
+        timeout=120,
+        trust_env=False,
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]},
+    )
+
+
 def load_with_a_kill(url: str, key: str, model: str, victim: int) -> tuple[list[tuple[int, str]], float]:
     """REQUESTS chat completions, CONCURRENCY at a time; SIGKILL `victim` after KILL_AFTER answers."""
     answered = 0
@@ -74,13 +85,7 @@ def load_with_a_kill(url: str, key: str, model: str, victim: int) -> tuple[list[
 
     def one(i: int) -> tuple[int, str]:
         nonlocal answered
-        r = httpx.post(
-            url + "/v1/chat/completions",
-            timeout=120,
-            trust_env=False,
-            headers={"Authorization": f"Bearer {key}"},
-            json={"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": f"Say the number {i}."}]},
-        )
+        r = ask_proxy(url, key, f"Say the number {i}.", model, max_tokens=8)
         with lock:
             answered += 1
             if answered >= KILL_AFTER and not killed.is_set():
@@ -191,13 +196,7 @@ def test_fleet_survives_a_killed_replica_and_leaves_nothing(
         assert [m["health"] for m in ps["members"]] == ["ok", "ok"]
         revived = {m["name"]: m["pid"] for m in ps["members"]}["replica-2"]
         assert revived != members["replica-2"]["pid"]
-        r = httpx.post(
-            up["url"] + "/v1/chat/completions",
-            timeout=120,
-            trust_env=False,
-            headers={"Authorization": f"Bearer {up['api_key']}"},
-            json={"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
-        )
+        r = ask_proxy(up["url"], up["api_key"])
         assert r.status_code == 200
 
         # The latency measurement runs (its numbers are for a quiet window, not for this test).
@@ -257,13 +256,7 @@ def test_a_killed_replica_is_restarted_by_its_keeper(llama_server, demo_gguf, is
         # (fleet/configs.py: HEALTH_CHECK_INTERVAL_S, COOLDOWN_S); until then it answers 429.
         deadline = time.monotonic() + COOLDOWN_S + 3 * HEALTH_CHECK_INTERVAL_S
         while True:
-            r = httpx.post(
-                up["url"] + "/v1/chat/completions",
-                timeout=120,
-                trust_env=False,
-                headers={"Authorization": f"Bearer {up['api_key']}"},
-                json={"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
-            )
+            r = ask_proxy(up["url"], up["api_key"])
             if r.status_code == 200 or time.monotonic() > deadline:
                 break
             time.sleep(1)
