@@ -28,6 +28,7 @@ class Report:
     backend: dict[str, Any] = field(default_factory=dict)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)  # per backend: devices seen, preflight
     builds: list[dict[str, Any]] = field(default_factory=list)
+    fork_only_files: list[str] = field(default_factory=list)  # catalog files only a PrismML fork build loads
     llama_server: dict[str, Any] | None = None
     models: list[dict[str, Any]] = field(default_factory=list)
     port: dict[str, Any] = field(default_factory=dict)
@@ -158,7 +159,7 @@ def _builds(report: Report) -> None:
     except Exception as exc:
         report.problems.append(Problem("error", f"the llama.cpp pin cannot be read: {exc}", "reinstall bonsai-launch"))
         pinned, patches_id = None, None
-    from bonsai_launch.llamacpp.flavours import kind_of_manifest, runnable_profiles, too_old_for
+    from bonsai_launch.llamacpp.flavours import fork_only_files, kind_of_manifest, runnable_profiles, too_old_for
 
     try:
         from bonsai_launch.config.profiles import load_all
@@ -191,6 +192,7 @@ def _builds(report: Report) -> None:
                 "path": str(key_dir),
             }
         )
+    report.fork_only_files = fork_only_files(profiles)
     wanted = report.backend.get("launch") or report.backend.get("backend", "cpu")
     _old_forks(report, wanted, profiles)
     mine = [b for b in report.builds if b["backend"] == wanted and b["flavour"] == "mainline"]

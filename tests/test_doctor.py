@@ -94,3 +94,14 @@ def test_nvcc_without_a_gpu_is_not_called_no_toolchain(monkeypatch):
     report = doctor.gather()
     assert report.backend["backend"] == "cpu"
     assert report.backend["reason"].startswith("nvcc found but no NVIDIA GPU")
+
+
+def test_only_fork_only_files_are_said_to_need_the_fork(isolated_home):
+    """Bonsai 2 and 2.5 run on bonsai's build (patch 0010): doctor no longer sends them to the fork;
+    what it names are the catalog's `builds: fork` files (the ternary PQ2_0 alternatives)."""
+    from bonsai_launch.config.profiles import load_all
+
+    names = doctor.gather().to_json()["fork_only_files"]
+    assert "Ternary-Bonsai-1.7B-PQ2_0.gguf" in names
+    bonsai2 = {f.name for p in load_all().values() if p.family.startswith("bonsai2") for f in p.files}
+    assert bonsai2 and not bonsai2 & set(names), names

@@ -212,6 +212,17 @@ def test_bench_save_feeds_the_store_and_bench_runs_auto(llama_server, pair_dir, 
     assert [c["name"] for c in doc["configs"]] == ["plain", "auto"]
     assert next(c for c in doc["configs"] if c["name"] == "auto")["label"] == "auto (plain)"
 
+    # with --parallel, auto's servers on 2 slots need a decision tuned on 2 slots: the default
+    # launch's decision is not theirs, and no server starts to find that out
+    done = bonsai(
+        ["bench", "--model", target, "--drafter", drafter, "--speculative", "auto", "--parallel", "2", "--", *THREADS],
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "configuration auto has no tuning decision to run on 2 slots" in done.stderr, done.stderr
+    assert "--parallel 2" in done.stderr
+
 
 @pytest.mark.slow
 def test_the_budget_bounds_the_measurement(llama_server, pair_dir):

@@ -83,13 +83,20 @@ def plan_configs(
         specs[0].baseline = True
     for s in specs:
         if s.name == "auto":
-            tuning = s.plan.tuning or {}
-            if tuning.get("status") != "found":
-                raise BonsaiError(
-                    "configuration auto has no tuning decision to run: "
-                    + tuning.get("message", "").removeprefix("BONSAI_SPECULATIVE=auto: "),
-                    f"run `{tuning.get('hint', 'bonsai tune')}` first",
-                )
+            # every server auto runs needs its decision: the default launch (the suite) and each
+            # --parallel slot count (trade-offs), each tuned for its own settings
+            for slots, plan in [(None, s.plan), *s.slot_plans.items()]:
+                tuning = plan.tuning or {}
+                if tuning.get("status") != "found":
+                    hint = tuning.get("hint", "bonsai tune")  # names --parallel N for a slot plan
+                    why = tuning.get("message", "").removeprefix("BONSAI_SPECULATIVE=auto: ")
+                    raise BonsaiError(
+                        "configuration auto has no tuning decision to run"
+                        + (f" on {slots} slots" if slots else "")
+                        + ": "
+                        + why.removesuffix(f"; plain (run `{hint}`)"),
+                        f"run `{hint}` first",
+                    )
             continue
         if s.name != "plain" and s.spec_type is None:
             raise BonsaiError(

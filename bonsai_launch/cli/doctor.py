@@ -117,10 +117,14 @@ def command(json_output: JsonOpt = False, self_test: SelfTestOpt = False) -> Non
         for entry in report.builds:
             for line in _self_test_lines(entry):
                 out.print(line)
-        if not any(entry.get("flavour") == "fork" for entry in report.builds):
+        if not any(entry.get("flavour") == "fork" for entry in report.builds) and report.fork_only_files:
+            # Bonsai 2 and 2.5 run on bonsai's build (patch 0010): only the `builds: fork` files need the fork
+            only = report.fork_only_files
+            named = ", ".join(only[:2]) + (f" and {len(only) - 2} more" if len(only) > 2 else "")
             out.print(
-                "[dim]no PrismML fork build: the Bonsai 2 and 2.5 profiles and PQ2_0 files need one "
-                "(`bonsai build --source prismml`)[/]"
+                f"[dim]no PrismML fork build: every profile's default runs on bonsai's build; only {named} "
+                "need one (`bonsai build --source prismml`)[/]",
+                highlight=False,
             )
     else:
         out.print("[bold]builds[/]  none")

@@ -119,6 +119,13 @@ def too_old_for(release: int | None, profiles: Iterable[Profile]) -> list[str]:
     return [p.name for p in profiles if (wanted := fork_release_wanted(p)) is not None and release < wanted]
 
 
+def fork_only_files(profiles: Iterable[Profile]) -> list[str]:
+    """The catalog's weights files that only a PrismML fork build loads (`builds: fork`): what a
+    fork build adds over bonsai's own, which runs every profile's default (Bonsai 2 through the
+    fold, patch 0010)."""
+    return [f.name for p in profiles for f in p.files if f.role == "model" and f.layout == FORK]
+
+
 def runnable_profiles(kind: BuildKind, profiles: Iterable[Profile]) -> list[str]:
     """Names of the profiles whose weights this build loads."""
     return [p.name for p in profiles if choose_file(p, "model", kind) is not None]
