@@ -256,7 +256,7 @@ def _old_forks(report: Report, backend: str, profiles: list) -> None:
         return
     wanted = max(w for w, _ in behind)
     try:
-        from bonsai_launch.llamacpp.builds.builder import fork_sources
+        from bonsai_launch.llamacpp.builds.lookup import fork_sources
 
         pinned = next((f.ref for f in fork_sources()), "the pinned fork")
     except Exception:

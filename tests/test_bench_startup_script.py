@@ -50,8 +50,8 @@ def test_it_finds_the_installed_build_and_the_users_own_binary(tmp_path, monkeyp
     """The same answer as `bonsai start` (server/prepare.choose_binary): `bonsai build`'s
     installed build for this machine's backend, unless BONSAI_LLAMA_SERVER names another."""
     from bonsai_launch.core.paths import builds_dir
-    from bonsai_launch.llamacpp.builds.builder import detected_backend
     from bonsai_launch.llamacpp.builds.install import write_manifest
+    from bonsai_launch.llamacpp.builds.lookup import detected_backend
 
     bin_dir = builds_dir() / "k" / "bin"
     bin_dir.mkdir(parents=True)

@@ -23,9 +23,9 @@ from bonsai_launch.llamacpp.builds import (
     BuildRequest,
     backend,
     build,
-    builder,
     ensure_server,
     find_installed,
+    lookup,
     toolchain,
 )
 from bonsai_launch.llamacpp.builds import cmake as cmake_build
@@ -46,8 +46,8 @@ def tree(tmp_path) -> Path:
 def cpu_machine(monkeypatch):
     """Auto-detection says cpu on every machine the tests run on, GPU or not (and on a Mac,
     where --backend auto would otherwise choose Metal: CI's macOS lane)."""
-    monkeypatch.setattr(builder, "detected_backend", lambda: "cpu")
-    monkeypatch.setattr(builder, "_hardware", lambda requested, tools: Hardware("Linux", "x86_64", 2, 2, 8 * 2**30))
+    monkeypatch.setattr(lookup, "detected_backend", lambda: "cpu")
+    monkeypatch.setattr(lookup, "hardware_for", lambda requested, tools: Hardware("Linux", "x86_64", 2, 2, 8 * 2**30))
 
 
 def test_build_from_local_folder(tree):

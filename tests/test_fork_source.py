@@ -20,7 +20,7 @@ import pytest
 import tiny_gguf
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.paths import builds_dir, sources_dir
-from bonsai_launch.llamacpp.builds import BuildRequest, build, builder, ensure_server, find_installed
+from bonsai_launch.llamacpp.builds import BuildRequest, build, ensure_server, find_installed, lookup
 from bonsai_launch.llamacpp.builds import source as source_module
 from bonsai_launch.llamacpp.builds.pin import load_pin
 from build_helpers import fake_tree, file_index, help_patch, make_sdist, use_index, use_pin
@@ -32,7 +32,7 @@ NO_NETWORK = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.
 
 @pytest.fixture(autouse=True)
 def cpu_machine(monkeypatch):
-    monkeypatch.setattr(builder, "detected_backend", lambda: "cpu")
+    monkeypatch.setattr(lookup, "detected_backend", lambda: "cpu")
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from bonsai_launch.llamacpp.builds import (
     builder,
     cuda_toolkit,
     fallback,
+    lookup,
     preflight,
     toolchain,
 )
@@ -77,7 +78,7 @@ def no_real_toolkits(tmp_path, monkeypatch):
     for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDACXX", "CUDAHOSTCXX", "VULKAN_SDK", "BONSAI_BACKEND"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(toolchain, "find_nvcc", lambda: None)
-    monkeypatch.setattr(builder, "_hardware", lambda requested, tools: Hardware("Linux", "x86_64", 2, 2, 8 * 2**30))
+    monkeypatch.setattr(lookup, "hardware_for", lambda requested, tools: Hardware("Linux", "x86_64", 2, 2, 8 * 2**30))
     return sysroot
 
 
@@ -273,7 +274,7 @@ def vulkan_machine(tmp_path, monkeypatch):
     archive, sha = make_sdist(tmp_path / "dist")
     use_index(monkeypatch, file_index(tmp_path / "index", "fake-llama-bin", archive, sha))
     use_pin(monkeypatch, write_pin(tmp_path / "vendor", archive, sha))
-    monkeypatch.setattr(builder, "detected_backend", lambda: "vulkan")
+    monkeypatch.setattr(lookup, "detected_backend", lambda: "vulkan")
     monkeypatch.setattr(backend, "vulkan_sdk_present", lambda tools: True)
     monkeypatch.setattr(preflight, "check", lambda name, tools, **kw: preflight.Preflight(name))
     real_build = cmake_build.build
@@ -335,15 +336,15 @@ def test_a_remembered_failure_holds_until_the_toolchain_changes(tmp_path, monkey
     glslc = touch(tmp_path, "bin/glslc") / "bin/glslc"
     tools = _tools(glslc=str(glslc))
     monkeypatch.setattr(toolchain, "detect", lambda versions=True, system=None: tools)
-    monkeypatch.setattr(builder, "choose_backend", lambda *a, **k: backend.BackendChoice("vulkan", (), "a GPU"))
-    assert builder.detected_backend() == "vulkan"
+    monkeypatch.setattr(lookup, "choose_backend", lambda *a, **k: backend.BackendChoice("vulkan", (), "a GPU"))
+    assert lookup.detected_backend() == "vulkan"
     fallback.record_failure("vulkan", tools, "ninja build failed", tmp_path / "build.log")
-    assert builder.detected_backend() == "cpu"
+    assert lookup.detected_backend() == "cpu"
     monkeypatch.setenv("BONSAI_BACKEND", "vulkan")
-    assert builder.detected_backend() == "vulkan"  # named: obeyed, failure or not
+    assert lookup.detected_backend() == "vulkan"  # named: obeyed, failure or not
     monkeypatch.delenv("BONSAI_BACKEND")
     os.utime(glslc, ns=(1, 1))  # an upgraded toolchain gets another try
-    assert builder.detected_backend() == "vulkan"
+    assert lookup.detected_backend() == "vulkan"
 
 
 def test_backend_is_the_flag_then_bonsai_backend_then_auto(monkeypatch):

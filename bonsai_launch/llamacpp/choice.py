@@ -79,7 +79,7 @@ def choose_server(
         if known is not None:
             return ServerChoice(path, known, origin)
         return ServerChoice(path, BuildKind(flavour), origin, assumed=True)
-    from bonsai_launch.llamacpp.builds.builder import find_installed
+    from bonsai_launch.llamacpp.builds.lookup import find_installed
 
     installed = find_installed(backend, flavour, min_release)
     kind = kind_of_binary(installed) if installed is not None else None
@@ -89,7 +89,7 @@ def choose_server(
 
 
 def _pinned_fork_release() -> int | None:
-    from bonsai_launch.llamacpp.builds.builder import fork_sources
+    from bonsai_launch.llamacpp.builds.lookup import fork_sources
 
     forks = fork_sources()
     return forks[0].release if forks else None
@@ -99,7 +99,7 @@ def require_fork_source(profile_name: str, min_release: int | None = None) -> No
     """Before any download: a profile that needs a fork build, when none is built, goes on only
     if the pinned fork can be fetched now (it is then built by `bonsai start`). Otherwise one
     line naming the command that makes the build."""
-    from bonsai_launch.llamacpp.builds.builder import fork_sources
+    from bonsai_launch.llamacpp.builds.lookup import fork_sources
     from bonsai_launch.llamacpp.builds.source import RemoteUnreachable, check_remote
 
     forks = fork_sources()
@@ -112,7 +112,7 @@ def require_fork_source(profile_name: str, min_release: int | None = None) -> No
     try:
         check_remote(fork.url, fork.ref, f"`{FORK_BUILD_COMMAND}`")
     except RemoteUnreachable as exc:
-        from bonsai_launch.llamacpp.builds.builder import find_installed
+        from bonsai_launch.llamacpp.builds.lookup import find_installed
 
         older = min_release is not None and find_installed("auto", FORK) is not None
         none = f"the fork builds here are older than b{min_release}" if older else "none is built"

@@ -152,7 +152,7 @@ def cpu_reference(manifest: dict[str, Any]) -> Path | None:
     backend) the same binary with nothing offloaded (-ngl 0, its CPU backend)."""
     if manifest.get("backend") == "cpu":
         return None
-    from bonsai_launch.llamacpp.builds.builder import find_installed
+    from bonsai_launch.llamacpp.builds.lookup import find_installed
 
     try:
         found = find_installed("cpu")

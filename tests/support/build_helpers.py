@@ -86,12 +86,13 @@ def write_pin(
 
 def use_pin(monkeypatch, pin, patches_folder: Path | None = None) -> None:
     """Make `bonsai build` read this pin and this patch folder (default: none)."""
-    from bonsai_launch.llamacpp.builds import builder
+    from bonsai_launch.llamacpp.builds import builder, lookup
     from bonsai_launch.llamacpp.builds.patches import load_series
 
-    monkeypatch.setattr(builder, "load_pin", lambda: pin)
     folder = patches_folder or (Path(str(pin.path)).parent / "no-patches")
-    monkeypatch.setattr(builder, "load_series", lambda: load_series(folder))
+    for module in (builder, lookup):  # building, and finding the build a launch uses
+        monkeypatch.setattr(module, "load_pin", lambda: pin)
+        monkeypatch.setattr(module, "load_series", lambda: load_series(folder))
 
 
 def help_patch(folder: Path, name: str = "0001-add-type.patch", new_type: str = "draft-patched") -> Path:

@@ -15,6 +15,7 @@ cmake.py          configure and compile: hermetic flags, a progress bar, a full 
 install.py        binaries and the manifest that says what they are
 kernel_check.py   the CPU kernel check (cpu_kernels_check.c) compiled against a build's ggml and run
 selftest_record.py  the self-test's verdict kept beside the manifest, and what it means for a launch
+lookup.py         which installed build a launch uses (`find_installed`, the backend `auto` means here)
 builder.py        the whole flow, the up-to-date check, `ensure_server` for `bonsai start`
 """
 
@@ -28,11 +29,10 @@ if TYPE_CHECKING:
         BuildRequest,
         BuildResult,
         build,
-        detected_backend,
         ensure_server,
-        find_installed,
         plan_build,
     )
+    from bonsai_launch.llamacpp.builds.lookup import detected_backend, find_installed
 
 __all__ = [
     "BuildPlan",
@@ -47,9 +47,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """builder.py's names, imported on first use: `bonsai start` with a built binary reads only
-    install.py's manifest, and importing builder (the source, preflight and CMake modules with
-    it) would add to every start-up."""
+    """builder.py's and lookup.py's names, imported on first use: `bonsai start` with a built
+    binary reads only install.py's manifest and lookup.py, and importing builder (the source,
+    preflight and CMake modules with it) would add to every start-up."""
+    if name in ("detected_backend", "find_installed"):
+        from bonsai_launch.llamacpp.builds import lookup
+
+        return getattr(lookup, name)
     if name in __all__:
         from bonsai_launch.llamacpp.builds import builder
 

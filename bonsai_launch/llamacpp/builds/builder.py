@@ -21,9 +21,9 @@ from typing import Any
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
 from bonsai_launch.core.paths import bonsai_home, builds_dir, exe_name
 from bonsai_launch.llamacpp.builds import cmake as cmake_build
-from bonsai_launch.llamacpp.builds import fallback, preflight, toolchain, webui
+from bonsai_launch.llamacpp.builds import fallback, lookup, preflight, toolchain, webui
 from bonsai_launch.llamacpp.builds.backend import choose_backend
-from bonsai_launch.llamacpp.builds.install import install_binaries, installed_builds, read_manifest, write_manifest
+from bonsai_launch.llamacpp.builds.install import install_binaries, read_manifest, write_manifest
 from bonsai_launch.llamacpp.builds.patches import load_series, series_hash
 from bonsai_launch.llamacpp.builds.pin import load_pin
 from bonsai_launch.llamacpp.builds.source import SourceTree, parse_source, prepare
@@ -108,18 +108,6 @@ def _key(material: dict[str, Any], backend: str, name: str = "") -> str:
     return f"{backend}-{name}-{digest}" if name else f"{backend}-{digest}"
 
 
-def _hardware(requested: str, tools: toolchain.Toolchain):
-    """The machine as the backend choice needs it. Probing GPUs (NVML) only matters when
-    nvcc could use them; skipping it otherwise keeps the up-to-date path fast."""
-    from bonsai_launch.core import hardware
-
-    if tools.nvcc.found and requested in ("auto", "cuda"):
-        return hardware.detect()
-    import platform
-
-    return hardware.Hardware(platform.system(), platform.machine().lower(), os.cpu_count() or 1, os.cpu_count() or 1, 0)
-
-
 def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     """Choose the backend, prepare the source (downloading it if needed) and name the build.
 
@@ -144,7 +132,7 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
         )
     choice = choose_backend(
         request.backend,
-        _hardware(request.backend, tools),
+        lookup.hardware_for(request.backend, tools),
         tools,
         cuda_archs=request.cuda_archs,
         gpu_targets=request.gpu_targets,
@@ -355,60 +343,6 @@ def _fall_back(request: BuildRequest, backend: str, message: str, log: Path | No
     return build(replace(request, backend="cpu", fall_back_to_cpu=False), console=console)
 
 
-def detected_backend() -> str:
-    """The backend a launch uses without --backend (fallback.launch_backend): BONSAI_BACKEND, else
-    what `auto` would build here, unless that backend's build failed and nothing changed since."""
-    return fallback.launch_backend(lambda tools: choose_backend("auto", _hardware("auto", tools), tools).backend)
-
-
-def fork_sources() -> list:
-    """The pin's named sources that are PrismML's fork (GitPin), pinned by tag and commit."""
-    return [a for a in load_pin().alternatives.values() if a.flavour == "fork"]
-
-
-def _builds_of(backend: str, flavour: str) -> list[dict[str, Any]]:
-    """Installed builds for a backend whose llama.cpp is of `flavour` (mainline or fork), newest first."""
-    from bonsai_launch.llamacpp.flavours import kind_of_manifest
-
-    return [
-        m
-        for _d, m in installed_builds(builds_dir())
-        if m.get("backend") == backend and kind_of_manifest(m).flavour == flavour
-    ]
-
-
-def find_installed(backend: str = "auto", flavour: str = "mainline", min_release: int | None = None) -> Path | None:
-    """The installed llama-server for `backend` (auto: the detected one) and llama.cpp flavour, or None.
-
-    Mainline: prefers a build of the current pin with the current patch series, then any build
-    of the pin, then the newest build of that backend. Fork: the pinned fork release first, then
-    the newest; builds of a known release older than `min_release` (what the profile's files
-    need) are left out, so a profile that needs a newer fork gets the pin built.
-    """
-    backend = detected_backend() if backend == "auto" else backend
-    candidates = _builds_of(backend, flavour)
-    if flavour == "fork" and min_release is not None:
-        candidates = [m for m in candidates if (m.get("source", {}).get("release") or min_release) >= min_release]
-    if not candidates:
-        return None
-    try:
-        pin = load_pin()
-        pinned, patches_id = pin.default.sha256, series_hash(load_series())
-        fork_commits = {a.commit for a in pin.alternatives.values() if a.flavour == "fork" and a.commit}
-    except BonsaiError:
-        pinned, patches_id, fork_commits = None, None, set()
-
-    def rank(m: dict[str, Any]) -> int:
-        identity = m.get("source", {}).get("identity") or ""
-        if flavour == "fork":  # the pin may know only a short commit id: a prefix of the build's
-            return 1 if any(identity.startswith(c) for c in fork_commits) else 0
-        of_pin = identity == pinned
-        return 2 if of_pin and m.get("patches_hash") == patches_id else 1 if of_pin else 0
-
-    best = max(candidates, key=rank)  # max keeps the first (newest) of equal rank
-    return Path(best["binaries"]["llama-server"])
-
-
 def ensure_server(
     backend: str = "auto", *, console=None, flavour: str = "mainline", min_release: int | None = None
 ) -> Path:
@@ -426,22 +360,22 @@ def ensure_server(
 
         console = make_console(stderr=True)
     requested, explicit = fallback.requested_backend(None if backend == "auto" else backend)
-    wanted = requested if explicit else detected_backend()
+    wanted = requested if explicit else lookup.detected_backend()
     if flavour == "fork":
-        found = find_installed(wanted, "fork", min_release)
+        found = lookup.find_installed(wanted, "fork", min_release)
         if found is not None:
             return found
-        forks = fork_sources()
+        forks = lookup.fork_sources()
         if not forks:
             raise BonsaiError("vendor/llama.cpp/pin.toml names no PrismML fork source", "reinstall bonsai-launch")
-        older = find_installed(wanted, "fork") is not None
+        older = lookup.find_installed(wanted, "fork") is not None
         console.print(
             f"no PrismML fork llama-server {'of b' + str(min_release) + ' or newer ' if older else ''}"
             f"is built for {wanted} yet: building {forks[0].ref} now (--source {forks[0].name})"
         )
         fork_request = BuildRequest(backend=wanted, source=forks[0].name, fall_back_to_cpu=not explicit)
         return build(fork_request, console=console).server
-    mine = _builds_of(wanted, "mainline")
+    mine = lookup.builds_of(wanted, "mainline")
     pinned = [data for data in mine if data.get("source", {}).get("kind") == "pin"]
     if not pinned and mine:
         return Path(mine[0]["binaries"]["llama-server"])

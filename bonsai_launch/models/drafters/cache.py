@@ -161,7 +161,8 @@ def find_quantize_or_build(reporter=None) -> Path:
         if os.environ.get("BONSAI_LLAMA_SERVER"):
             raise  # the user chose a binary: do not build another one behind their back
     from bonsai_launch.core.console import console
-    from bonsai_launch.llamacpp.builds.builder import BuildRequest, build, detected_backend
+    from bonsai_launch.llamacpp.builds.builder import BuildRequest, build
+    from bonsai_launch.llamacpp.builds.lookup import detected_backend
 
     if reporter is not None:
         reporter.note(
