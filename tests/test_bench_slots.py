@@ -249,3 +249,37 @@ def test_without_parallel_each_side_keeps_its_own_slots():
     assert row["ratios"] == pytest.approx([46.9 / 82.6] * 3, rel=1e-3)
     _header, rows = report_format.concurrency_rows(doc)
     assert any(cell.endswith("(baseline on 4)") for r in rows for cell in r)
+
+
+def test_auto_is_named_by_the_decision_each_slot_count_ran():
+    """auto on 4 slots runs the decision tuned for 4 slots (here ngram-map-k4v), not the default
+    launch's (ngram-mod): the rows and the verdict name that, and reproduce it as auto."""
+    rows = [
+        {"config": "auto", "slots": 4, "level": 4, "throughput_tps": {"median": 110.0}, "per_stream_tps": None}
+        | {"ttft_p95_s": 0.5},
+        {"config": "plain", "slots": 4, "level": 4, "throughput_tps": {"median": 87.0}, "per_stream_tps": None}
+        | {"ttft_p95_s": 0.4},
+    ]
+    configs = [
+        {"name": "plain", "label": "plain"},
+        {"name": "auto", "label": "auto (ngram-mod)", "slot_labels": {"4": "auto (ngram-map-k4v)"}},
+    ]
+    (u,) = users_verdicts(rows, configs, 3)
+    assert u["line"].startswith("for 4 simultaneous users, use auto (ngram-map-k4v) with 4 slots")
+    assert u["settings"] == "BONSAI_SPECULATIVE=auto BONSAI_PARALLEL=4"
+    doc = {
+        "configs": configs,
+        "concurrency": [r | {"throughput_tps": {"median": 1.0, "min": 1.0, "max": 1.0, "n": 3}} for r in rows],
+    }
+    _header, table = report_format.concurrency_rows(doc)
+    assert table[0][1] == "auto (ngram-map-k4v)" and table[1][1] == "plain"
+
+
+def test_a_config_spec_labels_each_slot_plan():
+    class Plan:
+        def __init__(self, spec_type):
+            self.speculative = type("Spec", (), {"spec_type": spec_type})() if spec_type else None
+
+    spec = ConfigSpec("auto", False, "ngram-mod", plan=None, slot_plans={4: Plan("ngram-map-k4v"), 2: Plan(None)})
+    assert spec.label == "auto (ngram-mod)"
+    assert spec.slot_labels() == {"2": "auto (plain)", "4": "auto (ngram-map-k4v)"}

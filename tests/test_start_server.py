@@ -187,6 +187,23 @@ def test_port_taken_by_a_bonsai_server_names_it(llama_server, tiny):
     assert f"by bonsai server '{first['name']}'" in done.stderr
 
 
+def test_detach_again_with_the_same_settings_finds_the_server_up(llama_server, tiny):
+    """README's first command run twice: the second `start --detach` of the same command line
+    says where the running server is and exits 0; other settings on its port still fail."""
+    args = start_args(tiny["target"])
+    first = json_out(bonsai(["start", *args, "--detach", "--json"], server=llama_server))
+    again = bonsai(["start", *args, "--detach", "--json"], server=llama_server)
+    assert again.returncode == 0, again.stderr
+    data = json_out(again)
+    assert data["already_running"] is True and (data["name"], data["pid"]) == (first["name"], first["pid"])
+    text = bonsai(["start", *args, "--detach"], server=llama_server)
+    assert text.returncode == 0 and f"already running: {first['name']}" in text.stdout
+    assert f"bonsai stop {first['name']}" in text.stdout
+    assert [i.pid for i in instances.running()] == [first["pid"]]
+    other = bonsai(["start", *args, "--parallel", "2", "--detach"], server=llama_server)
+    assert other.returncode == 2 and "is already in use" in other.stderr
+
+
 # -- signals and deaths: exit codes and no orphans ----------------------------------------------------
 
 

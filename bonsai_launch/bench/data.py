@@ -79,9 +79,20 @@ class ConfigSpec:
 
     @property
     def label(self) -> str:
-        if self.name in ("speculative", "auto") and (self.spec_type or self.name == "auto"):
-            return f"{self.name} ({self.spec_type or 'plain'})"
+        return self._label(self.spec_type)
+
+    def _label(self, spec_type: str | None) -> str:
+        if self.name in ("speculative", "auto") and (spec_type or self.name == "auto"):
+            return f"{self.name} ({spec_type or 'plain'})"
         return self.name
+
+    def slot_labels(self) -> dict[str, str]:
+        """The label per --parallel slot count: auto runs the decision tuned for each count,
+        which may be another type than the default launch's (auto on 4 slots: ngram-map-k4v)."""
+        out = {}
+        for n, plan in sorted(self.slot_plans.items()):
+            out[str(n)] = self._label(plan.speculative.spec_type if plan.speculative else None)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -103,6 +114,7 @@ class ConfigSpec:
             data["slots"] = effective_slots(self.plan)
         if self.slot_plans:
             data["slot_argv"] = {str(n): _argv_without_port(p) for n, p in sorted(self.slot_plans.items())}
+            data["slot_labels"] = self.slot_labels()
         return data
 
     def plan_for_slots(self, slots: int | None) -> Any:

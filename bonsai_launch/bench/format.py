@@ -75,6 +75,15 @@ def find_result(doc: dict, config: str, category: str, temp: float) -> dict | No
     )
 
 
+def slot_label(doc: dict, config: str, slots: int | None) -> str:
+    """A configuration's display name on `slots` slots: auto's own per slot count (its decision
+    for that count), else the configuration's label."""
+    for c in doc["configs"]:
+        if c["name"] == config:
+            return (c.get("slot_labels") or {}).get(str(slots)) or c["label"]
+    return config
+
+
 def label_of(labels: dict[str, str], config: str | None) -> str | None:
     """A configuration's display name (its own name when it has none)."""
     return labels.get(config, config) if config is not None else None
@@ -150,7 +159,6 @@ def category_speed_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 def concurrency_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     """The slots x clients table: one source for the terminal and the Markdown report."""
-    labels = config_labels(doc)
     header = [
         "clients",
         "configuration",
@@ -166,7 +174,7 @@ def concurrency_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
         rows.append(
             [
                 str(r["level"]),
-                labels.get(r["config"], r["config"]),
+                slot_label(doc, r["config"], r.get("slots")),
                 "-" if r.get("slots") is None else str(r["slots"]),
                 speed_text(r["throughput_tps"]),
                 median_text(r.get("per_stream_tps")),

@@ -194,6 +194,8 @@ def setting_for(config: dict[str, Any], slots: int | None) -> str:
     name, spec_type = config["name"], config.get("spec_type")
     if name in ("plain", "baseline"):
         env = "BONSAI_SPECULATIVE=0"
+    elif name == "auto":  # the decision tuned for these slots, whichever type that is
+        env = "BONSAI_SPECULATIVE=auto"
     elif name == "speculative" or not spec_type:
         env = "BONSAI_SPECULATIVE=1"
     else:
@@ -223,7 +225,8 @@ def users_verdicts(rows: list[dict[str, Any]], configs: list[dict[str, Any]], re
         others = sorted((r for r in candidates if r is not best), key=lambda r: -r["throughput_tps"]["median"])
         config = by_name.get(best["config"], {"name": best["config"], "label": best["config"]})
         slots = best["slots"]
-        what = config.get("label", best["config"]) + (f" with {slots} slot{'s' if slots != 1 else ''}" if slots else "")
+        label = (config.get("slot_labels") or {}).get(str(slots)) or config.get("label", best["config"])
+        what = label + (f" with {slots} slot{'s' if slots != 1 else ''}" if slots else "")
         per = best["per_stream_tps"]["median"] if best["per_stream_tps"] else None
         line = (
             f"for {level} simultaneous user{'s' if level != 1 else ''}, use {what}: "
@@ -233,7 +236,10 @@ def users_verdicts(rows: list[dict[str, Any]], configs: list[dict[str, Any]], re
         )
         if others:
             nxt = others[0]
-            nxt_label = by_name.get(nxt["config"], {}).get("label", nxt["config"])
+            nxt_config = by_name.get(nxt["config"], {})
+            nxt_label = (nxt_config.get("slot_labels") or {}).get(str(nxt["slots"])) or nxt_config.get(
+                "label", nxt["config"]
+            )
             nxt_slots = f" {nxt['slots']} slot{'s' if nxt['slots'] != 1 else ''}" if nxt["slots"] else ""
             line += f" (next: {nxt_label}{nxt_slots}, {nxt['throughput_tps']['median']:.1f} tok/s)"
         if repeats < 3:

@@ -202,6 +202,46 @@ def _no_page(binary: str) -> str:
     return f"none ({why}); to get it: {HOW_TO_GET}"
 
 
+def _already_serving(plan):
+    from bonsai_launch.server import instances
+
+    return instances.serving(plan.argv, bool(plan.env.get("LLAMA_API_KEY")))
+
+
+def print_already_serving(plan, inst, json_output: bool) -> None:
+    """`--detach` when a server with this exact command line already runs: say where it is, exit 0."""
+    from bonsai_launch.cli._output import console, emit_json
+
+    page = plan.base_url + "/" if _web_ui(plan.base_url, plan.api_key) else None
+    if json_output:
+        emit_json(
+            {
+                "name": inst.name,
+                "pid": inst.pid,
+                "url": plan.base_url,
+                "openai_base_url": plan.base_url + "/v1",
+                "chat_page": page,
+                "log": inst.log_path,
+                "detached": inst.detached,
+                "already_running": True,
+                "plan": plan.to_json(),
+            }
+        )
+        return
+    out = console()
+    up = f"{inst.uptime:.0f} s" if inst.uptime < 120 else f"{inst.uptime / 60:.0f} min"
+    out.print(
+        f"[bold green]already running[/]: {inst.name} (llama-server pid {inst.pid}, up {up}), "
+        "started with this same command line; nothing to start"
+    )
+    rows = [("OpenAI base URL", plan.base_url + "/v1"), ("chat page", page or _no_page(plan.binary))]
+    if inst.api_key_required:
+        rows.append(("API key", "the one it was started with"))
+    for label, value in rows:
+        out.print(f"  {label:<16} {value}", markup=False)
+    out.print(f"  stop it with `bonsai stop {inst.name}`; `bonsai ps` shows it", markup=False)
+
+
 def mask_key(key: str) -> str:
     """`sk-l***`: enough to recognise a key, not to use it."""
     return key[:4] + "***" if len(key) > 8 else "***"
@@ -351,6 +391,10 @@ def start_server(
                 plan, generated = prepare_plan(flags, model, drafter, passthrough)
             for w in plan.warnings:
                 warn(w)
+            if detach and (up := _already_serving(plan)) is not None:
+                # the same server is up (README's first command, run again): nothing to start
+                print_already_serving(plan, up, json_output)
+                return 0
             update, stop_status = _status_reporter(json_output)
             try:
                 launched = supervisor.launch(

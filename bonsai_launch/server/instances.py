@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,15 @@ def find(selector: str | None) -> Instance:
 def for_profile(profile: str | None) -> Instance | None:
     for inst in running():
         if inst.profile == profile:
+            return inst
+    return None
+
+
+def serving(argv: Sequence[str], api_key_required: bool) -> Instance | None:
+    """A live server started with exactly this llama-server command line (and a key, or none, as
+    asked): what a second `bonsai start --detach` of the same settings finds already up."""
+    for inst in running():
+        if tuple(inst.argv) == tuple(argv) and inst.api_key_required == api_key_required:
             return inst
     return None
 
