@@ -82,17 +82,14 @@ def start_demo(server: Path, demo_gguf: Path, **env: str) -> dict:
 
 
 def new_page(browser, key: str | None = None, **options):
-    """A fresh browser profile whose page settings turn its built-in browser tools (get_datetime,
-    get_info) off, as its Tools settings do: the page sends them with every message, and the demo
-    profile runs --no-jinja (llama.cpp's gemma template), which refuses `tools`. `key`: the API key
-    as the page's own key dialog stores it. The page sets no length limit, and the 270M base model
-    at temperature 0 may not stop by itself: the page's max_tokens setting bounds each answer."""
+    """A fresh browser profile with the page's default settings, its browser tools (get_datetime,
+    get_info) on as a new user has them: the page sends them with every message, which the demo
+    profile's template must take (profiles/demo.yaml). `key`: the API key as the page's own key
+    dialog stores it. The page sets no length limit, and the 270M base model at temperature 0 may
+    not stop by itself: the page's max_tokens setting bounds each answer."""
     context = browser.new_context(**options)
     config = json.dumps({"max_tokens": MAX_TOKENS, **({"apiKey": key} if key else {})})
-    context.add_init_script(
-        "localStorage.setItem('LlamaUi.disabledToolCategories', JSON.stringify(['browser']));"
-        f"localStorage.setItem('LlamaUi.config', {json.dumps(config)});"
-    )
+    context.add_init_script(f"localStorage.setItem('LlamaUi.config', {json.dumps(config)});")
     return context.new_page()
 
 
@@ -154,6 +151,7 @@ def test_the_page_takes_a_message_and_shows_the_demos_answer(browser, llama_serv
     shown = answer_of(page)
     assert shown, "the page showed an empty answer"
     assert sent and sent[-1]["messages"][-1]["content"] == "Say hello in one short sentence."
+    assert sent[-1].get("tools"), "the page sent no tools: its defaults changed, and this test no longer covers them"
     # The same request through the API, on the same greedy server: the same words.
     api = " ".join(words(replayed(url, sent[-1])))
     assert api and api in " ".join(words(shown)), (shown, api)  # the message also shows the model's badge

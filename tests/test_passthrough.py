@@ -196,7 +196,7 @@ def test_passthrough_replaces_the_profiles_server_arguments():
     model = target(arch="gemma3", layers=18, embedding=640, vocab=262144, ctx_len=32768)
     plan = plan_for("demo", model=model, with_drafter=False, passthrough=("--chat-template", "chatml"))
     assert count(plan, "--chat-template") == 1 and arg(plan, "--chat-template") == "chatml"
-    assert "--no-jinja" in plan.argv  # the rest of the profile's arguments stay
+    assert "--jinja" in plan.argv and "--skip-chat-parsing" in plan.argv  # the rest of the profile's arguments stay
 
 
 # -- issue 18: the key and the model name -------------------------------------------------------
