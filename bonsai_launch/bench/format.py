@@ -75,13 +75,15 @@ def find_result(doc: dict, config: str, category: str, temp: float) -> dict | No
     )
 
 
+def label_on(config: dict, slots: int | None) -> str:
+    """A configuration's display name on `slots` slots: its own for that slot count (auto: the
+    type its decision for that count runs), else its label, else its name."""
+    return (config.get("slot_labels") or {}).get(str(slots)) or config.get("label") or config["name"]
+
+
 def slot_label(doc: dict, config: str, slots: int | None) -> str:
-    """A configuration's display name on `slots` slots: auto's own per slot count (its decision
-    for that count), else the configuration's label."""
-    for c in doc["configs"]:
-        if c["name"] == config:
-            return (c.get("slot_labels") or {}).get(str(slots)) or c["label"]
-    return config
+    """`label_on` for the configuration of this name in a report."""
+    return next((label_on(c, slots) for c in doc["configs"] if c["name"] == config), config)
 
 
 def label_of(labels: dict[str, str], config: str | None) -> str | None:

@@ -88,14 +88,10 @@ def plan_configs(
             for slots, plan in [(None, s.plan), *s.slot_plans.items()]:
                 tuning = plan.tuning or {}
                 if tuning.get("status") != "found":
-                    hint = tuning.get("hint", "bonsai tune")  # names --parallel N for a slot plan
-                    why = tuning.get("message", "").removeprefix("BONSAI_SPECULATIVE=auto: ")
+                    on = f" on {slots} slots" if slots else ""
                     raise BonsaiError(
-                        "configuration auto has no tuning decision to run"
-                        + (f" on {slots} slots" if slots else "")
-                        + ": "
-                        + why.removesuffix(f"; plain (run `{hint}`)"),
-                        f"run `{hint}` first",
+                        f"configuration auto has no tuning decision to run{on}: {tuning.get('why', 'none')}",
+                        f"run `{tuning.get('hint', 'bonsai tune')}` first",  # with --parallel N for a slot plan
                     )
             continue
         if s.name != "plain" and s.spec_type is None:

@@ -9,6 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 from bonsai_launch.bench.data import BenchData
+from bonsai_launch.bench.format import label_on
 from bonsai_launch.bench.measure import RequestResult
 from bonsai_launch.bench.stats import (
     first_difference,
@@ -225,8 +226,7 @@ def users_verdicts(rows: list[dict[str, Any]], configs: list[dict[str, Any]], re
         others = sorted((r for r in candidates if r is not best), key=lambda r: -r["throughput_tps"]["median"])
         config = by_name.get(best["config"], {"name": best["config"], "label": best["config"]})
         slots = best["slots"]
-        label = (config.get("slot_labels") or {}).get(str(slots)) or config.get("label", best["config"])
-        what = label + (f" with {slots} slot{'s' if slots != 1 else ''}" if slots else "")
+        what = label_on(config, slots) + (f" with {slots} slot{'s' if slots != 1 else ''}" if slots else "")
         per = best["per_stream_tps"]["median"] if best["per_stream_tps"] else None
         line = (
             f"for {level} simultaneous user{'s' if level != 1 else ''}, use {what}: "
@@ -236,10 +236,7 @@ def users_verdicts(rows: list[dict[str, Any]], configs: list[dict[str, Any]], re
         )
         if others:
             nxt = others[0]
-            nxt_config = by_name.get(nxt["config"], {})
-            nxt_label = (nxt_config.get("slot_labels") or {}).get(str(nxt["slots"])) or nxt_config.get(
-                "label", nxt["config"]
-            )
+            nxt_label = label_on(by_name.get(nxt["config"], {"name": nxt["config"]}), nxt["slots"])
             nxt_slots = f" {nxt['slots']} slot{'s' if nxt['slots'] != 1 else ''}" if nxt["slots"] else ""
             line += f" (next: {nxt_label}{nxt_slots}, {nxt['throughput_tps']['median']:.1f} tok/s)"
         if repeats < 3:

@@ -202,31 +202,27 @@ def _no_page(binary: str) -> str:
     return f"none ({why}); to get it: {HOW_TO_GET}"
 
 
-def _already_serving(plan):
-    from bonsai_launch.server import instances
-
-    return instances.serving(plan.argv, bool(plan.env.get("LLAMA_API_KEY")))
+def server_json(plan, name: str, pid: int, log, detached: bool) -> dict:
+    """What `start --json` says of a server it started or found already up."""
+    return {
+        "name": name,
+        "pid": pid,
+        "url": plan.base_url,
+        "openai_base_url": plan.base_url + "/v1",
+        "chat_page": plan.base_url + "/" if _web_ui(plan.base_url, plan.api_key) else None,
+        "log": str(log),
+        "detached": detached,
+        "plan": plan.to_json(),
+    }
 
 
 def print_already_serving(plan, inst, json_output: bool) -> None:
     """`--detach` when a server with this exact command line already runs: say where it is, exit 0."""
     from bonsai_launch.cli._output import console, emit_json
 
-    page = plan.base_url + "/" if _web_ui(plan.base_url, plan.api_key) else None
+    data = server_json(plan, inst.name, inst.pid, inst.log_path, inst.detached)
     if json_output:
-        emit_json(
-            {
-                "name": inst.name,
-                "pid": inst.pid,
-                "url": plan.base_url,
-                "openai_base_url": plan.base_url + "/v1",
-                "chat_page": page,
-                "log": inst.log_path,
-                "detached": inst.detached,
-                "already_running": True,
-                "plan": plan.to_json(),
-            }
-        )
+        emit_json({**data, "already_running": True})
         return
     out = console()
     up = f"{inst.uptime:.0f} s" if inst.uptime < 120 else f"{inst.uptime / 60:.0f} min"
@@ -234,7 +230,7 @@ def print_already_serving(plan, inst, json_output: bool) -> None:
         f"[bold green]already running[/]: {inst.name} (llama-server pid {inst.pid}, up {up}), "
         "started with this same command line; nothing to start"
     )
-    rows = [("OpenAI base URL", plan.base_url + "/v1"), ("chat page", page or _no_page(plan.binary))]
+    rows = [("OpenAI base URL", data["openai_base_url"]), ("chat page", data["chat_page"] or _no_page(plan.binary))]
     if inst.api_key_required:
         rows.append(("API key", "the one it was started with"))
     for label, value in rows:
@@ -356,7 +352,7 @@ def tune_first(plan, flags, model, drafter, passthrough, json_output: bool) -> N
     from pathlib import Path
 
     sys.stderr.write(
-        plan.tuning["message"].split("; plain")[0] + ": tuning first (about a minute on a small model; "
+        f"BONSAI_SPECULATIVE=auto: {plan.tuning['why']}: tuning first (about a minute on a small model; "
         "--no-tune starts plain)\n"
     )
     sys.stderr.flush()
@@ -379,7 +375,7 @@ def start_server(
     """`bonsai start` without --dry-run. Returns the exit code (0 when the user stopped it)."""
     from bonsai_launch.cli._output import emit_json, warn
     from bonsai_launch.decisions.auto import needs_tuning
-    from bonsai_launch.server import supervisor
+    from bonsai_launch.server import instances, supervisor
     from bonsai_launch.server.prepare import prepare_plan
     from bonsai_launch.server.process import SignalForwarder, StopRequested
 
@@ -391,7 +387,7 @@ def start_server(
                 plan, generated = prepare_plan(flags, model, drafter, passthrough)
             for w in plan.warnings:
                 warn(w)
-            if detach and (up := _already_serving(plan)) is not None:
+            if detach and (up := instances.serving(plan.argv, bool(plan.env.get("LLAMA_API_KEY")))) is not None:
                 # the same server is up (README's first command, run again): nothing to start
                 print_already_serving(plan, up, json_output)
                 return 0
@@ -410,17 +406,10 @@ def start_server(
                 warn(launched.proof.summary() + "; serving without it (--spec-fallback)")
             if json_output:
                 data = {
-                    "name": launched.instance.name,
-                    "pid": launched.server.pid,
-                    "url": plan.base_url,
-                    "openai_base_url": plan.base_url + "/v1",
-                    "chat_page": plan.base_url + "/" if _web_ui(plan.base_url, plan.api_key) else None,
-                    "log": str(launched.server.log_path),
+                    **server_json(plan, launched.instance.name, launched.server.pid, launched.server.log_path, detach),
                     "ready_s": round(launched.ready_s, 3),
-                    "detached": detach,
                     "speculative": launched.proof.to_json() if launched.proof else None,
                     "speculative_slots": launched.slots_proof.to_json() if launched.slots_proof else None,
-                    "plan": plan.to_json(),
                 }
                 if generated:
                     data["api_key"] = generated

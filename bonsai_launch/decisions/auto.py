@@ -54,20 +54,25 @@ def decision_info(
     """What the plan, `config` and `ps` show about the decision, in one dict. `conditions`:
     the launch's server settings (identity.server_conditions), for the re-tune hint."""
     hint = tune_hint(profile, model, conditions)
+    # `why`: the reason no decision is used, on its own (bench and start's tune-first say it
+    # in their own words); `message`: the whole line a launch prints
     if found is None:
+        why = f"no decision can be looked up ({why_unavailable})"
         return {
             "setting": AUTO,
             "status": "unavailable",
-            "message": f"BONSAI_SPECULATIVE=auto: no decision can be looked up ({why_unavailable}); plain for now",
+            "why": why,
+            "message": f"BONSAI_SPECULATIVE=auto: {why}; plain for now",
             "hint": hint,
         }
     if found.status == "missing":
+        why = f"no tuning decision for {model.name} with this build on this machine"
         return {
             "setting": AUTO,
             "status": "missing",
             "hint": hint,
-            "message": f"BONSAI_SPECULATIVE=auto: no tuning decision for {model.name} with this build on this "
-            f"machine; plain (run `{hint}`)",
+            "why": why,
+            "message": f"BONSAI_SPECULATIVE=auto: {why}; plain (run `{hint}`)",
         }
     d = found.decision
     assert d is not None
@@ -91,10 +96,8 @@ def decision_info(
         "hint": hint,
     }
     if found.status == "stale":
-        info["message"] = (
-            f"BONSAI_SPECULATIVE=auto: the decision {d.key.id[:8]} was measured with another "
-            f"{', '.join(found.changed)}: not used; plain (run `{hint}`)"
-        )
+        info["why"] = f"the decision {d.key.id[:8]} was measured with another {', '.join(found.changed)}: not used"
+        info["message"] = f"BONSAI_SPECULATIVE=auto: {info['why']}; plain (run `{hint}`)"
     elif d.choice.speculative:
         info["message"] = f"BONSAI_SPECULATIVE=auto: {d.choice.describe()}, tuned {d.created} (decision {d.key.id[:8]})"
     else:

@@ -141,6 +141,11 @@ def load(path: Path) -> Instance | None:
         return None
 
 
+def _alive(inst: Instance) -> bool:
+    """Its server runs, or died and is being restarted (its supervisor lives)."""
+    return _matches(inst) or _supervisor(inst, include_self=True) is not None
+
+
 def running() -> list[Instance]:
     """Live instances, oldest first. Stale or unreadable state files are deleted."""
     found: list[Instance] = []
@@ -149,8 +154,7 @@ def running() -> list[Instance]:
         return found
     for path in sorted(folder.glob("*.json")):
         inst = load(path)
-        # A server that died is still listed while its supervisor lives: it is being restarted.
-        if inst is None or not (_matches(inst) or _supervisor(inst, include_self=True) is not None):
+        if inst is None or not _alive(inst):
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -197,9 +201,14 @@ def for_profile(profile: str | None) -> Instance | None:
 
 def serving(argv: Sequence[str], api_key_required: bool) -> Instance | None:
     """A live server started with exactly this llama-server command line (and a key, or none, as
-    asked): what a second `bonsai start --detach` of the same settings finds already up."""
-    for inst in running():
-        if tuple(inst.argv) == tuple(argv) and inst.api_key_required == api_key_required:
+    asked): what a second `bonsai start --detach` of the same settings finds already up. Runs
+    before the spawn: only a state file of this command line is checked for life (psutil)."""
+    folder = run_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        inst = load(path)
+        if inst is None or inst.argv != tuple(argv) or inst.api_key_required != api_key_required:
+            continue
+        if _alive(inst):  # psutil only for a state file of this command line
             return inst
     return None
 
