@@ -1,8 +1,8 @@
 """Bonsai's weight formats (Q1_0, Q2_0) on the CPU kernels of the build we ship.
 
 Patches 0005 (an x86 Q2_0 kernel), 0006 (Q1_0/Q2_0 two rows by two columns, odd batches paired
-column by column), 0008 and 0009 (Q1_0 and Q2_0 repacked four rows at a time, with x86 gemv/gemm
-kernels) change arithmetic that every Bonsai model on an x86 CPU runs through.
+column by column) and 0011 (Q1_0 and Q2_0 repacked sixteen rows at a time, every batch in one
+pass over the weights) change arithmetic that every Bonsai model on an x86 CPU runs through.
 Two checks, both against the real build of the current pin and patch series:
 - a small C program (bonsai_launch/llamacpp/builds/cpu_kernels_check.c, the self-test's) linked against that build's static ggml
   libraries compares the kernels and ggml_mul_mat at every batch size 1..9, 16, 17, 33 with a

@@ -19,9 +19,10 @@
  *    reference from ggml's own dequantization of the weights and of the activations as the
  *    kernel sees them (vec_dot_type), and each batched column against that column alone;
  *  - the same for weights in the CPU backend's repack buffer (what llama-server uses unless
- *    --no-repack), where patches 0008 (Q1_0) and 0009 (Q2_0) add x86 gemv/gemm kernels over rows
- *    interleaved by four: batches of 4 and more go through gemm, the rest of a batch through
- *    gemv. On x86 with AVX2 it fails when either type is not repacked (a patch missing).
+ *    --no-repack), where patch 0011 repacks Q1_0 and Q2_0 sixteen rows at a time on x86 and
+ *    runs every batch (1-17, 33: eight or four columns at a time through one tile) in one pass
+ *    over the weights. On x86 with AVX2 it fails when either type is not repacked at 16 rows,
+ *    or at 4 (the four-row layout of the old patches 0008-0009).
  * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
  * the answers but not which kernels are wired in (a build of another source, such as PrismML's
  * fork, has its own kernels and none of our patches); `quick` (the self-test
@@ -418,12 +419,16 @@ int main(int argc, char ** argv) {
     const int x86_avx2 = ggml_cpu_has_avx2();
     const struct ggml_type_traits_cpu * q1 = ggml_get_type_traits_cpu(GGML_TYPE_Q1_0);
     const struct ggml_type_traits_cpu * q2 = ggml_get_type_traits_cpu(GGML_TYPE_Q2_0);
-    const int q1_repacked = repacks(GGML_TYPE_Q1_0, 384, 4);
-    const int q2_repacked = repacks(GGML_TYPE_Q2_0, 192, 4);
+    /* patch 0011 repacks sixteen rows at a time on x86: 16 rows are, 4 are not (ARM's upstream
+     * layout repacks Q1_0 four rows at a time: there `repacked` says so for 16 rows too) */
+    const int q1_repacked = repacks(GGML_TYPE_Q1_0, 384, 16);
+    const int q2_repacked = repacks(GGML_TYPE_Q2_0, 192, 16);
+    const int q1_rows4 = repacks(GGML_TYPE_Q1_0, 384, 4);
+    const int q2_rows4 = repacks(GGML_TYPE_Q2_0, 192, 4);
     printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d "
-           "q2_0.repacked=%d\n",
+           "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
-           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked);
+           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4);
     if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
         cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
@@ -438,11 +443,15 @@ int main(int argc, char ** argv) {
         }
         cur_type = GGML_TYPE_Q1_0;
         if (!q1_repacked) {
-            FAIL("Q1_0 weights are not repacked: the x86 gemv/gemm kernels are not offered (patch 0008 missing)");
+            FAIL("Q1_0 weights are not repacked: the x86 sixteen-row kernels are not offered (patch 0011 missing)");
+        } else if (q1_rows4) {
+            FAIL("Q1_0 weights of 4 rows are repacked: the four-row layout is offered, not patch 0011's sixteen-row one");
         }
         cur_type = GGML_TYPE_Q2_0;
         if (!q2_repacked) {
-            FAIL("Q2_0 weights are not repacked: the x86 gemv/gemm kernels are not offered (patch 0009 missing)");
+            FAIL("Q2_0 weights are not repacked: the x86 sixteen-row kernels are not offered (patch 0011 missing)");
+        } else if (q2_rows4) {
+            FAIL("Q2_0 weights of 4 rows are repacked: the four-row layout is offered, not patch 0011's sixteen-row one");
         }
     }
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0 };
@@ -459,19 +468,19 @@ int main(int argc, char ** argv) {
                     if (!quick || (bi + th) % 2 == 0 || bi >= 9) check_mul_mat(t, n, row_counts[ri], batches[bi], th, 0);
         check_mul_mat(t, 2048, 64, 5, 2, 0);
     }
-    for (int ti = 0; ti < 2; ti++) { /* rows come in fours there; 4 and 36 leave a thread a lone group of four */
+    for (int ti = 0; ti < 2; ti++) { /* rows come in tiles of 16 there; 48 splits three tiles over two threads */
         const enum ggml_type t = types[ti];
         cur_type = t;
         if (!(t == GGML_TYPE_Q1_0 ? q1_repacked : q2_repacked)) continue;
         const int per = t == GGML_TYPE_Q1_0 ? 128 : 64;
-        const int row_counts[] = { 4, 36, 64 };
-        const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33 };
+        const int row_counts[] = { 16, 48, 64 };
+        const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33 };
         for (int ri = quick ? 1 : 0; ri < 3; ri++)
-            for (int bi = 0; bi < 12; bi++)
+            for (int bi = 0; bi < 18; bi++)
                 for (int th = 1; th <= 2; th++)
-                    if (!quick || (bi + th) % 2 == 0 || bi >= 9) check_mul_mat(t, 3 * per, row_counts[ri], batches[bi], th, 1);
+                    if (!quick || (bi + th) % 2 == 0 || bi >= 15) check_mul_mat(t, 3 * per, row_counts[ri], batches[bi], th, 1);
         check_mul_mat(t, 2048, 64, 5, 2, 1);
-        check_mul_mat(t, per, 8, 9, 2, 1); /* one block per row */
+        check_mul_mat(t, per, 16, 9, 2, 1); /* one block per row */
     }
     const enum ggml_type others[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
     for (int ti = 0; ti < 3; ti++) {
