@@ -1,14 +1,21 @@
-"""Before/after table for Bonsai's formats on the CPU kernels (issue 24: patches 0005-0006, 0008-0009).
+"""Before/after tables for Bonsai's formats on the CPU kernels (issues 24 and 49: patches 0005-0006,
+0011).
 
 Writes (once, kept under --dir) a synthetic qwen3 model at the Qwen3-1.7B shape (E=2048, 28
 layers, FF 6144, 16/8 heads of 128, V=151936; random F16 weights: the shape sets the cost, the
-values do not), quantizes it with the build's llama-quantize to each type, then runs llama-bench
-from the BEFORE build (the pin without patches 0005-0006) and the AFTER build on every file:
-tg, pp1, pp2, pp5, pp8, pp64, pp512 at threads 1 and 2, alternating which binary goes first.
-Prints a markdown table: tok/s before and after, and "effective bandwidth" (file size x tg)
-as a share of Q4_0's in the same binary and thread count. With --kl also the correctness
-yardstick: each quantized file against its own dequantized F16 twin (llama-perplexity
---kl-divergence: top-1 agreement and mean KL), built into the AFTER build's work folder if absent.
+values do not), quantizes it with the build's llama-quantize to each type, every matrix in that
+type, token embedding and LM head included, as the real Bonsai 1-bit files keep them
+(`--keep-head-type` gives llama-quantize's default of a higher type for those two), then runs
+llama-bench from the BEFORE build and the AFTER build on every file: tg and the prompt sizes
+(default 1-9, 16, 64, 512) at threads 1 and 2, alternating which binary goes first. Prints:
+- tok/s before and after, "effective bandwidth" (file size x tg) as a share of Q4_0's in the
+  same binary and thread count, and as a share of this machine's read bandwidth (measured by
+  benchmarks/read_bandwidth.c at the same thread count);
+- the cost of an n-token batch in decode steps, c(n) = n x tg / pp_n, before and after, and the
+  largest step between neighbours (a cliff) up to n = 9.
+With --kl also the correctness yardstick: each quantized file against its own dequantized F16
+twin (llama-perplexity --kl-divergence: top-1 agreement and mean KL), built into the AFTER
+build's work folder if absent.
 
 Run it only on a quiet machine (nothing else on the cores). The full run, from the repo root:
 
@@ -19,8 +26,10 @@ BEFORE build's scalar Q2_0 takes a third of it even with its pp512 skipped (--lo
 The models and the twins' .kld
 files stay in --dir, so a second run only benchmarks.
 
-Patches 0008-0009 (Q1_0/Q2_0 repacked, with gemv/gemm kernels) against 0005-0006 alone, in one
-build: `--before-no-repack` runs "before" with llama-bench's `--repack 0` for Q1_0 and Q2_0.
+Patch 0011 (Q1_0/Q2_0 repacked sixteen rows at a time) against the previous series (patches
+0001-0010, with the four-row 0008-0009): `--before BIN` of a build of that series (git worktree
+of an earlier commit, `bonsai build` there). Against 0005-0006 alone, in one build:
+`--before-no-repack` runs "before" with llama-bench's `--repack 0` for Q1_0 and Q2_0.
 
 A quick proof that it works (tiny shape, about a minute):
 
@@ -49,9 +58,10 @@ SHAPES = {
     "1.7b": dict(embedding=2048, layers=28, vocab=151936, ff=6144, heads=16, heads_kv=8, head_dim=128),
     "tiny": dict(embedding=256, layers=2, vocab=4096, ff=768, heads=4, heads_kv=2, head_dim=64),
 }
-BEFORE_KEY = "cpu-4a10ccecb885"  # the pin with patches 0001-0002 only
+BEFORE_KEY = "cpu-4a10ccecb885"  # the pin with patches 0001-0002 only (default --before)
 EXE = ".exe" if os.name == "nt" else ""
-REPACKED_BY_OURS = ("Q1_0", "Q2_0")  # patches 0008-0009: --repack 0 gives back 0005-0006's vec_dot path
+REPACKED_BY_OURS = ("Q1_0", "Q2_0")  # patch 0011: --repack 0 gives back 0005-0006's vec_dot path
+COST_UP_TO = 9  # c(n) cliffs are judged between neighbours up to this n
 LONG = 256  # prompts this long run once: minutes each, and a long run averages its own noise
 
 
@@ -69,13 +79,19 @@ def after_bin() -> Path:
     return server.resolve().parent
 
 
-def models(bin_dir: Path, out: Path, shape: str, types: list[str]) -> dict[str, Path]:
-    return quantized_targets(bin_dir, out, f"qwen3-{shape}", types, seed=1, layer_scale=1.0, **SHAPES[shape])
+def models(bin_dir: Path, out: Path, shape: str, types: list[str], all_matrices: bool = True) -> dict[str, Path]:
+    return quantized_targets(
+        bin_dir, out, f"qwen3-{shape}", types, all_matrices=all_matrices, seed=1, layer_scale=1.0, **SHAPES[shape]
+    )
 
 
-def quantized_targets(bin_dir: Path, out: Path, stem: str, types: list[str], **target: Any) -> dict[str, Path]:
-    """{type: STEM-type.gguf}: tiny_gguf.write_target(**target) as F16 once, then each type made
-    from it by the build's llama-quantize; every file is kept in `out` and reused."""
+def quantized_targets(
+    bin_dir: Path, out: Path, stem: str, types: list[str], all_matrices: bool = True, **target: Any
+) -> dict[str, Path]:
+    """{type: STEM-type[-all].gguf}: tiny_gguf.write_target(**target) as F16 once, then each type
+    made from it by the build's llama-quantize; every file is kept in `out` and reused. With
+    all_matrices the token embedding and the LM head take the type too, as in the real Bonsai
+    1-bit files (at the 1.7B shape the head alone is as large as a third of the layers)."""
     out.mkdir(parents=True, exist_ok=True)
     src = out / f"{stem}-f16.gguf"
     if not src.is_file():
@@ -84,9 +100,10 @@ def quantized_targets(bin_dir: Path, out: Path, stem: str, types: list[str], **t
         print(f"wrote {src} in {time.time() - t:.0f} s", file=sys.stderr)
     files = {}
     for qtype in types:
-        dst = out / f"{stem}-{qtype.lower()}.gguf"
+        dst = out / f"{stem}-{qtype.lower()}{'-all' if all_matrices else ''}.gguf"
         if not dst.is_file():
-            run([bin_dir / f"llama-quantize{EXE}", src, dst, qtype])
+            same = ["--token-embedding-type", qtype.lower(), "--output-tensor-type", qtype.lower()]
+            run([bin_dir / f"llama-quantize{EXE}", *(same if all_matrices else []), src, dst, qtype])
         files[qtype] = dst
     return files
 
@@ -208,12 +225,56 @@ def kl_yardstick(bin_dir: Path, files: dict[str, Path], out: Path, threads: str)
     return result
 
 
-def table(results: dict, files: dict[str, Path], tests: list[str], threads: list[int]) -> str:
+def read_bandwidth(threads: list[int], work: Path) -> dict[int, float]:
+    """{threads: GB/s}: benchmarks/read_bandwidth.c, compiled here for this machine."""
+    exe = work / f"read_bandwidth{EXE}"
+    src = Path(__file__).with_name("read_bandwidth.c")
+    if not exe.is_file() or exe.stat().st_mtime < src.stat().st_mtime:
+        run([os.environ.get("CC", "cc"), "-O2", "-march=native", "-pthread", src, "-o", exe])
+    return {t: float(run([exe, t]).stdout.split()[1]) for t in threads}
+
+
+def costs(r: dict[tuple[int, str], float], th: int) -> dict[int, float]:
+    """{n: c(n)}: an n-token batch's cost in decode steps, n x tg / pp_n."""
+    tg = r.get((th, "tg"))
+    out = {}
+    for (t, test), rate in r.items():
+        if t == th and test.startswith("pp") and tg and rate:
+            n = int(test[2:])
+            out[n] = n * tg / rate
+    return dict(sorted(out.items()))
+
+
+def cliff(c: dict[int, float]) -> float | None:
+    """The largest c(n+1) - c(n) for n < COST_UP_TO, where both were measured."""
+    steps = [c[n + 1] - c[n] for n in c if n < COST_UP_TO and n + 1 in c]
+    return max(steps) if steps else None
+
+
+def cost_table(results: dict, files: dict[str, Path], threads: list[int]) -> str:
     lines = []
     for th in threads:
-        lines.append(f"\n### {th} thread{'s' if th > 1 else ''} (tok/s, before -> after)\n")
-        lines.append("| type (file) | " + " | ".join(tests) + " | size x tg (GB/s) | vs Q4_0 |")
-        lines.append("|---|" + "---:|" * (len(tests) + 2))
+        ns = sorted({n for q in files for w in results for n in costs(results[w][q], th)})
+        lines.append(f"\n### c(n), {th} thread{'s' if th > 1 else ''} (decode steps, before -> after)\n")
+        lines.append("| type | " + " | ".join(f"c({n})" for n in ns) + f" | largest step up to {COST_UP_TO} |")
+        lines.append("|---|" + "---:|" * (len(ns) + 1))
+        for qtype in files:
+            c = {w: costs(results[w][qtype], th) for w in ("before", "after")}
+            cells = [" -> ".join("-" if n not in c[w] else f"{c[w][n]:.2f}" for w in ("before", "after")) for n in ns]
+            steps = " -> ".join("-" if cliff(c[w]) is None else f"{cliff(c[w]):.2f}" for w in ("before", "after"))
+            lines.append(f"| {qtype} | " + " | ".join(cells) + f" | {steps} |")
+    return "\n".join(lines)
+
+
+def table(
+    results: dict, files: dict[str, Path], tests: list[str], threads: list[int], bandwidth: dict[int, float]
+) -> str:
+    lines = []
+    for th in threads:
+        bw_note = f", read bandwidth {bandwidth[th]:.1f} GB/s" if th in bandwidth else ""
+        lines.append(f"\n### {th} thread{'s' if th > 1 else ''} (tok/s, before -> after{bw_note})\n")
+        lines.append("| type (file) | " + " | ".join(tests) + " | size x tg (GB/s) | vs Q4_0 | of read bandwidth |")
+        lines.append("|---|" + "---:|" * (len(tests) + 3))
         q4 = {
             w: results[w].get("Q4_0", {}).get((th, "tg"), 0) * files["Q4_0"].stat().st_size / 1e9
             if "Q4_0" in files
@@ -228,11 +289,14 @@ def table(results: dict, files: dict[str, Path], tests: list[str], threads: list
                 cells.append(f"{'-' if b is None else f'{b:.1f}'} -> **{'-' if a is None else f'{a:.1f}'}**")
             bw = {w: results[w][qtype].get((th, "tg"), 0) * size / 1e9 for w in ("before", "after")}
             share = " -> ".join(f"{100 * bw[w] / q4[w]:.0f}%" if q4[w] else "-" for w in ("before", "after"))
+            of_read = " -> ".join(
+                f"{100 * bw[w] / bandwidth[th]:.0f}%" if bandwidth.get(th) else "-" for w in ("before", "after")
+            )
             shown = f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.2f} MB"
             lines.append(
                 f"| {qtype} ({shown}) | "
                 + " | ".join(cells)
-                + f" | {bw['before']:.1f} -> {bw['after']:.1f} | {share} |"
+                + f" | {bw['before']:.1f} -> {bw['after']:.1f} | {share} | {of_read} |"
             )
     return "\n".join(lines)
 
@@ -245,7 +309,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.7b")
     ap.add_argument("--types", default="Q4_0,TQ2_0,Q1_0,Q2_0")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--prompts", default="1,2,5,8,64,512")
+    ap.add_argument("--prompts", default="1,2,3,4,5,6,7,8,9,16,64,512")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3, help="repetitions of tg and prompts under 256 tokens")
     ap.add_argument(
@@ -264,6 +328,11 @@ def main() -> None:
         help="before = the after build with --repack 0 for Q1_0/Q2_0 (their vec_dot kernels, patches 0005-0006, "
         "without 0008-0009's repacked gemv/gemm); other types run as after, so their rows show the run's noise",
     )
+    ap.add_argument(
+        "--keep-head-type",
+        action="store_true",
+        help="token embedding and LM head at llama-quantize's default (higher) type, not the file's type",
+    )
     ap.add_argument("--kl", action="store_true", help="also top-1 agreement and KL against each file's F16 twin")
     ap.add_argument("--json", type=Path, help="write every number here too")
     args = ap.parse_args()
@@ -276,7 +345,9 @@ def main() -> None:
         if not (d / f"llama-bench{EXE}").is_file():
             sys.exit(f"{label} {d}: no llama-bench there; pass the bin folder of a bonsai build")
     types = args.types.split(",")
-    files = models(after, args.dir, args.shape, types)
+    files = models(after, args.dir, args.shape, types, all_matrices=not args.keep_head_type)
+    threads = [int(t) for t in args.threads.split(",")]
+    bandwidth = read_bandwidth(threads, args.dir)
     results: dict = {"before": {}, "after": {}}
     for i, (qtype, model) in enumerate(files.items()):
         order = ("before", "after") if i % 2 == 0 else ("after", "before")  # alternate who runs first
@@ -293,10 +364,10 @@ def main() -> None:
                 ("--repack", "0") if repack_off else (),
             )
     tests = ["tg"] + [f"pp{p}" for p in args.prompts.split(",")]
-    threads = [int(t) for t in args.threads.split(",")]
     before_label = f"{after} with --repack 0 for {'/'.join(REPACKED_BY_OURS)}" if args.before_no_repack else before
     print(f"## llama-bench, {args.shape} shape, before = {before_label}, after = {after}")
-    print(table(results, files, tests, threads))
+    print(table(results, files, tests, threads, bandwidth))
+    print(cost_table(results, files, threads))
     kl = kl_yardstick(after, files, args.dir, args.threads) if args.kl else {}
     if kl:
         print("\n### Against each file's own F16 twin (after build; llama-perplexity -c 128 --chunks 8)\n")
@@ -311,6 +382,8 @@ def main() -> None:
             json.dumps(
                 {
                     "shape": args.shape,
+                    "read_bandwidth_gbs": bandwidth,
+                    "all_matrices": not args.keep_head_type,
                     "bench": flat,
                     "kl": kl,
                     "sizes": {q: f.stat().st_size for q, f in files.items()},
