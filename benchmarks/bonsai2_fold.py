@@ -16,8 +16,9 @@ the Q2_0 repack). Run it on a quiet machine, from the repo root:
 
     python benchmarks/bonsai2_fold.py --shape 1.7b --json /var/tmp/bonsai-fold/result.json
 
-No 4B row: Qwen3.5-4B's width (2560) is not a multiple of the 1024 block every known file uses,
-so the 4B's fold must differ in a way no public source shows (inferred; no 4B file was seen).
+--shape 4b and 9b are Qwen3.5-4B's and 9B's layer shapes (attention heads of 256 written as twice
+as many of 128, the same matrices): the 4B's residual (2560) is a multiple of 512, not of 1024, so
+its fold uses block 512 and, as the 2026-12-05 reading infers, a tied LM head (version 2).
 """
 
 from __future__ import annotations
@@ -39,6 +40,19 @@ from bonsai_launch.models import ternary_codecs as codecs
 
 SHAPES = {
     "1.7b": dict(embedding=2048, ff=6144, heads=16, heads_kv=4, head_dim=128, state=128, k_heads=16, v_heads=16),
+    "4b": dict(
+        embedding=2560,
+        ff=9216,
+        heads=32,
+        heads_kv=8,
+        head_dim=128,
+        state=128,
+        k_heads=16,
+        v_heads=32,
+        block=512,
+        tied=True,
+    ),
+    "9b": dict(embedding=4096, ff=12288, heads=32, heads_kv=8, head_dim=128, state=128, k_heads=16, v_heads=32),
     "tiny": dict(embedding=1024, ff=2048, heads=8, heads_kv=2, head_dim=128, state=128, k_heads=4, v_heads=8),
 }
 LAYERS = dict(layers=4, full_attention_interval=4, vocab=4096, mode="counter", layer_scale=0.02)

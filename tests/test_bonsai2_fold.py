@@ -11,6 +11,7 @@ same float path (F16 rounding of K/V and of FA's Q would move logits by ~1e-3, n
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,28 +31,46 @@ def fold_pair(tmp_path_factory) -> hadamard_fold.FoldPair:
     return hadamard_fold.write_fold_pair(tmp_path_factory.mktemp("fold"))
 
 
-def _answers(binary: Path, model: Path, log: Path) -> list[tuple[list[int], list[list[tuple[int, float]]]]]:
-    """Per prompt: 12 greedy tokens, and the top-5 (id, log-probability) of the first step."""
-    out = []
+Answers = list[tuple[list[int], list[list[tuple[int, float]]]]]
+
+
+def _answers(binary: Path, model: Path, log: Path) -> Answers:
     with tiny_gguf.serve(binary, ["-m", model, "-c", "256", *EXACT_PATH], log) as srv:
-        for prompt in PROMPTS:
-            greedy = srv.post("/completion", {"prompt": prompt, "n_predict": 12, "temperature": 0, "n_probs": 1})
-            dist = srv.post(
-                "/completion",
-                {
-                    "prompt": prompt,
-                    "n_predict": 1,
-                    "temperature": 1.0,
-                    "top_k": 0,
-                    "top_p": 1.0,
-                    "min_p": 0.0,
-                    "n_probs": 5,
-                },
-            )
-            tokens = [step["id"] for step in greedy["completion_probabilities"]]
-            top = [[(t["id"], t["logprob"]) for t in step["top_logprobs"]] for step in dist["completion_probabilities"]]
-            out.append((tokens, top))
+        return ask(srv.post)
+
+
+def ask(post: Callable[[str, dict], dict]) -> Answers:
+    """Per prompt: 12 greedy tokens, and the top-5 (id, log-probability) of the first step;
+    `post(path, body)` asks a running server."""
+    out = []
+    for prompt in PROMPTS:
+        greedy = post("/completion", {"prompt": prompt, "n_predict": 12, "temperature": 0, "n_probs": 1})
+        dist = post(
+            "/completion",
+            {
+                "prompt": prompt,
+                "n_predict": 1,
+                "temperature": 1.0,
+                "top_k": 0,
+                "top_p": 1.0,
+                "min_p": 0.0,
+                "n_probs": 5,
+            },
+        )
+        tokens = [step["id"] for step in greedy["completion_probabilities"]]
+        top = [[(t["id"], t["logprob"]) for t in step["top_logprobs"]] for step in dist["completion_probabilities"]]
+        out.append((tokens, top))
     return out
+
+
+def same_answers(want: Answers, got: Answers) -> bool:
+    """Every prompt's greedy tokens equal, and its first step's top-5 within float rounding."""
+    return all(w[0] == g[0] and _close(w[1][0], g[1][0]) for w, g in zip(want, got, strict=True))
+
+
+def no_answer_alike(want: Answers, got: Answers) -> bool:
+    """No prompt's greedy tokens nor its first step's distribution alike: a wrong read, not rounding."""
+    return all(w[0] != g[0] and not _close(w[1][0], g[1][0]) for w, g in zip(want, got, strict=True))
 
 
 def _close(a, b) -> bool:

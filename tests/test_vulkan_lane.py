@@ -348,3 +348,18 @@ def test_folded_bonsai2_target_on_vulkan(llama_server, vulkan_server, tmp_path):
     target = codec_repack.rewrite(pq2, tmp_path / "folded-Q2_0.gguf", codec_repack.fork_to_q2_0)
     prompts = list(hadamard_fold.PROMPTS[:2])
     _check_target(llama_server, vulkan_server, tmp_path, target, prompts, "folded", n_predict=12)
+
+
+@pytest.mark.parametrize("shape", ["SHAPE_4B", "SHAPE_9B"])
+def test_bonsai2_4b_and_9b_widths_on_vulkan(llama_server, vulkan_server, tmp_path, shape):
+    """The Bonsai 2 4B's widths (block 512: ggml-vulkan's fast transform; a tied LM head folded
+    through token_embd; 16 key heads) and the 9B's (a 4096-wide residual, block 1024), each in
+    PTQ1_0 as bonsai serves it on a GPU build: repacked into Q2_0 (models/codec_repack.py)."""
+    from bonsai_launch.models import codec_repack
+    from bonsai_launch.models import ternary_codecs as codecs
+
+    pair = hadamard_fold.write_fold_pair(tmp_path / "fold", shape=getattr(hadamard_fold, shape))
+    ptq1 = hadamard_fold.write_ternary(pair, tmp_path / "folded-PTQ1_0.gguf", codecs.PTQ1_0)
+    target = codec_repack.rewrite(ptq1, tmp_path / "folded-Q2_0.gguf", codec_repack.fork_to_q2_0)
+    prompts = list(hadamard_fold.PROMPTS[:2])
+    _check_target(llama_server, vulkan_server, tmp_path, target, prompts, shape, n_predict=12)
