@@ -314,6 +314,7 @@ def test_candidates_follow_the_build_and_the_drafter():
     assert names == [
         "plain",
         "draft-dspark",
+        "ngram-mod+draft-dspark",  # n-gram lookup first, the drafter where it finds nothing
         "ngram-mod",
         "ngram-simple",
         "ngram-map-k",

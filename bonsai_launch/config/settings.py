@@ -21,18 +21,20 @@ Source = Literal["flag", "passthrough", "env", "profile", "default", "detected"]
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
+# In the order llama-server (b11434) tries them when several are given (common_speculative_init:
+# the n-gram lookups first, then the one draft model): a combination is written in this order.
 SPEC_TYPES = (
     "none",
-    "draft-simple",
-    "draft-eagle3",
-    "draft-mtp",
-    "draft-dflash",
-    "draft-dspark",
     "ngram-simple",
     "ngram-map-k",
     "ngram-map-k4v",
     "ngram-mod",
     "ngram-cache",
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+    "draft-dflash",
+    "draft-dspark",
 )
 
 
@@ -52,6 +54,7 @@ class Setting:
     default_text: str = ""  # how the default reads in docs when it is detected, not fixed
     auto: bool = False  # a bool that also accepts "auto" (decided later, e.g. from measurements)
     refused: tuple[tuple[str, str], ...] = ()  # (value, why): known values that are refused, with the reason
+    combined: bool = False  # a choice that also takes several choices joined by commas (kept in choices' order)
 
     def allowed(self) -> str:
         """What values are accepted, in words, for error messages and the docs."""
@@ -60,7 +63,7 @@ class Setting:
         if self.kind == "int":
             return f"a whole number from {self.minimum} to {self.maximum}"
         if self.kind == "choice":
-            return "one of " + ", ".join(self.choices)
+            return "one of " + ", ".join(self.choices) + ("; or several joined by commas" if self.combined else "")
         if self.kind == "path":
             return "a file or folder path"
         return "any text"
@@ -246,16 +249,17 @@ SETTINGS: tuple[Setting, ...] = (
         "BONSAI_SPEC_TYPE",
         "spec_type",
         "choice",
-        "Speculative type; unset means what the drafter needs, draft-mtp for a model with a usable MTP layer, or the profile's draft-free type.",
+        "Speculative type; unset means what the drafter needs, draft-mtp for a model with a usable MTP layer, or the profile's draft-free type. Several types joined by commas run together (llama-server tries the n-gram lookups first, then the one draft model): ngram-mod,draft-mtp is what Bonsai 2 users without a drafter run.",
         _START,
         choices=SPEC_TYPES,
+        combined=True,
         default_text="auto",
     ),
     Setting(
         "BONSAI_SPEC_NMAX",
         "spec_nmax",
         "int",
-        "Draft length; with a drafter it must equal the drafter's block size (read from the GGUF); draft-mtp: 1 unless set.",
+        "Draft length; with a drafter it must equal the drafter's block size (read from the GGUF); draft-mtp: 1 unless set; in a list of types, the draft model's (each n-gram type keeps its own, or all take it in a list of n-gram types only).",
         _START,
         minimum=1,
         maximum=64,
@@ -530,10 +534,15 @@ def parse_value(setting: Setting, raw: Any, origin: str) -> Any:
             raise refuse("is too large")
         return number
     if setting.kind == "choice":
-        for choice in setting.choices:
-            if text.lower() == choice.lower():
-                return choice
-        raise refuse("is not a known value")
+        words = [w.strip().lower() for w in text.split(",")] if setting.combined else [text.lower()]
+        known = {c.lower(): c for c in setting.choices}
+        unknown = [w for w in words if w not in known]
+        if unknown:
+            raise refuse("is not a known value" if len(words) == 1 else f"names {unknown[0]!r}, not a known value")
+        found = sorted({known[w] for w in words}, key=setting.choices.index)
+        if len(found) > 1 and "none" in found:
+            raise refuse("combines none with other values")
+        return ",".join(found)
     if not text:
         raise refuse("is empty")
     return text

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bonsai_launch.core.errors import ActionFailed
+from bonsai_launch.llamacpp import spec_types
 from bonsai_launch.server import client
 from bonsai_launch.server.plan import SpecPlan
 
@@ -43,7 +44,8 @@ LLAMA_DEFAULT_DRAFT_N_MAX = 3
 
 
 def default_n_max(spec_type: str) -> int:
-    return LLAMA_DEFAULT_N_MAX.get(spec_type, LLAMA_DEFAULT_DRAFT_N_MAX)
+    """A list of types (ngram-mod,draft-mtp) drafts up to the longest of its types' defaults."""
+    return max(LLAMA_DEFAULT_N_MAX.get(t, LLAMA_DEFAULT_DRAFT_N_MAX) for t in spec_types.parts(spec_type))
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp import spec_types
 
 LLAMA_UBATCH_DEFAULT = 512
 LLAMA_BATCH_DEFAULT = 2048
@@ -77,8 +78,16 @@ def choose_slots(parallel: int | None, source: str | None, speculative: bool) ->
 
 
 def draft_length(spec_type: str, n_max: int | None, option_values: Mapping[str, int] | None = None) -> tuple[int, str]:
-    """The longest draft one slot can propose, and where that number comes from."""
+    """The longest draft one slot can propose, and where that number comes from. A list of
+    types (ngram-mod,draft-mtp) drafts up to its longest: n_max is its draft model's, or, in a
+    list of n-gram types only, each one's (llamacpp/spec_types.py)."""
     values = option_values or {}
+    if spec_types.is_combined(spec_type):
+        model = spec_types.draft_model_part(spec_type)
+        longest = max(
+            draft_length(part, n_max if model in (None, part) else None, values) for part in spec_types.parts(spec_type)
+        )
+        return longest[0], f"{longest[1]}, the longest of {spec_type}"
     if spec_type in NGRAM_DRAFT_LENGTH:
         option, default = NGRAM_DRAFT_LENGTH[spec_type]
         if option and values.get(option) is not None:
@@ -113,7 +122,7 @@ def size_batches(
     """
     need = slots * (draft + 1)
     formula = f"{slots} slot{'s' if slots != 1 else ''} x ({draft} draft + 1) = {need}"
-    ubatch_needed = spec_type in BLOCK_DRAFTERS
+    ubatch_needed = any(part in BLOCK_DRAFTERS for part in spec_types.parts(spec_type))
 
     def one(label: str, given: int | None, default: int, required: bool) -> tuple[int, int | None, str]:
         if not required:

@@ -4,6 +4,8 @@ Pure: from what the binary supports (its --spec-type list), the drafter (if any)
 profile's draft-free mode, a list in the order worth measuring when time is short: the
 drafter first (n-max always equals its block size), then the model's own MTP layer at n-max 1,
 2 and 3 (the community measured each of them fastest on some card), then the profile's own n-gram type, the
+then ngram-mod in front of the MTP layer or the drafter (a `--spec-type` list, llamacpp/spec_types.py:
+what Bonsai 2 users without a drafter run), then the profile's own n-gram type, the
 other n-gram types at their default draft length, shorter draft lengths of the profile's type,
 and ngram-cache last (it rarely pays: its drafts are seldom accepted).
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp import spec_types
 from bonsai_launch.models.mtp import TUNE_N_MAX as MTP_N_MAX
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-map-k4v", "ngram-cache")
@@ -22,12 +25,14 @@ NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-map-k4v", "ngr
 # shorter drafts are proposed more often and cost less when they are rejected.
 NMAX_VARIANTS = (16, 8)
 LENGTH_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v")  # n-max has a flag
+# The MTP layer's n-max under ngram-mod: the community's 1 and 2 (3 was slower in two reports).
+COMBINED_MTP_N_MAX = (1, 2)
 
 
 @dataclass(frozen=True)
 class Candidate:
-    name: str  # plain, draft-dspark, ngram-mod, ngram-mod/n16
-    spec_type: str | None = None  # None: plain
+    name: str  # plain, draft-dspark, ngram-mod, ngram-mod/n16, ngram-mod+draft-mtp/n1 (a list: + in names)
+    spec_type: str | None = None  # None: plain; several types joined by commas
     n_max: int | None = None  # None: the type's default (the drafter's block size for a drafter)
     with_drafter: bool = True  # launched with the drafter file (False: the model's own MTP layer)
 
@@ -41,8 +46,15 @@ class Candidate:
         """Settings flags that make the launch plan run this configuration."""
         if self.spec_type is None:
             return {"speculative": False, "spec_type": None, "spec_nmax": None}
-        n_max = None if self.spec_type in BLOCK_DRAFTER_TYPES else self.n_max
-        return {"speculative": True, "spec_type": self.spec_type, "spec_nmax": n_max}
+        block = spec_types.draft_model_part(self.spec_type) in BLOCK_DRAFTER_TYPES
+        return {"speculative": True, "spec_type": self.spec_type, "spec_nmax": None if block else self.n_max}
+
+    @property
+    def drafter_file(self) -> bool:
+        """Launched with the drafter file (-md): a draft model that is not the model's own MTP layer."""
+        return (
+            self.with_drafter and self.spec_type is not None and spec_types.draft_model_part(self.spec_type) is not None
+        )
 
 
 PLAIN = Candidate("plain")
@@ -55,11 +67,13 @@ def all_candidates(
     drafter_block: int | None = None,
     profile_type: str | None = None,
     mtp: str | None = None,
+    shared_drafting: bool | None = None,
 ) -> list[Candidate]:
     """Every configuration worth measuring, most promising first. `spec_types` is what the
     binary lists (None: not probed, assume all); `drafter_type` is draft-dspark/draft-dflash
     when a drafter that fits the target is present; `mtp` is "model" when the model carries a
-    usable MTP layer, "file" when the drafter is an MTP file that fits it."""
+    usable MTP layer, "file" when the drafter is an MTP file that fits it; `shared_drafting` False:
+    the binary's --spec-type takes one type (None: not probed, taken to take a list)."""
     known = set(spec_types) if spec_types is not None else None
 
     def supported(t: str) -> bool:
@@ -70,6 +84,12 @@ def all_candidates(
         out.append(Candidate(drafter_type, drafter_type, drafter_block))
     if mtp and supported("draft-mtp"):
         out += [Candidate(f"draft-mtp/n{n}", "draft-mtp", n, with_drafter=mtp == "file") for n in MTP_N_MAX]
+    if shared_drafting is not False and supported("ngram-mod"):
+        if mtp and supported("draft-mtp"):
+            both = "ngram-mod,draft-mtp"
+            out += [Candidate(f"ngram-mod+draft-mtp/n{n}", both, n, mtp == "file") for n in COMBINED_MTP_N_MAX]
+        if drafter_type and supported(drafter_type):
+            out.append(Candidate(f"ngram-mod+{drafter_type}", f"ngram-mod,{drafter_type}", drafter_block))
     own = profile_type if profile_type in NGRAM_TYPES else "ngram-mod"
     ordered = [own] + [t for t in NGRAM_TYPES if t not in (own, "ngram-cache")]
     out += [Candidate(t, t) for t in ordered if supported(t)]

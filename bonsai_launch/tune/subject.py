@@ -100,7 +100,7 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
     caps = probe(request.binary)
     own = not explicit_model(selection, request.model) or selection.names_model  # the profile's model, or named by it
     profile_type = selection.profile.draft_free_type if own else None
-    found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type, mtp)
+    found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type, mtp, caps.shared_drafting)
     if configs:
         found = cands.restrict(found, configs)
     args = parse_passthrough(request.passthrough, option_table(caps))
@@ -133,9 +133,7 @@ def plan_candidates(
                 plan = gather_plan(
                     flags,
                     request.model,
-                    request.drafter
-                    if cand.spec_type and cand.spec_type.startswith("draft-") and cand.with_drafter
-                    else None,
+                    request.drafter if cand.drafter_file else None,
                     request.passthrough,
                     request.binary,
                     repack=True,

@@ -361,8 +361,9 @@ def _slots(
     option_values: dict[str, int] = {}
     for option, _ in slot_rules.NGRAM_DRAFT_LENGTH.values():
         value = passthrough.last_int(option) if option else None
-        if option and value is not None:
-            option_values[option] = value
+        planned = [int(r.value) for r in b.reasons if r.flag == option]  # the plan's own (per slot)
+        if option and (value is not None or planned):
+            option_values[option] = value if value is not None else planned[-1]
     draft, _ = slot_rules.draft_length(spec.spec_type, spec.n_max, option_values)
     given = {"-ub": passthrough.plan_int("ubatch"), "-b": passthrough.plan_int("batch")}
     sizing = slot_rules.size_batches(count, spec.spec_type, draft, given["-ub"], given["-b"])

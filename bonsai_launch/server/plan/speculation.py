@@ -1,10 +1,12 @@
 """Speculation in the plan: a drafter's flags (block size = n-max, always), the model's own MTP
-layer (draft-mtp, in the model or in a separate MTP file), or a draft-free n-gram type with its
-own length flags; what the binary must support for each."""
+layer (draft-mtp, in the model or in a separate MTP file), a draft-free n-gram type with its
+own length flags, or several of them at once (BONSAI_SPEC_TYPE=ngram-mod,draft-mtp: n-gram
+lookups and at most one draft model); what the binary must support for each."""
 
 from __future__ import annotations
 
 from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.llamacpp import spec_types
 from bonsai_launch.llamacpp.capabilities import Capabilities, require_flag
 from bonsai_launch.models.gguf import GGUFInfo, check_pair
 from bonsai_launch.models.mtp import DEFAULT_N_MAX as MTP_DEFAULT_N_MAX
@@ -44,47 +46,21 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
         return None
 
     wanted_type = s.get("spec_type")
+    if wanted_type == "none":
+        raise BonsaiError("BONSAI_SPEC_TYPE='none' contradicts BONSAI_SPECULATIVE=1", "unset one of them")
+    if spec_types.is_combined(wanted_type):
+        return plan_combined(inputs, ngl, b)
     drafter = inputs.drafter
     if wanted_type and wanted_type.startswith("ngram"):
         drafter = None  # an explicit draft-free type needs no drafter
-    if wanted_type == "none":
-        raise BonsaiError("BONSAI_SPEC_TYPE='none' contradicts BONSAI_SPECULATIVE=1", "unset one of them")
     mtp_file = drafter is not None and drafter.drafter is None and drafter.nextn_layers > 0
     # The model's own MTP layer comes before a profile's draft-free type: it is trained to
     # predict the model's next token, an n-gram lookup only finds repeated text.
     own_mtp = wanted_type is None and drafter is None and has_usable_mtp(inputs.model)
     if wanted_type == "draft-mtp" or mtp_file or own_mtp:
         return plan_mtp(inputs, ngl, b, drafter)
-
     if drafter is not None:
-        _require_fit(
-            check_pair(inputs.model, drafter),
-            "drafter does not fit the target",
-            f"replace {drafter.path.name} with the drafter made for {inputs.model.path.name}",
-        )
-        assert drafter.drafter is not None and drafter.drafter.block_size is not None
-        needed = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
-        if wanted_type and wanted_type != needed:
-            raise BonsaiError(
-                f"BONSAI_SPEC_TYPE={wanted_type!r} does not match the drafter {drafter.path.name}, which needs {needed}",
-                f"unset BONSAI_SPEC_TYPE or set it to {needed}",
-            )
-        require_spec_type(inputs.capabilities, needed)
-        require_log_snr(inputs.capabilities, drafter)
-        block = drafter.drafter.block_size
-        if s.get("spec_nmax") is not None and s["spec_nmax"] != block:
-            raise BonsaiError(
-                f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} "
-                f"({drafter.path.name})",
-                "unset BONSAI_SPEC_NMAX: n-max always equals the block size",
-            )
-        if inputs.profile and inputs.profile.drafter_warning:
-            b.warnings.append(inputs.profile.drafter_warning)
-        b.add("-md", drafter.path, "speculation: the drafter")
-        b.add("--spec-type", needed, f"the drafter is a {drafter.drafter.kind} model")
-        b.add("--spec-draft-n-max", block, f"the drafter's block size, read from {drafter.path.name}")
-        b.add("-ngld", ngl, "drafter GPU layers follow the target's" + (" (CPU)" if ngl == 0 else ""))
-        return SpecPlan(needed, block, str(drafter.path), ngl)
+        return plan_drafter(inputs, ngl, b, drafter)
 
     # Without a profile, the draft-free mode the profiles use: it is lossless, costs little when
     # it finds nothing to draft, and the proof says whether it drafted. A profile without one
@@ -104,38 +80,84 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
         "" if wanted_type else " (profile default)" if inputs.profile else " (no drafter, no MTP layer, no profile)"
     )
     b.add("--spec-type", draft_free, "draft-free n-gram speculation" + origin)
-    n_max = s.get("spec_nmax")
-    if n_max is not None:
-        for flag, value in ngram_length_flags(draft_free, n_max):
-            require_flag(inputs.capabilities, flag, "BONSAI_SPEC_NMAX")
-            b.add(
-                flag, value, f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')}): {draft_free} drafts at most {n_max} tokens"
-            )
-        if draft_free not in NGRAM_LENGTH_FLAGS:
-            b.warnings.append(f"BONSAI_SPEC_NMAX has no effect on {draft_free}, whose draft length is fixed")
-        return SpecPlan(draft_free, n_max)
-    slots = slot_rules.choose_slots(s.get("parallel"), s.source("parallel"), True).count or 1
-    per_slot = per_slot_draft(draft_free, slots)
-    option = NGRAM_LENGTH_FLAGS.get(draft_free)
-    caps = inputs.capabilities
-    flags = ngram_length_flags(draft_free, per_slot) if per_slot is not None else []
-    # the length after -- is the user's; a binary without the flags keeps the type's default
-    if (
-        flags
-        and option
-        and inputs.passthrough.last_int(option) is None
-        and all(caps is None or caps.accepts(f) for f, _ in flags)
-    ):
-        for flag, value in flags:
-            b.add(
-                flag,
-                value,
-                f"{slots} slots share one step's draft budget ({slot_rules.NGRAM_DRAFT_LENGTH[draft_free][1]} "
-                f"tokens, {draft_free}'s default for one slot): {per_slot} each, so a step of every slot does not "
-                "verify a huge batch of mostly rejected drafts (BONSAI_SPEC_NMAX sets it)",
-            )
-        return SpecPlan(draft_free, per_slot)
-    return SpecPlan(draft_free, None)
+    return SpecPlan(draft_free, ngram_lengths(inputs, b, (draft_free,), s.get("spec_nmax")))
+
+
+def plan_drafter(inputs: PlanInputs, ngl: int, b: ArgvBuilder, drafter: GGUFInfo, combined: str = "") -> SpecPlan:
+    """A DSpark/DFlash drafter: its type, and n-max = its block size, always. `combined`: the
+    BONSAI_SPEC_TYPE list it drafts in (the n-gram types' flags are plan_combined's)."""
+    s = inputs.settings
+    wanted_type = s.get("spec_type")
+    _require_fit(
+        check_pair(inputs.model, drafter),
+        "drafter does not fit the target",
+        f"replace {drafter.path.name} with the drafter made for {inputs.model.path.name}",
+    )
+    assert drafter.drafter is not None and drafter.drafter.block_size is not None
+    needed = "draft-dspark" if drafter.drafter.kind == "dspark" else "draft-dflash"
+    if wanted_type and (spec_types.draft_model_part(wanted_type) if combined else wanted_type) != needed:
+        raise BonsaiError(
+            f"BONSAI_SPEC_TYPE={wanted_type!r} does not match the drafter {drafter.path.name}, which needs {needed}",
+            f"unset BONSAI_SPEC_TYPE or set it to {needed}" + (" in the list" if combined else ""),
+        )
+    require_spec_type(inputs.capabilities, needed)
+    require_log_snr(inputs.capabilities, drafter)
+    block = drafter.drafter.block_size
+    if s.get("spec_nmax") is not None and s["spec_nmax"] != block:
+        raise BonsaiError(
+            f"BONSAI_SPEC_NMAX={s['spec_nmax']} differs from the drafter's block size {block} ({drafter.path.name})",
+            "unset BONSAI_SPEC_NMAX: n-max always equals the block size",
+        )
+    if inputs.profile and inputs.profile.drafter_warning:
+        b.warnings.append(inputs.profile.drafter_warning)
+    b.add("-md", drafter.path, "speculation: the drafter")
+    why = f"the drafter is a {drafter.drafter.kind} model"
+    b.add("--spec-type", combined or needed, COMBINED_WHY.format(model=why) if combined else why)
+    b.add("--spec-draft-n-max", block, f"the drafter's block size, read from {drafter.path.name}")
+    b.add("-ngld", ngl, "drafter GPU layers follow the target's" + (" (CPU)" if ngl == 0 else ""))
+    return SpecPlan(combined or needed, block, str(drafter.path), ngl)
+
+
+COMBINED_WHY = (
+    "BONSAI_SPEC_TYPE: n-gram lookup drafts repeated text first, and where it finds none {model} drafts "
+    "(llama-server tries the types in this order every step)"
+)
+
+
+def plan_combined(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan:
+    """BONSAI_SPEC_TYPE with several types (llamacpp/spec_types.py has the facts): n-gram
+    lookups with at most one draft model. BONSAI_SPEC_NMAX is the draft model's n-max; without
+    one, it caps every n-gram type's length."""
+    s, caps = inputs.settings, inputs.capabilities
+    wanted = s["spec_type"]
+    problem = spec_types.combination_problem(wanted)
+    if problem:
+        raise BonsaiError(f"BONSAI_SPEC_TYPE={wanted!r} {problem}", "keep one draft-* type in the list")
+    if caps is not None and caps.shared_drafting is False:
+        raise BonsaiError(
+            f"BONSAI_SPEC_TYPE={wanted!r} lists several types, but the --spec-type of {caps.binary} takes one",
+            "run `bonsai build` (the pinned llama.cpp takes a list), or set one type",
+        )
+    for part in spec_types.parts(wanted):
+        require_spec_type(caps, part)
+    model, grams = spec_types.draft_model_part(wanted), spec_types.ngram_parts(wanted)
+    if model is None:
+        b.add(
+            "--spec-type", wanted, "BONSAI_SPEC_TYPE: n-gram lookups together (llama-server tries them in this order)"
+        )
+        return SpecPlan(wanted, ngram_lengths(inputs, b, grams, s.get("spec_nmax")))
+    drafter = inputs.drafter
+    if model == "draft-mtp":
+        spec = plan_mtp(inputs, ngl, b, drafter, combined=wanted)
+    elif model in ("draft-dspark", "draft-dflash") and drafter is not None and drafter.drafter is not None:
+        spec = plan_drafter(inputs, ngl, b, drafter, combined=wanted)
+    else:
+        raise BonsaiError(
+            f"BONSAI_SPEC_TYPE={wanted!r} needs a {model} model, and bonsai has none for it here",
+            "pass --drafter with a DSpark/DFlash drafter, or use draft-mtp on a model with an MTP layer",
+        )
+    ngram_lengths(inputs, b, grams, None)
+    return spec
 
 
 # The n-gram types ignore --spec-draft-n-max (b11434 reads it for draft models only): each has
@@ -162,6 +184,45 @@ def per_slot_draft(spec_type: str, slots: int) -> int | None:
     return max(PER_SLOT_MIN_DRAFT, default // slots)
 
 
+def ngram_lengths(inputs: PlanInputs, b: ArgvBuilder, grams: tuple[str, ...], n_max: int | None) -> int | None:
+    """Each n-gram type's draft-length flags: `n_max` (BONSAI_SPEC_NMAX) when given, else on
+    several slots one slot's budget shared. Returns the length planned (None: the types' own)."""
+    s, caps = inputs.settings, inputs.capabilities
+    if n_max is not None:
+        for spec_type in grams:
+            for flag, value in ngram_length_flags(spec_type, n_max):
+                require_flag(caps, flag, "BONSAI_SPEC_NMAX")
+                why = f"BONSAI_SPEC_NMAX ({s.source('spec_nmax')}): {spec_type} drafts at most {n_max} tokens"
+                b.add(flag, value, why)
+            if spec_type not in NGRAM_LENGTH_FLAGS:
+                b.warnings.append(f"BONSAI_SPEC_NMAX has no effect on {spec_type}, whose draft length is fixed")
+        return n_max
+    slots = slot_rules.choose_slots(s.get("parallel"), s.source("parallel"), True).count or 1
+    planned = None
+    for spec_type in grams:
+        per_slot = per_slot_draft(spec_type, slots)
+        option = NGRAM_LENGTH_FLAGS.get(spec_type)
+        flags = ngram_length_flags(spec_type, per_slot) if per_slot is not None else []
+        # the length after -- is the user's; a binary without the flags keeps the type's default
+        if (
+            not flags
+            or not option
+            or inputs.passthrough.last_int(option) is not None
+            or not all(caps is None or caps.accepts(f) for f, _ in flags)
+        ):
+            continue
+        for flag, value in flags:
+            b.add(
+                flag,
+                value,
+                f"{slots} slots share one step's draft budget ({slot_rules.NGRAM_DRAFT_LENGTH[spec_type][1]} "
+                f"tokens, {spec_type}'s default for one slot): {per_slot} each, so a step of every slot does not "
+                "verify a huge batch of mostly rejected drafts (BONSAI_SPEC_NMAX sets it)",
+            )
+        planned = max(planned or 0, per_slot or 0)
+    return planned
+
+
 def ngram_length_flags(spec_type: str, n_max: int) -> list[tuple[str, int]]:
     """The flags that cap an n-gram type's draft length at n_max."""
     flag = NGRAM_LENGTH_FLAGS.get(spec_type)
@@ -173,10 +234,11 @@ def ngram_length_flags(spec_type: str, n_max: int) -> list[tuple[str, int]]:
     return flags
 
 
-def plan_mtp(inputs: PlanInputs, ngl: int, b: ArgvBuilder, mtp_file: GGUFInfo | None) -> SpecPlan:
+def plan_mtp(inputs: PlanInputs, ngl: int, b: ArgvBuilder, mtp_file: GGUFInfo | None, combined: str = "") -> SpecPlan:
     """draft-mtp: the model's own multi-token-prediction layer (or a separate MTP-only file) drafts.
     Every refusal comes here, before llama-server starts: it exits (no MTP layers) or aborts
-    (two MTP blocks on qwen35) otherwise. models/mtp.py has the facts."""
+    (two MTP blocks on qwen35) otherwise. models/mtp.py has the facts. `combined`: the
+    BONSAI_SPEC_TYPE list it drafts in (the n-gram types' flags are plan_combined's)."""
     s, wanted = inputs.settings, inputs.settings.get("spec_type")
     if mtp_file is not None and mtp_file.drafter is not None and has_usable_mtp(inputs.model):
         b.warnings.append(
@@ -190,7 +252,7 @@ def plan_mtp(inputs: PlanInputs, ngl: int, b: ArgvBuilder, mtp_file: GGUFInfo | 
             f"{mtp_file.drafter.kind} drafter (it needs {needed})",
             "drop --drafter to use the model's own MTP layer, or unset BONSAI_SPEC_TYPE",
         )
-    if wanted not in (None, "draft-mtp"):
+    if wanted not in (None, "draft-mtp") and not combined:
         assert mtp_file is not None
         raise BonsaiError(
             f"BONSAI_SPEC_TYPE={wanted!r} does not match {mtp_file.path.name}, an MTP file, which needs draft-mtp",
@@ -217,12 +279,13 @@ def plan_mtp(inputs: PlanInputs, ngl: int, b: ArgvBuilder, mtp_file: GGUFInfo | 
     where = mtp_file.path.name if mtp_file is not None else inputs.model.path.name
     if mtp_file is not None:
         b.add("-md", mtp_file.path, "speculation: the MTP layer's own file")
-    b.add("--spec-type", "draft-mtp", f"the multi-token-prediction layer of {where} drafts")
+    model = f"the multi-token-prediction layer of {where}"
+    b.add("--spec-type", combined or "draft-mtp", COMBINED_WHY.format(model=model) if combined else model + " drafts")
     b.add("--spec-draft-n-max", n_max, why)
     if mtp_file is not None:
         b.add("-ngld", ngl, "MTP file GPU layers follow the target's" + (" (CPU)" if ngl == 0 else ""))
-        return SpecPlan("draft-mtp", n_max, str(mtp_file.path), ngl)
-    return SpecPlan("draft-mtp", n_max)
+        return SpecPlan(combined or "draft-mtp", n_max, str(mtp_file.path), ngl)
+    return SpecPlan(combined or "draft-mtp", n_max)
 
 
 def _require_fit(problems: list[str], what: str, fix: str) -> None:
