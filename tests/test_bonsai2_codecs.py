@@ -26,7 +26,7 @@ from bonsai_launch.llamacpp.flavours import BuildKind
 from bonsai_launch.models import codec_repack, tiny_hybrid
 from bonsai_launch.models import ternary_codecs as codecs
 from bonsai_launch.models.gguf import inspect_gguf
-from bonsai_launch.server.model_codec import serveable
+from bonsai_launch.server.model_codec import path_on, serveable
 from start_helpers import bonsai, json_out, stop_all
 
 
@@ -140,13 +140,17 @@ def test_group128_under_type_42_is_refused_by_inspect_and_start(tmp_path, llama_
 def test_a_folded_file_is_refused_on_a_build_that_cannot_fold(ternary):
     """A bonsai build from before patch 0010, and a binary bonsai did not build."""
     info = inspect_gguf(ternary["PQ2_0"])
+
+    def serve(kind: BuildKind, foreign: bool):
+        return serveable(info, kind, path_on(info, kind, None, None), foreign=foreign, repack=False)
+
     with pytest.raises(BonsaiError, match=r"Hadamard-folded.*does not undo the fold"):
-        serveable(info, BuildKind("mainline", folds=False), foreign=False, repack=False)
+        serve(BuildKind("mainline", folds=False), False)
     with pytest.raises(BonsaiError, match=r"uses PrismML.s PQ2_0 .types 142/143."):
-        serveable(info, BuildKind("mainline"), foreign=True, repack=False)
+        serve(BuildKind("mainline"), True)
     # a fork build takes it as it is; the current series repacks it
-    assert serveable(info, BuildKind("fork", folds=True), foreign=False, repack=False) == (info, None)
-    served, note = serveable(info, BuildKind("mainline", folds=True), foreign=False, repack=False)
+    assert serve(BuildKind("fork", folds=True), False) == (info, None)
+    served, note = serve(BuildKind("mainline", folds=True), False)
     assert served is info and "made when the server starts" in (note or "")
 
 

@@ -28,7 +28,7 @@ def command(
     from bonsai_launch.models.gguf import check_pair, inspect_gguf
     from bonsai_launch.models.mtp import describe as mtp_describe
     from bonsai_launch.models.mtp import mtp_pair_problems, mtp_problems
-    from bonsai_launch.server.model_codec import check_for_default_build, needs_text
+    from bonsai_launch.server.model_codec import check_for_default_build, default_path, needs_text
 
     info = inspect_gguf(file)
     # an MTP file (no DSpark/DFlash drafter) is checked as draft-mtp would use it
@@ -37,11 +37,13 @@ def command(
     from bonsai_launch.models.drafters.provenance import read_provenance
 
     conversion = read_provenance(file) if info.architecture == "dflash" else None  # bonsai convert-drafter's record
+    weights = default_path(info) if info.tensor_count else None  # on the build `start` would run
     if json_output:
         data = info.to_json()
         data["conversion"] = conversion.to_json() if conversion else None
         data["mtp_problems"] = mtp_problems(info) if info.nextn_layers else []
         data["needs"] = needs_text(info)
+        data["weights"] = weights.to_json() if weights else None
         if target:
             data["pair_problems"] = problems
         emit_json(data)
@@ -66,6 +68,8 @@ def command(
         ]
         if needs := needs_text(info):
             rows.append(("needs", needs))
+        if weights:
+            rows.append(("served as", weights.describe()))
         if info.drafter:
             d = info.drafter
             rows += [

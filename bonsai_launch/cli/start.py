@@ -110,6 +110,8 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
 
     # The effective values on stderr, so stdout stays a command to paste.
     sys.stderr.write("# " + effective_values(plan) + "\n")
+    if plan.memory:  # the weights' path and whether they and the KV cache fit this machine
+        sys.stderr.write("# memory: " + plan.memory["summary"] + "\n")
     if plan.tuning and plan.tuning.get("status") == "found":  # otherwise already a warning above
         sys.stderr.write(plan.tuning["message"] + "\n")
     print(render_command(plan.argv, shell_format, {k: "<hidden>" for k in plan.env}))

@@ -29,7 +29,7 @@ from bonsai_launch.llamacpp.capabilities import (
 )
 from bonsai_launch.llamacpp.options import parse_option_table
 
-PROBE_SCHEMA = 5  # 2: shared_drafting; 3: dspark_log_snr; 4: the option table; 5: flags read from it
+PROBE_SCHEMA = 6  # 2: shared_drafting; 3: dspark_log_snr; 4: the option table; 5: flags read from it; 6: ptq1_0_cpu
 
 
 def resolve_explicit(explicit: str, platform: str | None = None) -> Path | None:
@@ -117,6 +117,7 @@ def probe_uncached(binary: Path) -> Capabilities:
         parse_shared_drafting(help_text),
         parse_option_table(help_text),
         dspark_log_snr=implements_log_snr(binary),
+        ptq1_0_cpu=serves_ptq1_0_on_cpu(binary),
     )
 
 
@@ -125,16 +126,33 @@ def probe_uncached(binary: Path) -> Capabilities:
 _LOG_SNR_MARK = b"%s.log_snr_conditioning"
 
 
+# The name ggml gives the weight type PTQ1_0 (PrismML's 1.75-bit ternary, type 143) in its type
+# table, as a C string: compiled in only by a build whose ggml has the type (the native PTQ1_0
+# patch of our series; no mainline build to date). A build without it gets the file repacked
+# into Q2_0 (models/weight_path.py).
+_PTQ1_0_MARK = b"\0ptq1_0\0"
+
+
 def implements_log_snr(binary: Path) -> bool:
     """Whether `binary` (or the libllama beside it, for shared builds) can load log-SNR drafters."""
+    return _compiled_in(binary, _LOG_SNR_MARK, "libllama*")
+
+
+def serves_ptq1_0_on_cpu(binary: Path) -> bool:
+    """Whether `binary`'s ggml (or the libggml beside it) has PTQ1_0 weights, so its CPU backend
+    serves a PTQ1_0 file as it is, at 1.75 bits per weight."""
+    return _compiled_in(binary, _PTQ1_0_MARK, "libggml*")
+
+
+def _compiled_in(binary: Path, mark: bytes, libraries: str) -> bool:
     real = Path(binary).resolve()
     candidates = [real]
     for folder in (real.parent, real.parent.parent / "lib", real.parent.parent / "lib64"):
-        candidates += sorted(folder.glob("libllama*")) if folder.is_dir() else []
+        candidates += sorted(folder.glob(libraries)) if folder.is_dir() else []
     for path in candidates:
         try:
             with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                if data.find(_LOG_SNR_MARK) >= 0:
+                if data.find(mark) >= 0:
                     return True
         except (OSError, ValueError):
             continue  # unreadable or empty: not evidence either way

@@ -32,6 +32,9 @@ class Capabilities:
     shared_drafting: bool | None = None
     options: OptionTable | None = None  # every option with its spellings and value count
     dspark_log_snr: bool = False  # loads log-SNR DSpark drafters (our patch 0002, or PrismML's fork)
+    # serves PTQ1_0 weights natively on the CPU (1.75 bpw, no Q2_0 repack): a build whose ggml has
+    # the type (binaries.serves_ptq1_0_on_cpu); models/weight_path.py decides the path from it
+    ptq1_0_cpu: bool = False
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags
@@ -49,6 +52,7 @@ class Capabilities:
             "shared_drafting": self.shared_drafting,
             "options": self.options.to_text() if self.options is not None else None,
             "dspark_log_snr": self.dspark_log_snr,
+            "ptq1_0_cpu": self.ptq1_0_cpu,
         }
 
     @classmethod
@@ -65,6 +69,7 @@ class Capabilities:
             shared_drafting=data.get("shared_drafting"),
             options=OptionTable.from_text(data["options"]) if data.get("options") else None,
             dspark_log_snr=bool(data.get("dspark_log_snr", False)),
+            ptq1_0_cpu=bool(data.get("ptq1_0_cpu", False)),
         )
 
 

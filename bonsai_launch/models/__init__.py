@@ -7,6 +7,7 @@ bonsai2_file.py  what a Bonsai 2 file needs (fold, codec) and the layouts that w
 codec_types.py   the Bonsai 2 weight types: ids, block sizes, names (no numpy: every start reads them)
 ternary_codecs.py  Q2_0, PQ2_0 and PTQ1_0 at the byte level, and the lossless move to Q2_0
 codec_repack.py  PQ2_0/PTQ1_0 files rewritten once as Q2_0, cached under BONSAI_HOME
+weight_path.py   which form of the weights a build holds (as they are, or the Q2_0 repack) and its bytes: pure
 gguf_format.py  the format at the byte level: value types and the one header cursor bonsai reads with
 store.py     where downloaded models live, what is known about them, who may write them
 hub.py       the Hugging Face Hub through huggingface_hub: the listing, tokens, resumable downloads

@@ -52,11 +52,11 @@ def current(source: Path) -> Path | None:
 
 
 def _type_size(type_id: int) -> tuple[int, int] | None:
-    from bonsai_launch.models.gguf import _type_tables
+    from bonsai_launch.models.gguf_format import type_tables
 
     if type_id in codecs.BLOCKS:
         return codecs.BLOCKS[type_id]
-    quant_sizes, qtype = _type_tables()
+    quant_sizes, qtype = type_tables()
     try:
         return quant_sizes[qtype(type_id)]
     except (ValueError, KeyError):

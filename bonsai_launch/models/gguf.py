@@ -20,7 +20,7 @@ from typing import Any
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.models import bonsai2_file, gguf_cache
 from bonsai_launch.models import codec_types as codecs
-from bonsai_launch.models.gguf_format import ArrayRef, HeaderReader, Truncated
+from bonsai_launch.models.gguf_format import ArrayRef, HeaderReader, Truncated, type_tables
 
 GGUF_MAGIC = b"GGUF"
 # Target architectures whose graphs expose per-layer inputs to a DFlash/DSpark drafter.
@@ -113,6 +113,8 @@ class GGUFInfo:
     fold_block: int | None = None
     fold_grouped: bool = False
     q2_0_group128: bool = False
+    type_bytes: dict[str, int] = field(default_factory=dict)  # tensor bytes per type (what a path holds)
+    full_attention_interval: int | None = None  # hybrid (qwen35): one layer in N has a KV cache
 
     @property
     def trunk_layers(self) -> int | None:
@@ -124,8 +126,11 @@ class GGUFInfo:
         return self.drafter is not None
 
     def kv_bytes_per_token(self, bytes_per_value: float = 2.0) -> int | None:
-        """KV cache cost of one token of context (f16 by default), for context sizing."""
+        """KV cache cost of one token of context (f16 by default), for context sizing; a hybrid's
+        delta-net layers keep a fixed-size state instead, so only its attention layers count."""
         layers = self.trunk_layers
+        if layers and self.full_attention_interval:
+            layers //= self.full_attention_interval
         if not (layers and self.head_count_kv and (self.key_length or self.head_count)):
             return None
         head_dim = self.key_length or (self.embedding or 0) // (self.head_count or 1)
@@ -235,32 +240,8 @@ def _from_cache(path: Path, data: dict[str, Any] | None) -> GGUFInfo | None:
         return None
 
 
-def _type_tables():
-    """gguf's type tables, without importing the gguf package: its __init__ imports numpy
-    (~0.15 s on every `bonsai start`), while gguf/constants.py needs only the standard library."""
-    import importlib.util
-    import sys
-
-    loaded = sys.modules.get("gguf.constants")
-    if loaded is None:
-        try:
-            spec = importlib.util.find_spec("gguf")  # locates the package without running it
-            origin = Path(spec.origin).parent / "constants.py" if spec and spec.origin else None
-            file_spec = importlib.util.spec_from_file_location("_bonsai_gguf_constants", origin) if origin else None
-            if file_spec is not None and file_spec.loader is not None:
-                loaded = importlib.util.module_from_spec(file_spec)
-                file_spec.loader.exec_module(loaded)
-        except Exception:  # any surprise: the ordinary import below
-            loaded = None
-    if loaded is None:
-        import gguf.constants
-
-        loaded = gguf.constants
-    return loaded.GGML_QUANT_SIZES, loaded.GGMLQuantizationType
-
-
 def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
-    GGML_QUANT_SIZES, GGMLQuantizationType = _type_tables()
+    GGML_QUANT_SIZES, GGMLQuantizationType = type_tables()
 
     r = HeaderReader(buf)
     r.take(4)
@@ -279,6 +260,7 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
 
     alignment = int(kv.get("general.alignment", 32))
     types: Counter[str] = Counter()
+    type_bytes: Counter[str] = Counter()
     tensor_names: set[str] = set()
     data_bytes = 0
     rows: list[tuple[int, int, int]] = []
@@ -300,6 +282,7 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
             )
         types[type_name] += 1
         elements = math.prod(dims)
+        type_bytes[type_name] += elements * type_size // block
         rows.append((ttype, offset, elements))
         data_bytes = max(data_bytes, offset + elements * type_size // block)
     data_start = (r.pos + alignment - 1) // alignment * alignment
@@ -357,6 +340,7 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
     tokenizer_model = kv.get("tokenizer.ggml.model")
     nextn = arch_key("nextn_predict_layers")
     fold_version, fold_block, fold_grouped = bonsai2_file.fold_facts(kv)
+    interval = arch_key("full_attention_interval")
     return GGUFInfo(
         path=path,
         file_size=size,
@@ -387,6 +371,8 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
         fold_block=fold_block,
         fold_grouped=fold_grouped,
         q2_0_group128=g128,
+        type_bytes=dict(sorted(type_bytes.items())),
+        full_attention_interval=interval if isinstance(interval, int) and interval > 1 else None,
     )
 
 

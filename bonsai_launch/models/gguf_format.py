@@ -3,7 +3,8 @@
 One reader for bonsai: `gguf.inspect_gguf` reads the header bonsai needs (skipping large arrays,
 keeping where their bytes are), and the drafter conversion copies a target's key/value section
 with it. The `gguf` package is not used for headers: it raises on tensor types it does not know
-(the ternary targets use 42 and 142), and it builds the whole tensor list we never need.
+(the ternary targets use 42 and 142), and it builds the whole tensor list we never need; only its
+type tables are read (type_tables).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
@@ -91,3 +93,27 @@ class ArrayRef:
     count: int
     start: int
     end: int
+
+
+def type_tables():
+    """gguf's type tables, without importing the gguf package: its __init__ imports numpy
+    (~0.15 s on every `bonsai start`), while gguf/constants.py needs only the standard library."""
+    import importlib.util
+    import sys
+
+    loaded = sys.modules.get("gguf.constants")
+    if loaded is None:
+        try:
+            spec = importlib.util.find_spec("gguf")  # locates the package without running it
+            origin = Path(spec.origin).parent / "constants.py" if spec and spec.origin else None
+            file_spec = importlib.util.spec_from_file_location("_bonsai_gguf_constants", origin) if origin else None
+            if file_spec is not None and file_spec.loader is not None:
+                loaded = importlib.util.module_from_spec(file_spec)
+                file_spec.loader.exec_module(loaded)
+        except Exception:  # any surprise: the ordinary import below
+            loaded = None
+    if loaded is None:
+        import gguf.constants
+
+        loaded = gguf.constants
+    return loaded.GGML_QUANT_SIZES, loaded.GGMLQuantizationType

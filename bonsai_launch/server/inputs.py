@@ -244,9 +244,12 @@ def gather_plan(
     if selection.settings["speculative"] == "auto":
         # the measured decision for these files and server settings, or plain
         selection, tuning = auto_decision(selection, files, binary, model, args)
-    from bonsai_launch.server.model_codec import serveable
+    from bonsai_launch.server.model_codec import path_on, serveable
 
-    target, codec_note = serveable(inspect_gguf(files.model), kind, foreign=foreign, repack=repack)
+    machine = hardware.detect()
+    source = inspect_gguf(files.model)
+    weights = path_on(source, kind, capabilities, machine)  # the path is decided; the repack happens here
+    target, codec_note = serveable(source, kind, weights, foreign=foreign, repack=repack)
     _refuse_failed_kernels(self_test, target.tensor_types, files.model)
     drafter_info = None
     if files.drafter is not None and (selection.settings["speculative"] or drafter):
@@ -265,7 +268,7 @@ def gather_plan(
     inputs = PlanInputs(
         settings=selection.settings,
         model=target,
-        hardware=hardware.detect(),
+        hardware=machine,
         binary=str(binary) if binary is not None else "llama-server",
         # An explicit family/size/profile keeps its sampling for the user's own weights too.
         profile=selection.profile if not explicit_model(selection, model) or selection.names_model else None,
@@ -277,6 +280,7 @@ def gather_plan(
         chat_template=files.chat_template if files.chat_template and files.chat_template.is_file() else None,
         chat_template_missing=bool(files.chat_template and not files.chat_template.is_file()),
         self_test=self_test,
+        weights=weights,
     )
     plan = build_plan(inputs)
     notes = _selection_warnings(selection, model, kind, binary) + ([codec_note] if codec_note else [])

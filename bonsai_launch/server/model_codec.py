@@ -1,28 +1,34 @@
 """The weights file llama-server gets for a Bonsai 2 file: refused, repacked, or as it is.
 
-A folded file needs a build that undoes the fold, PrismML's PQ2_0/PTQ1_0 run on our mainline
-builds as their lossless Q2_0 repack (models/codec_repack.py, made once and cached), and the old
+A folded file needs a build that undoes the fold; PrismML's PQ2_0/PTQ1_0 take the path
+models/weight_path.py chooses: as they are (a fork build; PTQ1_0 on a CPU build with its
+kernels) or as their lossless Q2_0 repack (models/codec_repack.py, made once and cached); the old
 group-128 "Q2_0" never runs (models/bonsai2_file.py). Checked before anything is spawned.
 """
 
 from __future__ import annotations
 
 from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.core.hardware import Hardware
+from bonsai_launch.llamacpp.capabilities import Capabilities
 from bonsai_launch.llamacpp.flavours import FORK, BuildKind
-from bonsai_launch.models import bonsai2_file, codec_repack
+from bonsai_launch.models import bonsai2_file, codec_repack, weight_path
 from bonsai_launch.models.gguf import GGUFInfo, inspect_gguf
+from bonsai_launch.models.weight_path import NATIVE, WeightPath
 
 
-def serveable(target: GGUFInfo, kind: BuildKind, *, foreign: bool, repack: bool) -> tuple[GGUFInfo, str | None]:
+def serveable(
+    target: GGUFInfo, kind: BuildKind, path: WeightPath, *, foreign: bool, repack: bool
+) -> tuple[GGUFInfo, str | None]:
     """(the file to hand llama-server, a note for the plan's warnings).
 
-    kind: the build's; foreign: a binary bonsai did not build (nothing known of it: it is taken
-    to fold and take fork types only when it is taken to be a fork build); repack: make the Q2_0
-    repack now if it is missing (a dry run only says it would)."""
+    kind: the build's; path: weight_path.choose's decision for this file and build; foreign: a
+    binary bonsai did not build (nothing known of it: it is taken to fold and take fork types
+    only when it is taken to be a fork build); repack: make the Q2_0 repack now if it is missing
+    (a dry run only says it would)."""
     _refuse_hazard(target, kind, foreign=foreign)
-    fork = kind.flavour == FORK
     found = bonsai2_file.fork_types(target)
-    if not found or fork:
+    if path.path == NATIVE:
         return target, None
     done = codec_repack.current(target.path)
     if done is None and repack:
@@ -46,8 +52,38 @@ def needs_text(info: GGUFInfo) -> str | None:
         parts.append(f"the Hadamard fold (v{info.fold_version}): bonsai's build (patch 0010) or the PrismML fork")
     found = bonsai2_file.fork_types(info)
     if found:
-        parts.append(f"{'/'.join(found)}: bonsai's build serves it repacked as Q2_0 (lossless), the fork natively")
+        parts.append(
+            f"{'/'.join(found)}: bonsai's build serves it repacked as Q2_0 (lossless; PTQ1_0 as it is on a CPU build "
+            "with its kernels), the fork natively"
+        )
     return "; ".join(parts) or None
+
+
+def path_on(info: GGUFInfo, kind: BuildKind, caps: Capabilities | None, hardware: Hardware | None) -> WeightPath:
+    """The weight path of `info` on a build of `kind` with these capabilities (None: not built
+    yet, taken to be today's builds: no PTQ1_0 kernels), on the backend the plan will use."""
+    from bonsai_launch.server.plan.weights import backend_of
+
+    return weight_path.choose(
+        info.tensor_types,
+        info.type_bytes,
+        backend_of(caps, hardware),
+        fork_build=kind.flavour == FORK,
+        ptq1_0_cpu=caps is not None and caps.ptq1_0_cpu,
+    )
+
+
+def default_path(info: GGUFInfo) -> WeightPath:
+    """The weight path on the build `start` would run now, for `inspect`."""
+    from bonsai_launch.config.settings import resolve
+    from bonsai_launch.core.hardware import detect
+    from bonsai_launch.llamacpp.binaries import probe
+    from bonsai_launch.llamacpp.choice import choose_server
+
+    settings = resolve({})
+    choice = choose_server(settings, settings.get("layout") or "mainline")
+    caps = probe(choice.path) if choice.path is not None else None
+    return path_on(info, choice.kind, caps, None if caps is not None else detect())
 
 
 def check_for_default_build(info: GGUFInfo) -> None:

@@ -10,6 +10,7 @@ compose.py      build_plan: host, key, context, slots, speculation, vision, pass
 context.py      the context size: speculation's floor, auto from free RAM or GPU memory
 speculation.py  a drafter's flags (n-max = its block size) or a draft-free n-gram type
 host.py         loopback unless the user opts in, and never beyond it without a key
+weights.py      the memory a launch holds: the weights' path and bytes, the KV cache, the RAM fit
 """
 
 from bonsai_launch.server.plan.compose import build_plan

@@ -18,6 +18,7 @@ from bonsai_launch.server.plan.context import GIB, MIN_CTX, SPECULATIVE_MIN_CTX,
 from bonsai_launch.server.plan.host import check_host, is_loopback
 from bonsai_launch.server.plan.speculation import plan_speculation
 from bonsai_launch.server.plan.types import ArgvBuilder, LaunchPlan, PlanInputs, Reason, SpecPlan
+from bonsai_launch.server.plan.weights import backend_of, fit_to_ram, held_bytes, memory, ram_ctx_limit
 from bonsai_launch.server.slots import SlotChoice, SlotsPlan
 
 SLOW_VISION_BACKENDS = ("cpu", "metal", "vulkan")
@@ -33,16 +34,6 @@ PLAN_FLAG_SETTINGS = {
     "--chat-template-kwargs": "BONSAI_REASONING_EFFORT",
     "--sleep-idle-seconds": "BONSAI_SLEEP_IDLE_SECONDS",
 }
-
-
-def _backend(inputs: PlanInputs) -> str:
-    if inputs.capabilities is not None:
-        return inputs.capabilities.backend
-    if inputs.hardware.gpus:
-        return "cuda"
-    if inputs.hardware.metal:
-        return "metal"
-    return "cpu"
 
 
 def _why(s: Settings, key: str, default_why: str) -> str:
@@ -85,7 +76,7 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
     caps = inputs.capabilities
     profile = inputs.profile
     b = ArgvBuilder(inputs.binary)
-    backend = _backend(inputs)
+    backend = backend_of(caps, inputs.hardware)
 
     check_host(s)
     host, port = s["host"], s["port"]
@@ -156,8 +147,10 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
             ceiling = min(ceiling, inputs.model.context_length)
         ctx = auto_ctx_from_ram(inputs.hardware, ceiling)
         ctx_why = f"auto: {inputs.hardware.ram_gb:.0f} GB RAM tier"
-        if ngl > 0:
-            weights = inputs.model.file_size + (inputs.drafter.file_size if inputs.drafter and spec else 0)
+        if ngl == 0:  # the weights' path decides how much RAM is left for the KV cache
+            ctx, ctx_why = fit_to_ram(inputs, ctx, ctx_why, held_bytes(inputs, spec is not None), b)
+        else:
+            weights = held_bytes(inputs, spec is not None)
             kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
             limit = gpu_ctx_limit(inputs.hardware, weights, kv)
             if limit is not None and limit < ctx:
@@ -187,13 +180,18 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         if fitted.warning:
             b.warnings.append(fitted.warning)
         kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
-        limit = gpu_ctx_limit(inputs.hardware, inputs.model.file_size, kv) if ngl > 0 else None
+        held = held_bytes(inputs, spec is not None)
+        limit = gpu_ctx_limit(inputs.hardware, held, kv) if ngl > 0 else ram_ctx_limit(inputs.hardware, held, kv)
         if limit is not None and ctx > limit:
             b.warnings.append(
                 f"{slot_choice.count} slots need a {ctx}-token KV cache, more than the about {limit} tokens "
-                "free GPU memory holds; use fewer slots, BONSAI_KV_UNIFIED=1 or BONSAI_KV4=1"
+                f"{'free GPU memory' if ngl > 0 else 'RAM beside the weights'} holds; use fewer slots, "
+                "BONSAI_KV_UNIFIED=1 or BONSAI_KV4=1"
             )
     b.add("-c", ctx, ctx_why)
+    held_memory = memory(inputs, ctx, ngl, spec is not None and spec.drafter is not None)
+    if not held_memory["fits"]:
+        b.warnings.append("memory: " + held_memory["summary"])
     slots_plan = _slots(inputs, spec, slot_choice, per_slot_ctx, b)
     _self_test_workaround(inputs, slot_choice, b)
     if spec is None:
@@ -307,6 +305,7 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         prompt_cache=prompt_cache.describe(s.get("cache_ram"), s.get("ctx_checkpoints"), s.get("cache_idle_slots")),
         model_name=model_name,
         from_passthrough=from_passthrough,
+        memory=held_memory,
     )
 
 

@@ -15,6 +15,7 @@ from bonsai_launch.config.settings import Settings
 from bonsai_launch.core.hardware import Hardware
 from bonsai_launch.llamacpp.capabilities import Capabilities
 from bonsai_launch.models.gguf import GGUFInfo
+from bonsai_launch.models.weight_path import WeightPath
 from bonsai_launch.server.passthrough import Passthrough
 from bonsai_launch.server.slots import SlotsPlan
 
@@ -55,6 +56,7 @@ class LaunchPlan:
     tuning: dict[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision and its evidence
     model_name: str = ""  # what clients put in "model" (llama-server's --alias)
     from_passthrough: tuple[str, ...] = ()  # plan values that came from arguments after --
+    memory: dict[str, Any] | None = None  # weights (their path), KV cache, and whether they fit (plan/weights.py)
 
     @property
     def binary(self) -> str:
@@ -103,6 +105,7 @@ class LaunchPlan:
             "prompt_cache": self.prompt_cache,
             "prompt_sample": self.prompt_sample,
             "tuning": self.tuning,
+            "memory": self.memory,
         }
 
 
@@ -125,6 +128,7 @@ class PlanInputs:
     self_test: Mapping[str, Any] | None = (
         None  # the binary's build self-test verdict (llamacpp/builds/selftest_record.py)
     )
+    weights: WeightPath | None = None  # the path the weights take (models/weight_path.py); None: the file as it is
 
 
 class ArgvBuilder:

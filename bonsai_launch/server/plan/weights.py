@@ -1,0 +1,106 @@
+"""The memory a launch needs: the weights the chosen path holds (models/weight_path.py), the KV
+cache of the planned context, and whether they fit this machine, on the CPU or the first GPU.
+
+The context's auto value comes from the RAM tier (context.py); on a CPU build it is then capped
+so that the weights, the KV cache and a reserve fit in RAM, as free GPU memory caps it when
+offloading. Sized from the bytes the server holds, not the file's: a PTQ1_0 file served as its
+Q2_0 repack holds 29% more than it weighs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bonsai_launch.core.hardware import Hardware
+from bonsai_launch.llamacpp.capabilities import Capabilities
+from bonsai_launch.models.weight_path import gb
+from bonsai_launch.server.plan.context import GIB, GPU_MARGIN_BYTES, MIN_CTX
+
+if TYPE_CHECKING:
+    from bonsai_launch.server.plan.types import ArgvBuilder, PlanInputs
+
+# What RAM holds besides the weights and the KV cache: the system and the other programs, and
+# llama-server's compute buffers (the logits of one ubatch alone are 0.5 GB at a 248k vocabulary).
+RAM_RESERVE_BYTES = 2 * GIB
+
+
+def backend_of(caps: Capabilities | None, hardware: Hardware | None) -> str:
+    """The probed build's backend; without a build, what this machine's hardware suggests."""
+    if caps is not None:
+        return caps.backend
+    if hardware is not None and hardware.gpus:
+        return "cuda"
+    if hardware is not None and hardware.metal:
+        return "metal"
+    return "cpu"
+
+
+def held_bytes(inputs: PlanInputs, with_drafter: bool) -> int:
+    """The weights' bytes in memory: the chosen path's (the file's when no path was chosen), and
+    the drafter's when it is loaded."""
+    weights = inputs.weights.weight_bytes if inputs.weights is not None else inputs.model.file_size
+    return weights + (inputs.drafter.file_size if with_drafter and inputs.drafter is not None else 0)
+
+
+def ram_ctx_limit(hardware: Hardware, weights_bytes: int, kv_per_token: int | None) -> int | None:
+    """The largest context whose KV cache fits in RAM beside the weights and the reserve, or None."""
+    if not kv_per_token or not hardware.ram_bytes:
+        return None
+    available = hardware.ram_bytes - weights_bytes - RAM_RESERVE_BYTES
+    return max(0, available // kv_per_token) // 1024 * 1024
+
+
+def fit_to_ram(inputs: PlanInputs, ctx: int, why: str, weights: int, b: ArgvBuilder) -> tuple[int, str]:
+    """An auto context on a CPU build, capped by what RAM holds beside the weights."""
+    kv = inputs.model.kv_bytes_per_token(_kv_value_bytes(inputs))
+    limit = ram_ctx_limit(inputs.hardware, weights, kv)
+    if limit is None or limit >= ctx:
+        return ctx, why
+    ram = f"{inputs.hardware.ram_gb:.0f} GB RAM"
+    if limit < MIN_CTX:
+        b.warnings.append(
+            f"the weights ({gb(weights)}) leave too little of this machine's {ram} for a KV cache: context set "
+            f"to {MIN_CTX}; the server may not start or may swap (a smaller codec, BONSAI_KV4=1, or more RAM)"
+        )
+        return MIN_CTX, f"auto: the minimum; the weights ({gb(weights)}) nearly fill the {ram}"
+    return (
+        limit,
+        f"auto: limited by {ram} after the weights ({gb(weights)}) and a {RAM_RESERVE_BYTES // GIB} GiB reserve",
+    )
+
+
+def _kv_value_bytes(inputs: PlanInputs) -> float:
+    return 0.5625 if inputs.settings["kv4"] else 2.0
+
+
+def memory(inputs: PlanInputs, ctx: int, ngl: int, with_drafter: bool) -> dict[str, Any]:
+    """What the launch holds and where: weights (path and bytes), the KV cache of `ctx` tokens,
+    the memory it goes to and whether it fits, with a sentence for people."""
+    weights = held_bytes(inputs, with_drafter)
+    kv_per_token = inputs.model.kv_bytes_per_token(_kv_value_bytes(inputs)) or 0
+    kv = kv_per_token * ctx
+    gpu = inputs.hardware.gpus[0] if ngl > 0 and inputs.hardware.gpus else None
+    where, room = (
+        (f"{gpu.name}'s free memory", gpu.free_bytes - GPU_MARGIN_BYTES)
+        if gpu is not None
+        else ("RAM", inputs.hardware.ram_bytes - RAM_RESERVE_BYTES)
+    )
+    path = inputs.weights
+    fits = weights + kv <= room
+    shown = path.describe() if path is not None else f"{gb(weights)} of weights"
+    verdict = "fits in" if fits else "does NOT fit in"
+    reserve = f"{GPU_MARGIN_BYTES // GIB} GiB" if gpu is not None else f"{RAM_RESERVE_BYTES // GIB} GiB"
+    sentence = (
+        f"{shown}; KV cache {gb(kv)} for {ctx} tokens; {gb(weights + kv)} in all, "
+        f"{verdict} the {gb(max(room, 0))} of {where} beyond a {reserve} reserve"
+    )
+    return {
+        "weights": path.to_json() if path is not None else {"weight_bytes": weights},
+        "held_bytes": weights,
+        "kv_bytes": kv,
+        "ctx": ctx,
+        "where": "gpu" if gpu is not None else "ram",
+        "room_bytes": room,
+        "fits": fits,
+        "summary": sentence,
+    }
