@@ -34,6 +34,25 @@ def test_tune_offers_draft_mtp_n_max_1_to_3_without_a_drafter(llama_server, tmp_
     assert not any(c.spec_type == "draft-mtp" for c in other.candidates)
 
 
+def test_tune_offers_ngram_mod_in_front_of_the_mtp_layer_and_of_a_drafter(llama_server, tmp_path):
+    """The lists Bonsai 2 users run (llamacpp/spec_types.py), planned as a launch would be."""
+    import tiny_gguf
+
+    model = tiny_hybrid.write_hybrid_target(tmp_path / "mtp.gguf", mtp=True, weight_type="q8_0")
+    drafter = tiny_gguf.write_dspark_drafter(tmp_path / "d.gguf", target_layers=(1, 3), block_size=4)
+    request = TuneRequest({}, str(model), str(drafter), THREADS, llama_server)
+    found = subject(request, suite.load_prompts()[:2]).candidates
+    lists = tuple(c for c in found if c.spec_type and "," in c.spec_type)
+    assert [c.name for c in lists] == ["ngram-mod+draft-mtp/n1", "ngram-mod+draft-mtp/n2", "ngram-mod+draft-dspark"]
+    specs, refused = plan_candidates(request, lists)
+    assert refused == {}
+    for spec in specs:
+        argv = list(spec.plan.argv)
+        kind = spec.name.split("+")[1].split("/")[0]
+        assert argv[argv.index("--spec-type") + 1] == f"ngram-mod,{kind}"
+        assert ("-md" in argv) == (kind == "draft-dspark"), argv
+
+
 def test_bench_measures_the_mtp_mode_live_and_identical_to_plain(llama_server, tmp_path):
     from bonsai_launch.bench.pipeline import Target, run_bench
 
