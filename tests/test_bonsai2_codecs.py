@@ -157,11 +157,16 @@ def test_a_folded_file_is_refused_on_a_build_that_cannot_fold(ternary):
 @pytest.mark.parametrize("codec", ["PQ2_0", "PTQ1_0"])
 @pytest.mark.slow
 def test_start_serves_a_folded_file_like_its_plain_twin(llama_server, ternary, tmp_path, codec):
+    """PQ2_0 runs as its Q2_0 repack; PTQ1_0 as it is on our CPU build (patch 0013), with no
+    repacked copy written."""
+    repack = codec_repack.output_path(ternary[codec])
+    repack.unlink(missing_ok=True)
     try:
         started = json_out(
             bonsai(["start", "--model", ternary[codec], "--ctx", "512", "--detach", "--json"], server=llama_server)
         )
-        assert any("runs as its lossless Q2_0 repack" in w for w in started["plan"]["warnings"])
+        repacked = any("runs as its lossless Q2_0 repack" in w for w in started["plan"]["warnings"])
+        assert repacked == (codec == "PQ2_0") and repack.is_file() == (codec == "PQ2_0")
         assert started["name"] == ternary[codec].stem
         served = started["url"]
         got = [_greedy(served, p) for p in hadamard_fold.PROMPTS]
@@ -180,3 +185,17 @@ def _greedy(url: str, prompt: list[int]) -> list[int]:
     req = urllib.request.Request(f"{url}/completion", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         return [step["id"] for step in json.load(resp)["completion_probabilities"]]
+
+
+@pytest.mark.slow
+def test_ptq1_0_as_it_is_answers_like_its_q2_0_repack(llama_server, ternary, tmp_path):
+    """The same codes, held at 1.75 bits per weight (patch 0013) and as Q2_0 (2.25): the same
+    greedy tokens from the same CPU build."""
+    native = ternary["PTQ1_0"]
+    assert "PTQ1_0" in inspect_gguf(native).tensor_types
+    answers = {}
+    for label, model in (("native", native), ("repack", codec_repack.repack(native))):
+        # llama-server loads type 143 only with patch 0013: the pin alone refuses the file
+        with tiny_gguf.serve(llama_server, ["-m", model, "-c", "512"], tmp_path / f"{label}.log") as s:
+            answers[label] = [_greedy(s.url, p) for p in hadamard_fold.PROMPTS]
+    assert answers["native"] == answers["repack"]

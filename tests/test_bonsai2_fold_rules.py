@@ -61,20 +61,14 @@ def _refusal(llama_server, model: Path, log: Path) -> str:
 def test_a_block_that_does_not_divide_a_folded_width_is_refused(llama_server, folder, tmp_path):
     pair = hadamard_fold.write_partial_fold(folder, ("ffn_down",), block=1024, ff=3 * 1024, layer_scale=SCALE)
     log = _refusal(llama_server, pair.variant(tmp_path / "b2048.gguf", block_size=2048), tmp_path / "b2048.log")
-    # (the patch prints the width as a double: "3072.000000")
-    line = next(x for x in log.splitlines() if "Hadamard-folded file (prism.hadamard.*): sign width 3072" in x)
+    line = next(x for x in log.splitlines() if "Hadamard-folded file (prism.hadamard.*): sign width 3072 " in x)
     assert "is not a positive multiple of block_size 2048" in line
 
 
-# Patch 0010 takes any power of two from 2 to 65536 and folds them correctly; the format's
-# blocks are 64 to 2048, and the transform's matrix is block x block floats built on the host
-# (16 GiB at 65536), so a file outside the range should fail its load in one line instead.
-OUTSIDE = pytest.mark.xfail(
-    strict=True, reason="patch 0010 accepts blocks 2..65536; the format allows 64..2048 (issue 48, for the lead)"
-)
-
-
-@pytest.mark.parametrize("block", [pytest.param(32, marks=OUTSIDE), pytest.param(4096, marks=OUTSIDE)])
+# The format's blocks are 64 to 2048 (patch 0010 refuses the rest): the transform's matrix is
+# block x block floats built on the host, 16 GiB at 65536, so a file outside the range fails its
+# load in one line instead of the server being killed for memory.
+@pytest.mark.parametrize("block", [32, 4096])
 def test_a_block_outside_64_to_2048_is_refused(llama_server, folder, block, tmp_path):
     pair = hadamard_fold.write_partial_fold(folder, ("ffn_down",), block=block, ff=3 * 4096, layer_scale=SCALE)
     log = _refusal(llama_server, pair.folded, tmp_path / "outside.log")

@@ -6,8 +6,9 @@ import pytest
 
 from bonsai_launch.core.errors import ActionFailed
 from bonsai_launch.core.paths import sources_dir
-from bonsai_launch.llamacpp.builds.patches import apply_series, load_series, series_hash
+from bonsai_launch.llamacpp.builds.patches import apply_series, load_series, series_hash, touching
 from bonsai_launch.llamacpp.builds.source import prepare_pin
+from bonsai_launch.llamacpp.builds.webui import UI_PATHS
 from build_helpers import bad_patch, fake_tree, file_index, help_patch, make_sdist, use_index, write_pin
 
 
@@ -20,6 +21,24 @@ def test_series_is_ordered_and_hashed(tmp_path):
     series = load_series(folder)
     assert [p.name for p in series] == ["0001-a.patch", "0002-b.patch"]
     assert len(series_hash(series)) == 64
+
+
+def test_only_patches_to_the_page_decide_its_build(tmp_path):
+    """A kernel patch changes the series (and the server's build key), not the chat page's
+    assets: the page's key takes only the patches that touch its sources."""
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    (folder / "0001-kernel.patch").write_text(
+        "why\n\ndiff --git a/ggml/src/x.c b/ggml/src/x.c\n--- a/ggml/src/x.c\n+++ b/ggml/src/x.c\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    (folder / "0002-page.patch").write_text(
+        "why\n\ndiff --git a/tools/ui/src/app.ts b/tools/ui/src/app.ts\n--- a/tools/ui/src/app.ts\n"
+        "+++ b/tools/ui/src/app.ts\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    series = load_series(folder)
+    assert [p.name for p in touching(series, UI_PATHS)] == ["0002-page.patch"]
+    # the vendored series: no patch of ours touches the page today
+    assert touching(load_series(), UI_PATHS) == ()
 
 
 def test_vendored_series_is_well_formed():

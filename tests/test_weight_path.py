@@ -133,7 +133,10 @@ def test_the_capability_is_read_from_the_binary(tmp_path):
     shared.write_bytes(b"\x7fELF")
     (tmp_path / "b" / "lib").mkdir()
     (tmp_path / "b" / "lib" / "libggml-base.so").write_bytes(b"\0q2_0\0ptq1_0\0pq2_0\0")
-    assert serves_ptq1_0_on_cpu(shared)  # a shared build: the type is in libggml beside it
+    # the type alone (an ARM build, one without AVX2) runs on its scalar reference: repacked
+    assert not serves_ptq1_0_on_cpu(shared)
+    (tmp_path / "b" / "lib" / "libggml-cpu.so").write_bytes(b"%s: repack tensor %s with %s rows16\n\0")
+    assert serves_ptq1_0_on_cpu(shared)  # a shared build: the type and the x86 kernels in libggml beside it
 
 
 @pytest.fixture(scope="module")
@@ -157,10 +160,12 @@ def test_the_header_gives_the_bytes_of_each_type_and_inspect_the_path(ptq1_file,
 
 
 def test_the_dry_run_says_the_path_and_whether_it_fits(ptq1_file, llama_server):
+    """Our CPU build serves PTQ1_0 as it is (patch 0013): the plan holds the file's own bytes."""
     plan = json_out(bonsai(["start", "--model", ptq1_file, "--dry-run", "--json"], server=llama_server))
-    assert plan["memory"]["weights"]["path"] == "repack to Q2_0" and plan["memory"]["fits"]
+    weights = plan["memory"]["weights"]
+    assert weights["path"] == "native" and weights["weight_bytes"] == weights["file_bytes"] and plan["memory"]["fits"]
     done = bonsai(["start", "--model", ptq1_file, "--dry-run"], server=llama_server)
-    assert "# memory: PTQ1_0 repacked to Q2_0 (no PTQ1_0 kernels in this build, lossless)" in done.stderr
+    assert "# memory: PTQ1_0 as it is (this CPU build serves PTQ1_0 itself)" in done.stderr
     assert done.returncode == 0 and "fits in the" in done.stderr
 
 

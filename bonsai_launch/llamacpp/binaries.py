@@ -29,7 +29,7 @@ from bonsai_launch.llamacpp.capabilities import (
 )
 from bonsai_launch.llamacpp.options import parse_option_table
 
-PROBE_SCHEMA = 6  # 2: shared_drafting; 3: dspark_log_snr; 4: the option table; 5: flags read from it; 6: ptq1_0_cpu
+PROBE_SCHEMA = 7  # 2: shared_drafting; 3: dspark_log_snr; 4: the option table; 5: flags read from it; 6: ptq1_0_cpu; 7: and its x86 kernels
 
 
 def resolve_explicit(explicit: str, platform: str | None = None) -> Path | None:
@@ -127,10 +127,13 @@ _LOG_SNR_MARK = b"%s.log_snr_conditioning"
 
 
 # The name ggml gives the weight type PTQ1_0 (PrismML's 1.75-bit ternary, type 143) in its type
-# table, as a C string: compiled in only by a build whose ggml has the type (the native PTQ1_0
-# patch of our series; no mainline build to date). A build without it gets the file repacked
-# into Q2_0 (models/weight_path.py).
+# table, as a C string: compiled in only by a build whose ggml has the type (patch 0013; no
+# mainline build to date). Its fast CPU kernels are patch 0011's sixteen-row tiles, compiled on
+# x86 with AVX2 only, whose repack log line is the second mark: elsewhere (ARM, a build without
+# AVX2) the type would run on its scalar reference, so those builds get the file repacked into
+# Q2_0 (models/weight_path.py) like every build without the type.
 _PTQ1_0_MARK = b"\0ptq1_0\0"
+_ROWS16_MARK = b"with %s rows16"
 
 
 def implements_log_snr(binary: Path) -> bool:
@@ -139,9 +142,9 @@ def implements_log_snr(binary: Path) -> bool:
 
 
 def serves_ptq1_0_on_cpu(binary: Path) -> bool:
-    """Whether `binary`'s ggml (or the libggml beside it) has PTQ1_0 weights, so its CPU backend
-    serves a PTQ1_0 file as it is, at 1.75 bits per weight."""
-    return _compiled_in(binary, _PTQ1_0_MARK, "libggml*")
+    """Whether `binary`'s ggml (or the libggml beside it) has PTQ1_0 weights and the x86 kernels
+    for them, so its CPU backend serves a PTQ1_0 file as it is, at 1.75 bits per weight."""
+    return _compiled_in(binary, _PTQ1_0_MARK, "libggml*") and _compiled_in(binary, _ROWS16_MARK, "libggml*")
 
 
 def _compiled_in(binary: Path, mark: bytes, libraries: str) -> bool:

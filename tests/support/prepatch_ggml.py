@@ -1,5 +1,5 @@
 """ggml's static libraries from the pinned llama.cpp *without* our patches: the build a kernel
-check must fail on (no x86 Q2_0 kernel, no 2x2 path, no Q1_0/Q2_0 repack: patches 0005-0006 and 0011).
+check must fail on (no x86 Q2_0 kernel, no 2x2 path, no Q1_0/Q2_0 repack, no PTQ1_0: patches 0005-0006, 0011 and 0013).
 
 Only what the kernel check links is built (ggml, ggml-cpu, ggml-base; cmake at the llama.cpp top
 level with every llama target off), natively, from the pin's sdist that `bonsai build` keeps in

@@ -24,7 +24,7 @@ from bonsai_launch.llamacpp.builds import cmake as cmake_build
 from bonsai_launch.llamacpp.builds import fallback, lookup, preflight, toolchain, webui
 from bonsai_launch.llamacpp.builds.backend import choose_backend
 from bonsai_launch.llamacpp.builds.install import install_binaries, read_manifest, write_manifest
-from bonsai_launch.llamacpp.builds.patches import load_series, series_hash
+from bonsai_launch.llamacpp.builds.patches import load_series, series_hash, touching
 from bonsai_launch.llamacpp.builds.pin import load_pin
 from bonsai_launch.llamacpp.builds.source import SourceTree, parse_source, prepare
 
@@ -147,8 +147,11 @@ def plan_build(request: BuildRequest, *, console=None) -> BuildPlan:
     source = prepare(spec, pin, series, console=console, force=request.force)
     patches_id = series_hash(series)
     # The page first: its assets are part of what the build makes (and of its key). Never fails.
+    # Only the patches that change the page's sources decide its assets: a kernel patch must not
+    # cost an npm build of minutes.
+    ui_patches = series_hash(touching(series, webui.UI_PATHS))
     ui = webui.provide(
-        source.path, source.identity, patches_id, source.build_number, console=console, retry=request.force
+        source.path, source.identity, ui_patches, source.build_number, console=console, retry=request.force
     )
     flags = cmake_build.base_flags(
         source.build_number, source.commit, native=not request.portable, ccache=tools.ccache.found

@@ -46,6 +46,44 @@
 typedef struct { uint16_t d; uint8_t qs[16]; } q1_block; /* 128 weights, bit set = +d, clear = -d */
 typedef struct { uint16_t d; uint8_t qs[16]; } q2_block; /* 64 weights, code {0,1,2,3} = {-1,0,1,2} x d */
 typedef struct { uint16_t d; int8_t qs[32]; } q8_block;  /* 32 activations */
+/* PrismML's PTQ1_0 (patch 0012, the fork's type id 143): 128 ternary codes in 26 bytes of five
+ * base-3 digits each (first most significant, stored as ceil(v * 256 / 243)), then d. qs[m]
+ * (m < 16) holds weights m + 16n, qs[16 + m] (m < 8) 80 + m + 8n, qh[h] 120 + h + 2n (four
+ * digits and a zero one); value (code - 1) x d. */
+typedef struct { uint8_t qs[24]; uint8_t qh[2]; uint16_t d; } ptq1_block;
+#define PTQ1_0 ((enum ggml_type) 143)
+/* builds without patch 0012 (the pin alone, another source) have no type 143 */
+static int has_ptq1_0(void) { return GGML_TYPE_COUNT > 143 && ggml_type_size(PTQ1_0) == sizeof(ptq1_block); }
+static int per_block(enum ggml_type t) { return t == GGML_TYPE_Q2_0 ? 64 : 128; }
+static size_t block_bytes(enum ggml_type t) { return t == PTQ1_0 ? sizeof(ptq1_block) : 18; }
+
+/* the weight index a PTQ1_0 byte's digit n holds (-1: qh's unused fifth digit) */
+static int ptq1_element(int m, int n) {
+    if (m < 16) return m + 16 * n;
+    if (m < 24) return 80 + (m - 16) + 8 * n;
+    return n < 4 ? 120 + (m - 24) + 2 * n : -1;
+}
+static int ptq1_code(const ptq1_block * b, int j) {
+    for (int m = 0; m < 26; m++) {
+        unsigned x = m < 24 ? b->qs[m] : b->qh[m - 24];
+        for (int n = 0; n < 5; n++) {
+            if (ptq1_element(m, n) == j) return (int) ((x * 3) >> 8);
+            x = (x * 3) & 0xFF;
+        }
+    }
+    return -1;
+}
+static void ptq1_encode(ptq1_block * b, const uint8_t * codes) {
+    for (int m = 0; m < 26; m++) {
+        int v = 0;
+        for (int n = 0; n < 5; n++) {
+            const int e = ptq1_element(m, n);
+            v = v * 3 + (e >= 0 ? codes[e] : 0);
+        }
+        const uint8_t byte = (uint8_t) ((v * 256 + 242) / 243);
+        if (m < 24) b->qs[m] = byte; else b->qh[m - 24] = byte;
+    }
+}
 
 /* The scalar reference shipped in ggml-cpu/quants.c; on x86 builds with patch 0005 it is a
  * function of its own next to the SIMD one, without the patch its name does not exist. */
@@ -55,7 +93,7 @@ extern void ggml_vec_dot_q2_0_q8_0_generic(int, float *, size_t, const void *, s
 static int failures = 0;
 static int quick = 0;
 static enum ggml_type cur_type = GGML_TYPE_Q1_0; /* whose check is running: failures count against it */
-static int type_failures[GGML_TYPE_COUNT];
+static int type_failures[256]; /* by type id: 143 (PTQ1_0) may be past this build's GGML_TYPE_COUNT */
 #define FAIL(...) do { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; type_failures[cur_type]++; } while (0)
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -66,6 +104,9 @@ static uint32_t rnd(void) {
 static float frand(float lo, float hi) { return lo + (hi - lo) * (float) (rnd() % 1000001) / 1000000.0f; }
 
 static float weight(enum ggml_type t, const void * row, int j) {
+    if (t == PTQ1_0) {
+        return (float) (ptq1_code((const ptq1_block *) row + j / 128, j % 128) - 1);
+    }
     if (t == GGML_TYPE_Q1_0) {
         const q1_block * b = (const q1_block *) row + j / 128;
         return ((b->qs[(j % 128) / 8] >> (j % 8)) & 1) ? 1.0f : -1.0f;
@@ -74,6 +115,7 @@ static float weight(enum ggml_type t, const void * row, int j) {
     return (float) (((b->qs[(j % 64) / 4] >> (2 * (j % 4))) & 3) - 1);
 }
 static float wscale(enum ggml_type t, const void * row, int j) {
+    if (t == PTQ1_0) return ggml_fp16_to_fp32(((const ptq1_block *) row)[j / 128].d);
     const uint16_t d = t == GGML_TYPE_Q1_0 ? ((const q1_block *) row)[j / 128].d : ((const q2_block *) row)[j / 64].d;
     return ggml_fp16_to_fp32(d);
 }
@@ -108,8 +150,20 @@ static int close_enough(double got, double want, double mag, int n) {
 enum fill { RANDOM, ALL_LOW, ALL_HIGH, EXTREME };
 
 static void fill_weights(enum ggml_type t, void * rows, int nrows, int n, enum fill f) {
-    const int per = t == GGML_TYPE_Q1_0 ? 128 : 64;
+    const int per = per_block(t);
     const int nb = nrows * n / per;
+    if (t == PTQ1_0) { /* codes 0..2: all -1, all +1, or random */
+        for (int i = 0; i < nb; i++) {
+            ptq1_block * b = (ptq1_block *) rows + i;
+            uint8_t codes[128];
+            for (int k = 0; k < 128; k++) codes[k] = f == ALL_LOW ? 0 : f == ALL_HIGH ? 2 : (uint8_t) (rnd() % 3);
+            ptq1_encode(b, codes);
+            float d = frand(-0.05f, 0.05f);
+            if (f == EXTREME) d = (i % 3 == 0) ? 65504.0f : (i % 3 == 1) ? -6.0e-8f : 1.0e-3f;
+            b->d = ggml_fp32_to_fp16(d);
+        }
+        return;
+    }
     for (int i = 0; i < nb; i++) {
         q2_block * b = (q2_block *) rows + i; /* same size and field offsets as q1_block */
         float d = frand(-0.05f, 0.05f);
@@ -130,12 +184,12 @@ static void fill_acts(q8_block * y, int nblocks, enum fill f) {
     }
 }
 
-static const char * tname(enum ggml_type t) { return t == GGML_TYPE_Q1_0 ? "Q1_0" : "Q2_0"; }
+static const char * tname(enum ggml_type t) { return t == GGML_TYPE_Q1_0 ? "Q1_0" : t == GGML_TYPE_Q2_0 ? "Q2_0" : "PTQ1_0"; }
 
 static void check_vec_dot(enum ggml_type t) {
     const struct ggml_type_traits_cpu * tr = ggml_get_type_traits_cpu(t);
-    const int per = t == GGML_TYPE_Q1_0 ? 128 : 64;
-    const size_t bsize = 18;
+    const int per = per_block(t);
+    const size_t bsize = block_bytes(t);
     const int lens[] = { per, 2 * per, 3 * per, 5 * per, 2048, 6144 };
     const enum fill fills[] = { RANDOM, ALL_LOW, ALL_HIGH, EXTREME };
     for (unsigned li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
@@ -424,11 +478,13 @@ int main(int argc, char ** argv) {
     const int q1_repacked = repacks(GGML_TYPE_Q1_0, 384, 16);
     const int q2_repacked = repacks(GGML_TYPE_Q2_0, 192, 16);
     const int q1_rows4 = repacks(GGML_TYPE_Q1_0, 384, 4);
+    const int ptq1 = has_ptq1_0();
+    const int ptq1_repacked = ptq1 && repacks(PTQ1_0, 384, 16);
     const int q2_rows4 = repacks(GGML_TYPE_Q2_0, 192, 4);
     printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d "
-           "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d\n",
+           "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
-           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4);
+           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4, ptq1, ptq1_repacked);
     if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
         cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
@@ -453,13 +509,20 @@ int main(int argc, char ** argv) {
         } else if (q2_rows4) {
             FAIL("Q2_0 weights of 4 rows are repacked: the four-row layout is offered, not patch 0011's sixteen-row one");
         }
+        cur_type = PTQ1_0;
+        if (!ptq1) {
+            FAIL("PTQ1_0 (type 143) is not a type of this build (patch 0012 missing)");
+        } else if (!ptq1_repacked) {
+            FAIL("PTQ1_0 weights are not repacked: the x86 sixteen-row kernels are not offered (patch 0012 missing)");
+        }
     }
-    const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0 };
-    for (int ti = 0; ti < 2; ti++) {
+    const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, PTQ1_0 };
+    const int ntypes = ptq1 ? 3 : 2;
+    for (int ti = 0; ti < ntypes; ti++) {
         const enum ggml_type t = types[ti];
         cur_type = t;
         check_vec_dot(t);
-        const int n = t == GGML_TYPE_Q1_0 ? 384 : 192;
+        const int n = 3 * per_block(t);
         const int row_counts[] = { 2, 17, 34 };
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33 };
         for (int ri = quick ? 1 : 0; ri < 3; ri++)
@@ -468,11 +531,11 @@ int main(int argc, char ** argv) {
                     if (!quick || (bi + th) % 2 == 0 || bi >= 9) check_mul_mat(t, n, row_counts[ri], batches[bi], th, 0);
         check_mul_mat(t, 2048, 64, 5, 2, 0);
     }
-    for (int ti = 0; ti < 2; ti++) { /* rows come in tiles of 16 there; 48 splits three tiles over two threads */
+    for (int ti = 0; ti < ntypes; ti++) { /* rows come in tiles of 16 there; 48 splits three tiles over two threads */
         const enum ggml_type t = types[ti];
         cur_type = t;
-        if (!(t == GGML_TYPE_Q1_0 ? q1_repacked : q2_repacked)) continue;
-        const int per = t == GGML_TYPE_Q1_0 ? 128 : 64;
+        if (!(t == GGML_TYPE_Q1_0 ? q1_repacked : t == GGML_TYPE_Q2_0 ? q2_repacked : ptq1_repacked)) continue;
+        const int per = per_block(t);
         const int row_counts[] = { 16, 48, 64 };
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33 };
         for (int ri = quick ? 1 : 0; ri < 3; ri++)
@@ -497,6 +560,9 @@ int main(int argc, char ** argv) {
         if (type_failures[all[ti]]) printf("type %s failed %d\n", ggml_type_name(all[ti]), type_failures[all[ti]]);
         else printf("type %s ok\n", ggml_type_name(all[ti]));
     }
+    /* PTQ1_0: checked where the build has the type; a build of ours without it failed above */
+    if (type_failures[PTQ1_0]) printf("type ptq1_0 failed %d\n", type_failures[PTQ1_0]);
+    else if (ptq1) printf("type ptq1_0 ok\n");
     if (failures) {
         printf("%d failures\n", failures);
         return 1;

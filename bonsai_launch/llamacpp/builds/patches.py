@@ -37,6 +37,22 @@ def load_series(folder: Path | None = None) -> tuple[Patch, ...]:
     return tuple(Patch(p.name, p, hashlib.sha256(p.read_bytes()).hexdigest()) for p in files)
 
 
+def touching(series: tuple[Patch, ...], prefixes: tuple[str, ...]) -> tuple[Patch, ...]:
+    """The patches of `series` that change a file under one of `prefixes` (tree-relative paths,
+    as the diffs name them: `+++ b/tools/ui/...`)."""
+
+    def changes(patch: Patch) -> bool:
+        for line in patch.path.read_text(errors="replace").splitlines():
+            if line.startswith(("+++ ", "--- ")):
+                name = line[4:].split("\t")[0].strip()
+                name = name[2:] if name.startswith(("a/", "b/")) else name
+                if name.startswith(prefixes):
+                    return True
+        return False
+
+    return tuple(p for p in series if changes(p))
+
+
 def series_hash(series: tuple[Patch, ...]) -> str:
     """ "" for an empty series, so an unpatched tree keeps its plain name and key."""
     if not series:

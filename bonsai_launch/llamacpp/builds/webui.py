@@ -1,8 +1,9 @@
 """llama.cpp's chat page (`tools/ui`, SvelteKit) built with npm from the source being built.
 
 Built once per source: BONSAI_HOME/ui/<key>/ holds `dist/` (the page's assets, about 10 MB),
-`npm.log` and `result.json`. The key is the source's identity (the pin's sdist sha256), the patch
-series and the UI's package.json and package-lock.json: what decides the assets. node_modules
+`npm.log` and `result.json`. The key is the source's identity (the pin's sdist sha256), the
+patches that change the page's sources (UI_PATHS; a kernel patch does not) and the UI's
+package.json and package-lock.json: what decides the assets. node_modules
 (about 700 MB) is deleted once the assets are built; a cached build costs nothing.
 
 How the assets reach llama-server: b11434's `scripts/ui-assets.cmake` (run at every ninja build
@@ -70,6 +71,10 @@ NOT_ASKED = UiAssets("", None, "not asked for")
 
 def ui_root() -> Path:
     return bonsai_home() / "ui"
+
+
+# What decides the page's assets in a source tree (a patch touching none of it leaves them alone)
+UI_PATHS = ("tools/ui/", "scripts/ui-assets.cmake")
 
 
 def ui_key(src: Path, identity: str, patches: str) -> str | None:
