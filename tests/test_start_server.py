@@ -275,7 +275,7 @@ def test_a_stop_during_the_spawn_stops_the_server_it_started(llama_server, tiny,
     # once the server process exists but before bonsai has recorded it. bonsai must still know it
     # started a server (exit 0 rather than 130) and stop it, not leave it to die with its parent.
     from bonsai_launch.server import supervisor
-    from bonsai_launch.server.plan import LaunchPlan
+    from bonsai_launch.server.plan import LaunchPlan, ModelPlan, ServerPlan
     from bonsai_launch.server.process import ServerProcess, SignalForwarder, StopRequested
 
     spawned: list[ServerProcess] = []
@@ -289,8 +289,8 @@ def test_a_stop_during_the_spawn_stops_the_server_it_started(llama_server, tiny,
 
     monkeypatch.setattr(ServerProcess, "spawn", spawn_then_stop)
     port = free_port()
-    argv = (str(llama_server), "-m", str(tiny["target"]), "--host", "127.0.0.1", "--port", str(port))
-    plan = LaunchPlan(argv, {}, (), (), None, str(tiny["target"]), "127.0.0.1", port, 512, 0, "cpu", None)
+    served = ModelPlan("target", str(tiny["target"]), ("-m", str(tiny["target"])), (), (), None, 512, 0, "cpu", None)
+    plan = LaunchPlan(ServerPlan(str(llama_server), "127.0.0.1", port, metrics=False), served)
     try:
         with SignalForwarder((signal.SIGUSR1,)) as forwarder, pytest.raises(StopRequested):
             supervisor.launch(plan, forwarder=forwarder)

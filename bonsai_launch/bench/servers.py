@@ -3,7 +3,6 @@ live), or running ones attached by URL."""
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -101,14 +100,6 @@ def plan_configs(
     return specs
 
 
-def _with_port(plan, port: int):
-    argv = list(plan.argv)
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "--port":
-            argv[i + 1] = str(port)
-    return dataclasses.replace(plan, argv=tuple(argv), port=port)
-
-
 @contextmanager
 def launched(
     spec: ConfigSpec, run: ServerRun, log_dir: Path, listener: Listener, api: str = "chat"
@@ -122,7 +113,7 @@ def launched(
         run.slots = effective_slots(base_plan)
     attempts = 2  # a free port can be taken by someone else between our check and the bind
     for attempt in range(attempts):
-        plan = _with_port(base_plan, free_port())
+        plan = base_plan.on_port(free_port())
         slots_tag = f"-np{run.slots}" if spec.slot_plans else ""
         log = log_dir / f"{spec.name}-r{run.repeat + 1}-{run.purpose.replace('=', '')}{slots_tag}.log"
         listener.step(f"{spec.label}: starting llama-server ({run.purpose}, repeat {run.repeat + 1})")

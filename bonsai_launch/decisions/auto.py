@@ -1,11 +1,11 @@
 """BONSAI_SPECULATIVE=auto: the stored decision becomes ordinary settings for the launch plan.
 
-gather_plan (launch_inputs.py) calls `apply_auto` before planning: it looks the decision up
+gather_plan (server/inputs.py) calls `apply_auto` before planning: it looks the decision up
 for this machine, build, model and drafter, and replaces `speculative` (and the type and
 draft length) with what was measured to pay, or with plain when nothing did, when no
-decision exists, or when the decision's inputs changed. `with_tuning` then puts the decision
-and its evidence into the plan, so `start --dry-run --json`, the start summary and `ps` can
-show why.
+decision exists, or when the decision's inputs changed. The decision is then an input of the
+planner (PlanInputs.tuning), which explains it in the plan, so `start --dry-run --json`, the
+start summary and `ps` can show why.
 """
 
 from __future__ import annotations

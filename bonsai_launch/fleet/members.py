@@ -4,7 +4,6 @@ remote member to answer is fleet/health.py's (wait_reach)."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ def launch_replica(member: MemberState, status: Status):
 
     plan, _ = prepare_plan(member.flags, None, None, tuple(member.args))
     if member.env:
-        plan = dataclasses.replace(plan, env={**plan.env, **member.env})
+        plan = plan.with_env(member.env)
     status(f"{member.name}: starting llama-server on port {plan.port} ({member.share})")
     launched = supervisor.launch(
         plan,
@@ -62,19 +61,10 @@ def launch_replica(member: MemberState, status: Status):
     member.pid = launched.server.pid
     member.url = plan.base_url
     member.argv = list(plan.argv)
-    member.parallel = replica_slots(plan.argv)
+    member.parallel = max(1, plan.slots.count or 1) if plan.slots else 1  # the plan's -np (llama-server's 1 when auto)
     if plan.env.get("LLAMA_API_KEY"):
         member.api_key_env = "BONSAI_API_KEY"  # the replicas' key is the user's BONSAI_API_KEY
     return launched
-
-
-def replica_slots(argv) -> int:
-    """-np of a llama-server command line (the last one wins, as in llama-server)."""
-    n = 1
-    for flag, value in zip(argv, [*argv[1:], ""], strict=True):
-        if flag in ("-np", "--parallel") and value.isdigit():
-            n = int(value)
-    return max(1, n)
 
 
 def local_alive(member: MemberState) -> bool:

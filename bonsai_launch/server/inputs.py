@@ -6,7 +6,6 @@ and the pure plan. It reads headers and probes hardware but starts nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -265,6 +264,8 @@ def gather_plan(
 
             raise refusal_for_legacy(files.drafter, files.model)  # never handed to llama-server as it is
     mmproj_file = files.mmproj if files.mmproj is not None and files.mmproj.is_file() else None
+    notes = _selection_warnings(selection, model, kind, binary) + ([codec_note] if codec_note else [])
+    notes += inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
     inputs = PlanInputs(
         settings=selection.settings,
         model=target,
@@ -281,15 +282,10 @@ def gather_plan(
         chat_template_missing=bool(files.chat_template and not files.chat_template.is_file()),
         self_test=self_test,
         weights=weights,
+        notes=tuple(notes),
+        tuning=tuning,
     )
-    plan = build_plan(inputs)
-    notes = _selection_warnings(selection, model, kind, binary) + ([codec_note] if codec_note else [])
-    notes += inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
-    if notes:
-        plan = dataclasses.replace(plan, warnings=plan.warnings + tuple(notes))
-    if tuning is not None:
-        plan = with_tuning(plan, tuning)
-    return plan
+    return build_plan(inputs)
 
 
 def _self_test_verdict(binary: Path | None) -> dict[str, Any] | None:
@@ -346,25 +342,3 @@ def _selection_warnings(selection: Selection, model: str | None, kind: BuildKind
             f"{profile.name} needs (set BONSAI_LAYOUT=fork to say so and silence this)"
         )
     return notes
-
-
-def with_tuning(plan, info: dict[str, Any]):
-    """The plan with the decision attached and explained."""
-    from bonsai_launch.decisions.auto import AUTO
-    from bonsai_launch.server.plan import Reason
-
-    why = info["message"].removeprefix("BONSAI_SPECULATIVE=auto: ")
-    warnings = tuple(w for w in plan.warnings if not (w.startswith("drafter ") and "speculation is off" in w))
-    if info["status"] != "found":
-        warnings += (info["message"],)
-    measured = info.get("conditions") or {}
-    if info["status"] == "found" and measured.get("ngl") is not None and measured["ngl"] != plan.ngl:
-        warnings += (
-            (
-                f"the tuning decision {info['id']} was measured with -ngl {measured['ngl']}, this start uses "
-                f"-ngl {plan.ngl}: re-tune (`{info['hint']}`) if speed matters"
-            ),
-        )
-    return dataclasses.replace(
-        plan, tuning=info, reasons=plan.reasons + (Reason("BONSAI_SPECULATIVE", AUTO, why),), warnings=warnings
-    )

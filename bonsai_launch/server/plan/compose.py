@@ -1,24 +1,24 @@
-"""build_plan: settings, model, hardware and binary become the argv, in one order: host and key,
-context, slots, speculation, vision, then the arguments after -- (checked against what the plan
-set). Each part adds its flags with a reason through the ArgvBuilder (types.py)."""
+"""build_plan: settings, model, hardware and binary become a LaunchPlan: the process (plan/server.py:
+host, port, key, /metrics) and the model it serves (plan_model: name, layers, context, slots,
+speculation, KV, cache, vision, template, then the arguments after --, checked against what the
+plan set). Each part adds its flags with a reason through the ArgvBuilder (types.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
-from bonsai_launch.config.settings import Settings
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp.builds import selftest_record
 from bonsai_launch.llamacpp.capabilities import require_flag
 from bonsai_launch.server import prompt_cache
 from bonsai_launch.server import slots as slot_rules
 from bonsai_launch.server.passthrough import fold_settings, split_known
-from bonsai_launch.server.plan.context import GIB, MIN_CTX, SPECULATIVE_MIN_CTX, auto_ctx_from_ram, gpu_ctx_limit
-from bonsai_launch.server.plan.host import check_host, is_loopback
+from bonsai_launch.server.plan.server import plan_server
 from bonsai_launch.server.plan.speculation import plan_speculation
-from bonsai_launch.server.plan.types import ArgvBuilder, LaunchPlan, PlanInputs, Reason, SpecPlan
-from bonsai_launch.server.plan.weights import backend_of, fit_to_ram, held_bytes, memory, ram_ctx_limit
+from bonsai_launch.server.plan.types import ArgvBuilder, LaunchPlan, ModelPlan, PlanInputs, Reason, SpecPlan
+from bonsai_launch.server.plan.weights import backend_of, memory, plan_context
 from bonsai_launch.server.slots import SlotChoice, SlotsPlan
 
 SLOW_VISION_BACKENDS = ("cpu", "metal", "vulkan")
@@ -34,16 +34,6 @@ PLAN_FLAG_SETTINGS = {
     "--chat-template-kwargs": "BONSAI_REASONING_EFFORT",
     "--sleep-idle-seconds": "BONSAI_SLEEP_IDLE_SECONDS",
 }
-
-
-def _why(s: Settings, key: str, default_why: str) -> str:
-    source = s.source(key)
-    return {
-        "passthrough": "from the arguments after --",
-        "flag": "set by flag",
-        "env": "set by environment",
-        "profile": "set by the profile",
-    }.get(source, default_why)
 
 
 def _prompt_sample(inputs: PlanInputs, env: dict[str, str], b: ArgvBuilder) -> dict | None:
@@ -68,24 +58,25 @@ def _prompt_sample(inputs: PlanInputs, env: dict[str, str], b: ArgvBuilder) -> d
 
 
 def build_plan(inputs: PlanInputs) -> LaunchPlan:
-    passthrough = inputs.passthrough
-    passthrough.check_refused()
+    """The process (plan/server.py) and the model it serves (plan_model), from one set of inputs."""
+    inputs.passthrough.check_refused()
     # Owned options after -- count as the matching settings, so every rule below applies once.
-    inputs = dataclasses.replace(inputs, settings=fold_settings(inputs.settings, passthrough))
+    inputs = dataclasses.replace(inputs, settings=fold_settings(inputs.settings, inputs.passthrough))
+    server = plan_server(inputs.settings, inputs.binary, inputs.capabilities)
+    return LaunchPlan(server, plan_model(inputs, server.reasons))
+
+
+def plan_model(inputs: PlanInputs, process_reasons: tuple[Reason, ...] = ()) -> ModelPlan:
+    """One model's flags: name, layers, context, slots, speculation, KV, cache, vision, template, then
+    the profile's and the user's arguments (checked against what the plan and the process set:
+    `process_reasons`). Settings must have the passthrough folded in (build_plan does)."""
+    passthrough = inputs.passthrough
     s = inputs.settings
     caps = inputs.capabilities
     profile = inputs.profile
-    b = ArgvBuilder(inputs.binary)
+    b = ArgvBuilder()
     backend = backend_of(caps, inputs.hardware)
-
-    check_host(s)
-    host, port = s["host"], s["port"]
     env: dict[str, str] = {}
-    if s.get("api_key"):
-        # Enforced whatever the host (loopback is shared by every user of the machine); through
-        # the environment, so the key never shows in `ps` output.
-        env["LLAMA_API_KEY"] = s["api_key"]
-        b.reasons.append(Reason("LLAMA_API_KEY", "***", f"an API key is required ({_why(s, 'api_key', 'generated')})"))
 
     alias = passthrough.plan_value("alias")
     # llama-server keeps aliases in a sorted set and serves the first as the model's name.
@@ -97,16 +88,6 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         "--alias",
         alias or model_name,
         "from the arguments after --" if alias else 'the name clients see in /v1/models and put in "model"',
-    )
-    b.add(
-        "--host",
-        host,
-        ("loopback only" if is_loopback(host) else "BONSAI_ALLOW_REMOTE=1") + f" ({_why(s, 'host', 'default')})",
-    )
-    b.add(
-        "--port",
-        port,
-        f"from {s.source('port')}" if s.source("port") != "passthrough" else "from the arguments after --",
     )
 
     # GPU layers: the user's choice, else everything on a usable GPU.
@@ -124,71 +105,7 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
     spec = plan_speculation(inputs, ngl, b)
     # -np after -- is folded into BONSAI_PARALLEL's setting (source "passthrough").
     slot_choice = slot_rules.choose_slots(s.get("parallel"), s.source("parallel"), spec is not None)
-
-    # Context: explicit wins; else RAM tier, capped by free GPU memory when offloading.
-    ctx_setting = s.get("ctx") or 0
-    if ctx_setting > 0:
-        ctx = ctx_setting
-        ctx_why = f"set explicitly ({s.source('ctx')})"
-        if spec and s.source("ctx") == "profile" and ctx < SPECULATIVE_MIN_CTX:
-            ctx, ctx_why = (
-                SPECULATIVE_MIN_CTX,
-                "speculation: at least 16384 (requests re-prefill, the model thinks before answering)",
-            )
-        elif spec and ctx < SPECULATIVE_MIN_CTX:
-            b.warnings.append(
-                f"context {ctx} ({_why(s, 'ctx', 'explicit').replace('set by', 'set by the')}) is "
-                f"below {SPECULATIVE_MIN_CTX}, the floor bonsai uses with speculation: "
-                "long answers will run out of context"
-            )
-    else:
-        ceiling = profile.max_auto_ctx if profile else 131072
-        if inputs.model.context_length:
-            ceiling = min(ceiling, inputs.model.context_length)
-        ctx = auto_ctx_from_ram(inputs.hardware, ceiling)
-        ctx_why = f"auto: {inputs.hardware.ram_gb:.0f} GB RAM tier"
-        if ngl == 0:  # the weights' path decides how much RAM is left for the KV cache
-            ctx, ctx_why = fit_to_ram(inputs, ctx, ctx_why, held_bytes(inputs, spec is not None), b)
-        else:
-            weights = held_bytes(inputs, spec is not None)
-            kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
-            limit = gpu_ctx_limit(inputs.hardware, weights, kv)
-            if limit is not None and limit < ctx:
-                ctx = max(MIN_CTX, limit)
-                ctx_why = f"auto: limited by free GPU memory ({inputs.hardware.gpus[0].free_bytes / GIB:.1f} GiB)"
-                if limit < MIN_CTX:
-                    b.warnings.append(
-                        f"the model barely fits in GPU memory; context set to {MIN_CTX}; "
-                        "lower BONSAI_NGL if loading fails"
-                    )
-        if spec and ctx < SPECULATIVE_MIN_CTX:
-            ctx, ctx_why = (
-                SPECULATIVE_MIN_CTX,
-                "speculation: at least 16384 (requests re-prefill, the model thinks before answering)",
-            )
-    per_slot_ctx = ctx
-    if slot_choice.count is not None and slot_choice.count > 1:
-        explicit_ctx = ctx_setting > 0 and s.source("ctx") != "profile"
-        minimum, label = (
-            (SPECULATIVE_MIN_CTX, "the speculative minimum per slot") if spec else (MIN_CTX, "the minimum per slot")
-        )
-        fitted = slot_rules.context_for_slots(
-            slot_choice.count, bool(s["kv_unified"]), minimum, ctx, explicit_ctx, label
-        )
-        ctx_why = fitted.why if fitted.ctx != ctx else f"{ctx_why}; {fitted.why}"
-        ctx, per_slot_ctx = fitted.ctx, fitted.per_slot
-        if fitted.warning:
-            b.warnings.append(fitted.warning)
-        kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
-        held = held_bytes(inputs, spec is not None)
-        limit = gpu_ctx_limit(inputs.hardware, held, kv) if ngl > 0 else ram_ctx_limit(inputs.hardware, held, kv)
-        if limit is not None and ctx > limit:
-            b.warnings.append(
-                f"{slot_choice.count} slots need a {ctx}-token KV cache, more than the about {limit} tokens "
-                f"{'free GPU memory' if ngl > 0 else 'RAM beside the weights'} holds; use fewer slots, "
-                "BONSAI_KV_UNIFIED=1 or BONSAI_KV4=1"
-            )
-    b.add("-c", ctx, ctx_why)
+    ctx, per_slot_ctx = plan_context(inputs, spec is not None, ngl, slot_choice.count, b)
     held_memory = memory(inputs, ctx, ngl, spec is not None and spec.drafter is not None)
     if not held_memory["fits"]:
         b.warnings.append("memory: " + held_memory["summary"])
@@ -225,21 +142,8 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         b.add(item.flag, item.value, item.why)
     b.warnings.extend(cache_warnings)
 
-    if s.get("sleep_idle_seconds"):
-        require_flag(caps, "--sleep-idle-seconds", "BONSAI_SLEEP_IDLE_SECONDS")
-        b.add(
-            "--sleep-idle-seconds",
-            str(s["sleep_idle_seconds"]),
-            f"BONSAI_SLEEP_IDLE_SECONDS ({s.source('sleep_idle_seconds')}): unload the model when idle",
-        )
-
     sample = _prompt_sample(inputs, env, b)
-
     mmproj = _vision(inputs, backend, b)
-
-    if s["verbose"]:
-        b.add("--verbose", None, "BONSAI_LLAMA_VERBOSE=1")
-    b.add("--metrics", None, "expose /metrics so `bonsai verify` and `bonsai bench` can read speculative counters")
 
     if s.get("reasoning_effort"):
         from bonsai_launch.config.profiles import reasoning_effort_kwargs
@@ -251,30 +155,7 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         )
 
     _chat_template(inputs, b, {a.canonical for a in passthrough.rest()})
-
-    rest = passthrough.rest()
-    table = passthrough.table
-    planned = {table.canonical(r.flag): r for r in b.reasons if r.flag.startswith("-")} if table else {}
-    given = {a.canonical for a in rest}
-    for arg in rest:
-        # Never twice in the argv: llama-server would take the last value, unseen by the plan.
-        if arg.canonical in planned and arg.canonical != "--metrics":
-            r = planned[arg.canonical]
-            setting = PLAN_FLAG_SETTINGS.get(arg.canonical, "the bonsai setting behind it")
-            raise BonsaiError(
-                f"-- {arg.shown} conflicts with {r.flag} {r.value}, which bonsai sets ({r.why})",
-                f"use {setting} instead",
-            )
-    if profile and profile.server_args:
-        # The profile's server arguments are defaults: an argument after -- replaces them.
-        kept = [w for name, words in split_known(profile.server_args, table) if name not in given for w in words]
-        b.argv.extend(kept)
-        if kept:
-            b.reasons.append(Reason("profile", " ".join(kept), f"sampling and chat settings of profile {profile.name}"))
-    passed = [w for a in rest if not (a.canonical == "--metrics" and "--metrics" in planned) for w in a.argv]
-    if passed:
-        b.argv.extend(passed)
-        b.reasons.append(Reason("--", " ".join(passed), "passed through to llama-server"))
+    _rest(inputs, b, process_reasons)
     secrets = passthrough.secret_env()
     env.update(secrets)
     for name in secrets:
@@ -286,15 +167,14 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
             | {n for n in ("ubatch", "batch", "alias") if passthrough.plan_value(n)}
         )
     )
-    return LaunchPlan(
-        argv=tuple(str(a) for a in b.argv),
-        env=env,
-        reasons=tuple(b.reasons),
-        warnings=tuple(b.warnings),
+    reasons, warnings, tuning = _tuning(inputs, tuple(b.reasons), (*b.warnings, *inputs.notes), ngl)
+    return ModelPlan(
+        name=model_name,
+        path=str(inputs.model.path),
+        args=tuple(str(a) for a in b.argv),
+        reasons=reasons,
+        warnings=warnings,
         profile=profile.name if profile else None,
-        model=str(inputs.model.path),
-        host=host,
-        port=port,
         ctx=ctx,
         ngl=ngl,
         backend=backend,
@@ -303,10 +183,65 @@ def build_plan(inputs: PlanInputs) -> LaunchPlan:
         slots=slots_plan,
         prompt_sample=sample,
         prompt_cache=prompt_cache.describe(s.get("cache_ram"), s.get("ctx_checkpoints"), s.get("cache_idle_slots")),
-        model_name=model_name,
+        tuning=tuning,
         from_passthrough=from_passthrough,
         memory=held_memory,
+        env=env,
     )
+
+
+def _rest(inputs: PlanInputs, b: ArgvBuilder, process_reasons: tuple[Reason, ...]) -> None:
+    """The profile's server arguments (defaults: one after -- replaces them), then the arguments
+    after -- that no setting owns, each refused when it repeats a flag the plan set."""
+    passthrough, profile = inputs.passthrough, inputs.profile
+    rest = passthrough.rest()
+    table = passthrough.table
+    planned = (
+        {table.canonical(r.flag): r for r in (*process_reasons, *b.reasons) if r.flag.startswith("-")} if table else {}
+    )
+    given = {a.canonical for a in rest}
+    for arg in rest:
+        # Never twice in the argv: llama-server would take the last value, unseen by the plan.
+        if arg.canonical in planned and arg.canonical != "--metrics":
+            r = planned[arg.canonical]
+            setting = PLAN_FLAG_SETTINGS.get(arg.canonical, "the bonsai setting behind it")
+            shown = f"{r.flag} {r.value}" if r.value else r.flag
+            raise BonsaiError(
+                f"-- {arg.shown} conflicts with {shown}, which bonsai sets ({r.why})", f"use {setting} instead"
+            )
+    if profile and profile.server_args:
+        kept = [w for name, words in split_known(profile.server_args, table) if name not in given for w in words]
+        b.argv.extend(kept)
+        if kept:
+            b.reasons.append(Reason("profile", " ".join(kept), f"sampling and chat settings of profile {profile.name}"))
+    passed = [w for a in rest if not (a.canonical == "--metrics" and "--metrics" in planned) for w in a.argv]
+    if passed:
+        b.argv.extend(passed)
+        b.reasons.append(Reason("--", " ".join(passed), "passed through to llama-server"))
+
+
+def _tuning(
+    inputs: PlanInputs, reasons: tuple[Reason, ...], warnings: tuple[str, ...], ngl: int
+) -> tuple[tuple[Reason, ...], tuple[str, ...], dict[str, Any] | None]:
+    """BONSAI_SPECULATIVE=auto: the decision explained among the reasons, and what about it the
+    user must know (none found; measured with other GPU layers)."""
+    info = inputs.tuning
+    if info is None:
+        return reasons, warnings, None
+    from bonsai_launch.decisions.auto import AUTO
+
+    why = info["message"].removeprefix("BONSAI_SPECULATIVE=auto: ")
+    if info["status"] != "found":
+        warnings += (info["message"],)
+    measured = info.get("conditions") or {}
+    if info["status"] == "found" and measured.get("ngl") is not None and measured["ngl"] != ngl:
+        warnings += (
+            (
+                f"the tuning decision {info['id']} was measured with -ngl {measured['ngl']}, this start uses "
+                f"-ngl {ngl}: re-tune (`{info['hint']}`) if speed matters"
+            ),
+        )
+    return reasons + (Reason("BONSAI_SPECULATIVE", AUTO, why),), warnings, dict(info)
 
 
 HYBRID_ARCHS = frozenset({"qwen35", "qwen35moe"})  # gated delta-net + attention: every Bonsai 27B and Bonsai 2

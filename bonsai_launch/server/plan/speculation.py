@@ -38,7 +38,7 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
         for key, env in (("spec_type", "BONSAI_SPEC_TYPE"), ("spec_nmax", "BONSAI_SPEC_NMAX")):
             if s.is_explicit(key):
                 b.warnings.append(f"{env} is set but speculation is off; it has no effect (set BONSAI_SPECULATIVE=1)")
-        if inputs.drafter is not None:
+        if inputs.drafter is not None and inputs.tuning is None:  # auto decided it off: not the user's doing
             b.warnings.append(
                 f"drafter {inputs.drafter.path.name} is given but speculation is off; "
                 "it is not loaded (set BONSAI_SPECULATIVE=1 or --speculative)"

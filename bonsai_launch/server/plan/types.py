@@ -1,5 +1,6 @@
-"""The launch plan's plain values: what build_plan returns (LaunchPlan), what it takes (PlanInputs),
-and the argv builder every part of the plan adds its flags through, with a reason each."""
+"""The launch plan's plain values: what build_plan returns (LaunchPlan: a ServerPlan for the process
+and a ModelPlan for the model it serves), what it takes (PlanInputs), and the argv builder every
+part of the plan adds its flags through, with a reason each."""
 
 from __future__ import annotations
 
@@ -36,31 +37,32 @@ class SpecPlan:
 
 
 @dataclass(frozen=True)
-class LaunchPlan:
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    reasons: tuple[Reason, ...]
-    warnings: tuple[str, ...]
-    profile: str | None
-    model: str
+class ServerPlan:
+    """The llama-server process: binary, address, key, and the flags that belong to the process
+    rather than to a model (its /metrics, its log level, idle sleep). `bonsai start` runs it with
+    one model's flags after these; `bonsai serve` runs it as a router whose models come from a
+    preset file, so nothing here may depend on which model it serves."""
+
+    binary: str
     host: str
     port: int
-    ctx: int
-    ngl: int
-    backend: str
-    speculative: SpecPlan | None
-    mmproj: str | None = None
-    slots: SlotsPlan | None = None
-    prompt_cache: dict[str, Any] | None = None
-    prompt_sample: dict[str, Any] | None = None  # BONSAI_TUNE_SAMPLE: limit, every_s, path (server/prompt_sample.py)
-    tuning: dict[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision and its evidence
-    model_name: str = ""  # what clients put in "model" (llama-server's --alias)
-    from_passthrough: tuple[str, ...] = ()  # plan values that came from arguments after --
-    memory: dict[str, Any] | None = None  # weights (their path), KV cache, and whether they fit (plan/weights.py)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # LLAMA_API_KEY, never on the command line
+    reasons: tuple[Reason, ...] = ()  # for --host, --port and the flags below, and the environment
+    sleep_idle_seconds: int | None = None
+    verbose: bool = False
+    metrics: bool = True
 
     @property
-    def binary(self) -> str:
-        return self.argv[0]
+    def args(self) -> tuple[str, ...]:
+        """The process's flags, in the order llama-server's help lists them."""
+        args = ["--host", self.host, "--port", str(self.port)]
+        if self.sleep_idle_seconds:
+            args += ["--sleep-idle-seconds", str(self.sleep_idle_seconds)]
+        if self.verbose:
+            args.append("--verbose")
+        if self.metrics:
+            args.append("--metrics")
+        return tuple(args)
 
     @property
     def api_key(self) -> str | None:
@@ -73,6 +75,86 @@ class LaunchPlan:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One model as llama-server serves it: its files, its flags (model, alias, layers, context,
+    slots, speculation, vision, KV, cache, template, the profile's and the user's arguments) with a
+    reason each, and what bonsai proves and shows of it. The same value is the tail of `bonsai
+    start`'s command line and one section of `bonsai serve`'s preset file."""
+
+    name: str  # what clients put in "model" (llama-server's --alias)
+    path: str  # the model file
+    args: tuple[str, ...]  # llama-server flags, without the binary
+    reasons: tuple[Reason, ...]
+    warnings: tuple[str, ...]
+    profile: str | None
+    ctx: int
+    ngl: int
+    backend: str
+    speculative: SpecPlan | None
+    mmproj: str | None = None
+    slots: SlotsPlan | None = None
+    prompt_cache: dict[str, Any] | None = None
+    prompt_sample: dict[str, Any] | None = None  # BONSAI_TUNE_SAMPLE: limit, every_s, path (server/prompt_sample.py)
+    tuning: dict[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision and its evidence
+    from_passthrough: tuple[str, ...] = ()  # plan values that came from arguments after --
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # secrets from the arguments after --
+    memory: dict[str, Any] | None = None  # weights (their path), KV cache, and whether they fit (plan/weights.py)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What `bonsai start` runs: one process serving one model. Every field a caller reads is the
+    server's or the model's; the command line is the server's flags, then the model's."""
+
+    server: ServerPlan
+    served: ModelPlan
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return (self.server.binary, *self.server.args, *self.served.args)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**self.server.env, **self.served.env}
+
+    @property
+    def reasons(self) -> tuple[Reason, ...]:
+        return self.server.reasons + self.served.reasons
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.served.warnings
+
+    binary = property(lambda self: self.server.binary)
+    host = property(lambda self: self.server.host)
+    port = property(lambda self: self.server.port)
+    api_key = property(lambda self: self.server.api_key)
+    base_url = property(lambda self: self.server.base_url)
+    model = property(lambda self: self.served.path)
+    model_name = property(lambda self: self.served.name)
+    profile = property(lambda self: self.served.profile)
+    ctx = property(lambda self: self.served.ctx)
+    ngl = property(lambda self: self.served.ngl)
+    backend = property(lambda self: self.served.backend)
+    speculative = property(lambda self: self.served.speculative)
+    mmproj = property(lambda self: self.served.mmproj)
+    slots = property(lambda self: self.served.slots)
+    prompt_cache = property(lambda self: self.served.prompt_cache)
+    prompt_sample = property(lambda self: self.served.prompt_sample)
+    tuning = property(lambda self: self.served.tuning)
+    from_passthrough = property(lambda self: self.served.from_passthrough)
+    memory = property(lambda self: self.served.memory)
+
+    def on_port(self, port: int) -> LaunchPlan:
+        """The same plan on another port (bench and tune give each server a free one)."""
+        return dataclasses.replace(self, server=dataclasses.replace(self.server, port=port))
+
+    def with_env(self, extra: Mapping[str, str]) -> LaunchPlan:
+        """The same plan with more environment for the process (a fleet member's own variables)."""
+        return dataclasses.replace(self, server=dataclasses.replace(self.server, env={**self.server.env, **extra}))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,20 +175,19 @@ class LaunchPlan:
             "from_passthrough": list(self.from_passthrough),
             "ngl": self.ngl,
             "backend": self.backend,
-            "speculative": None
-            if self.speculative is None
-            else {
-                "type": self.speculative.spec_type,
-                "n_max": self.speculative.n_max,
-                "drafter": self.speculative.drafter,
-                "draft_ngl": self.speculative.draft_ngl,
-            },
+            "speculative": spec_json(self.speculative),
             "slots": self.slots.to_json() if self.slots else None,
             "prompt_cache": self.prompt_cache,
             "prompt_sample": self.prompt_sample,
             "tuning": self.tuning,
             "memory": self.memory,
         }
+
+
+def spec_json(spec: SpecPlan | None) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    return {"type": spec.spec_type, "n_max": spec.n_max, "drafter": spec.drafter, "draft_ngl": spec.draft_ngl}
 
 
 @dataclass(frozen=True)
@@ -129,13 +210,16 @@ class PlanInputs:
         None  # the binary's build self-test verdict (llamacpp/builds/selftest_record.py)
     )
     weights: WeightPath | None = None  # the path the weights take (models/weight_path.py); None: the file as it is
+    # What was decided or noticed before planning: inputs of the plan, never patches on it.
+    notes: tuple[str, ...] = ()  # the selection's own warnings (settings that lost, doubts about the build)
+    tuning: Mapping[str, Any] | None = None  # BONSAI_SPECULATIVE=auto: the decision looked up (decisions/auto.py)
 
 
 class ArgvBuilder:
     """Collects flags with their reasons so the argv and the explanation never disagree."""
 
-    def __init__(self, binary: str) -> None:
-        self.argv: list[str] = [binary]
+    def __init__(self) -> None:
+        self.argv: list[str] = []
         self.reasons: list[Reason] = []
         self.warnings: list[str] = []
 

@@ -3,7 +3,7 @@ cache of the planned context, and whether they fit this machine, on the CPU or t
 
 The context's auto value comes from the RAM tier (context.py); on a CPU build it is then capped
 so that the weights, the KV cache and a reserve fit in RAM, as free GPU memory caps it when
-offloading. Sized from the bytes the server holds, not the file's: a PTQ1_0 file served as its
+offloading (plan_context: one model's -c, fitted to its slots too). Sized from the bytes the server holds, not the file's: a PTQ1_0 file served as its
 Q2_0 repack holds 29% more than it weighs.
 """
 
@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 from bonsai_launch.core.hardware import Hardware
 from bonsai_launch.llamacpp.capabilities import Capabilities
 from bonsai_launch.models.weight_path import gb
-from bonsai_launch.server.plan.context import GIB, GPU_MARGIN_BYTES, MIN_CTX
+from bonsai_launch.server.plan.context import (
+    GIB,
+    GPU_MARGIN_BYTES,
+    MIN_CTX,
+    SPECULATIVE_MIN_CTX,
+    auto_ctx_from_ram,
+    gpu_ctx_limit,
+)
 
 if TYPE_CHECKING:
     from bonsai_launch.server.plan.types import ArgvBuilder, PlanInputs
@@ -104,3 +111,73 @@ def memory(inputs: PlanInputs, ctx: int, ngl: int, with_drafter: bool) -> dict[s
         "fits": fits,
         "summary": sentence,
     }
+
+
+def plan_context(
+    inputs: PlanInputs, speculative: bool, ngl: int, slot_count: int | None, b: ArgvBuilder
+) -> tuple[int, int]:
+    """-c, and each slot's share of it: explicit wins; else the RAM tier, capped by free GPU
+    memory when offloading; speculation's floor; then fitted to the slots. Returns (ctx, per slot)."""
+    from bonsai_launch.server import slots as slot_rules
+    from bonsai_launch.server.plan.server import setting_why
+
+    s, profile = inputs.settings, inputs.profile
+    ctx_setting = s.get("ctx") or 0
+    floor_why = "speculation: at least 16384 (requests re-prefill, the model thinks before answering)"
+    if ctx_setting > 0:
+        ctx = ctx_setting
+        ctx_why = f"set explicitly ({s.source('ctx')})"
+        if speculative and s.source("ctx") == "profile" and ctx < SPECULATIVE_MIN_CTX:
+            ctx, ctx_why = SPECULATIVE_MIN_CTX, floor_why
+        elif speculative and ctx < SPECULATIVE_MIN_CTX:
+            b.warnings.append(
+                f"context {ctx} ({setting_why(s, 'ctx', 'explicit').replace('set by', 'set by the')}) is "
+                f"below {SPECULATIVE_MIN_CTX}, the floor bonsai uses with speculation: "
+                "long answers will run out of context"
+            )
+    else:
+        ceiling = profile.max_auto_ctx if profile else 131072
+        if inputs.model.context_length:
+            ceiling = min(ceiling, inputs.model.context_length)
+        ctx = auto_ctx_from_ram(inputs.hardware, ceiling)
+        ctx_why = f"auto: {inputs.hardware.ram_gb:.0f} GB RAM tier"
+        if ngl == 0:  # the weights' path decides how much RAM is left for the KV cache
+            ctx, ctx_why = fit_to_ram(inputs, ctx, ctx_why, held_bytes(inputs, speculative), b)
+        else:
+            weights = held_bytes(inputs, speculative)
+            kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
+            limit = gpu_ctx_limit(inputs.hardware, weights, kv)
+            if limit is not None and limit < ctx:
+                ctx = max(MIN_CTX, limit)
+                ctx_why = f"auto: limited by free GPU memory ({inputs.hardware.gpus[0].free_bytes / GIB:.1f} GiB)"
+                if limit < MIN_CTX:
+                    b.warnings.append(
+                        f"the model barely fits in GPU memory; context set to {MIN_CTX}; "
+                        "lower BONSAI_NGL if loading fails"
+                    )
+        if speculative and ctx < SPECULATIVE_MIN_CTX:
+            ctx, ctx_why = SPECULATIVE_MIN_CTX, floor_why
+    per_slot_ctx = ctx
+    if slot_count is not None and slot_count > 1:
+        explicit_ctx = ctx_setting > 0 and s.source("ctx") != "profile"
+        minimum, label = (
+            (SPECULATIVE_MIN_CTX, "the speculative minimum per slot")
+            if speculative
+            else (MIN_CTX, "the minimum per slot")
+        )
+        fitted = slot_rules.context_for_slots(slot_count, bool(s["kv_unified"]), minimum, ctx, explicit_ctx, label)
+        ctx_why = fitted.why if fitted.ctx != ctx else f"{ctx_why}; {fitted.why}"
+        ctx, per_slot_ctx = fitted.ctx, fitted.per_slot
+        if fitted.warning:
+            b.warnings.append(fitted.warning)
+        kv = inputs.model.kv_bytes_per_token(0.5625 if s["kv4"] else 2.0)
+        held = held_bytes(inputs, speculative)
+        limit = gpu_ctx_limit(inputs.hardware, held, kv) if ngl > 0 else ram_ctx_limit(inputs.hardware, held, kv)
+        if limit is not None and ctx > limit:
+            b.warnings.append(
+                f"{slot_count} slots need a {ctx}-token KV cache, more than the about {limit} tokens "
+                f"{'free GPU memory' if ngl > 0 else 'RAM beside the weights'} holds; use fewer slots, "
+                "BONSAI_KV_UNIFIED=1 or BONSAI_KV4=1"
+            )
+    b.add("-c", ctx, ctx_why)
+    return ctx, per_slot_ctx
