@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from bonsai_launch.core.errors import ActionFailed
-from bonsai_launch.server.client import base, parse_metrics, sse_chunks
+from bonsai_launch.server.client import auth_headers, base, parse_metrics, sse_chunks
 
 REQUEST_TIMEOUT = 600.0
 
@@ -115,7 +115,7 @@ def stream_request(
     """
     path, body = _body(endpoint, messages, text, result.temperature, max_tokens, seed)
     url = base(endpoint.base_url) + path
-    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    headers = auth_headers(endpoint.api_key)
     timings: dict[str, Any] = {}
     usage: dict[str, Any] = {}
     first = last = None
@@ -243,7 +243,7 @@ def spec_counters(values: dict[str, float]) -> SpecCounters:
 
 def read_metrics(http: httpx.Client, endpoint: Endpoint) -> dict[str, float]:
     """The server's Prometheus metrics; empty when it exposes none (llama.cpp without --metrics)."""
-    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    headers = auth_headers(endpoint.api_key)
     try:
         r = http.get(base(endpoint.base_url) + "/metrics", headers=headers, timeout=10.0)
     except httpx.HTTPError:
@@ -266,7 +266,7 @@ def counter_delta(before: SpecCounters, after: SpecCounters) -> tuple[int | None
 
 def served_model(http: httpx.Client, endpoint: Endpoint) -> str | None:
     """The first id from /v1/models (vLLM and SGLang need it in every request)."""
-    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    headers = auth_headers(endpoint.api_key)
     try:
         r = http.get(base(endpoint.base_url) + "/v1/models", headers=headers, timeout=10.0)
         if r.status_code == 401:

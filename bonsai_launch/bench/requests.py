@@ -26,6 +26,7 @@ from bonsai_launch.bench.measure import (
     stream_request,
 )
 from bonsai_launch.core.errors import ActionFailed
+from bonsai_launch.server.client import HTTPX_DEFAULT_TIMEOUT, session
 
 
 def _salted(messages: list[dict[str, str]], salt: str) -> list[dict[str, str]]:
@@ -171,7 +172,7 @@ def run_concurrency(
             for p in batch
         ]
         limits = httpx.Limits(max_connections=level + 2, max_keepalive_connections=level + 2)
-        with httpx.Client(trust_env=False, limits=limits) as http:
+        with session(None, HTTPX_DEFAULT_TIMEOUT, limits=limits) as http:
             start = time.perf_counter()
             with ThreadPoolExecutor(max_workers=level) as pool:
                 futures = [
@@ -216,7 +217,7 @@ def run_clients(
     listener.step(f"{spec.label}: {len(prompts)} prompts by {clients} clients at once (repeat {repeat + 1})")
     results = [RequestResult(spec.name, p.id, p.category, temperature, repeat) for p in prompts]
     limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
-    with httpx.Client(trust_env=False, limits=limits) as http, ThreadPoolExecutor(max_workers=clients) as pool:
+    with session(None, HTTPX_DEFAULT_TIMEOUT, limits=limits) as http, ThreadPoolExecutor(max_workers=clients) as pool:
         futures = [
             pool.submit(_send, http, endpoint, r, p.chat_messages(), options.max_tokens, options.seed, p.raw)
             for r, p in zip(results, prompts, strict=True)

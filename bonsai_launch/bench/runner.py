@@ -20,8 +20,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
-
 from bonsai_launch.bench import prompts as suite
 from bonsai_launch.bench.data import (
     BenchData,
@@ -36,6 +34,7 @@ from bonsai_launch.bench.data import (
 )
 from bonsai_launch.bench.requests import run_concurrency, run_multi_turn, run_suite, warm_up
 from bonsai_launch.bench.servers import attached, launched
+from bonsai_launch.server.client import HTTPX_DEFAULT_TIMEOUT, session
 
 # -- planning ---------------------------------------------------------------------------------
 
@@ -103,7 +102,7 @@ def run_launch(
                 data.servers.append(run)
                 with (
                     launched(spec, run, log_dir, listener, options.api) as endpoint,
-                    httpx.Client(trust_env=False) as http,
+                    session(None, HTTPX_DEFAULT_TIMEOUT) as http,
                 ):
                     warm_up(http, endpoint, spec, options)
                     run_suite(http, endpoint, spec, options, prompts, temperature, repeat, data, listener)
@@ -117,7 +116,7 @@ def run_launch(
                     data.servers.append(run)
                     with (
                         launched(spec, run, log_dir, listener, options.api) as endpoint,
-                        httpx.Client(trust_env=False) as http,
+                        session(None, HTTPX_DEFAULT_TIMEOUT) as http,
                     ):
                         warm_up(http, endpoint, spec, options)
                         if slots == (options.parallel or (None,))[0]:
@@ -158,7 +157,7 @@ def run_urls(
         for spec in _order(configs, repeat):
             run = ServerRun(spec.name, repeat, "all")
             data.servers.append(run)
-            with attached(spec, run, options.api, api_key) as endpoint, httpx.Client(trust_env=False) as http:
+            with attached(spec, run, options.api, api_key) as endpoint, session(None, HTTPX_DEFAULT_TIMEOUT) as http:
                 if spec.name not in warmed:
                     warm_up(http, endpoint, spec, options)
                     warmed.add(spec.name)

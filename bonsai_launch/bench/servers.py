@@ -3,15 +3,11 @@ live), or running ones attached by URL."""
 
 from __future__ import annotations
 
-import signal
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
-
-import httpx
 
 from bonsai_launch.bench.data import (
     READY_TIMEOUT,
@@ -27,6 +23,7 @@ from bonsai_launch.bench.measure import (
     served_model,
 )
 from bonsai_launch.core.errors import ActionFailed, BonsaiError
+from bonsai_launch.server.client import HTTPX_DEFAULT_TIMEOUT, session
 
 
 def config_flags(name: str, base_flags: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +103,8 @@ def launched(
 ) -> Iterator[Endpoint]:
     """Start the configuration's server (for `run.slots` slots when --parallel planned them) on
     a free port, wait until ready, sample its memory, and always stop it."""
-    from bonsai_launch.server.process import ServerProcess, free_port
+    from bonsai_launch.server.lifecycle import Lifecycle
+    from bonsai_launch.server.process import free_port
 
     base_plan = spec.plan_for_slots(run.slots)
     if run.slots is None:
@@ -117,57 +115,37 @@ def launched(
         slots_tag = f"-np{run.slots}" if spec.slot_plans else ""
         log = log_dir / f"{spec.name}-r{run.repeat + 1}-{run.purpose.replace('=', '')}{slots_tag}.log"
         listener.step(f"{spec.label}: starting llama-server ({run.purpose}, repeat {run.repeat + 1})")
-        t0 = time.perf_counter()
-        proc = ServerProcess.spawn(plan.argv, env=plan.env, log_path=log, base_url=plan.base_url)
+        life = Lifecycle(plan.argv, env=plan.env, log_path=log, base_url=plan.base_url)
         try:
-            proc.wait_ready(READY_TIMEOUT)
-        except ActionFailed as exc:
-            proc.stop()
-            bind_failed = any("couldn't bind" in line for line in proc.log_tail(20))
+            run.startup_s, _ = life.start(READY_TIMEOUT)
+        except ActionFailed:
+            bind_failed = any("couldn't bind" in line for line in life.server.log_tail(20)) if life.server else False
             if bind_failed and attempt + 1 < attempts:
                 continue
-            if proc.returncode == -signal.SIGILL:
-                # Seen with an unpatched b11434 built by GCC 12 on an AMX CPU: the AMX kernels of
-                # the repacked weights crash on the first matrix multiply (bonsai build patches it).
-                raise ActionFailed(
-                    exc.message,
-                    "llama-server hit an illegal CPU instruction; rebuild with "
-                    "`bonsai build --force`, or skip weight repacking with "
-                    f"`bonsai bench ... -- --no-repack`; full log: {log}",
-                ) from None
             raise
-        run.startup_s = time.perf_counter() - t0
-        run.pid, run.log = proc.pid, str(log)
-        if plan.speculative is not None:
-            _prove_live(spec, run, plan, proc, log, listener)
-        try:
+        with life:
+            proc = life.server
+            assert proc is not None
+            run.pid, run.log = proc.pid, str(log)
+            if plan.speculative is not None:
+                _prove_live(spec, run, plan, life, log, listener)
             with MemorySampler(proc.pid) as sampler:
-                yield Endpoint(plan.base_url, api=api, api_key=plan.api_key)  # a key the user set is enforced
-        finally:
-            run.peak_rss_bytes, run.peak_gpu_bytes = sampler.peak_rss, sampler.peak_gpu
-            if not proc.alive():
-                proc.stop()
-                raise ActionFailed(proc.exit_message("during the benchmark"), f"full log: {log}")
-            proc.stop()
+                try:
+                    yield Endpoint(plan.base_url, api=api, api_key=plan.api_key)  # a key the user set is enforced
+                finally:
+                    run.peak_rss_bytes, run.peak_gpu_bytes = sampler.peak_rss, sampler.peak_gpu
+                    if not proc.alive():
+                        raise ActionFailed(proc.exit_message("during the benchmark"), f"full log: {log}")
         return
 
 
-def _prove_live(spec: ConfigSpec, run: ServerRun, plan, proc, log: Path, listener: Listener) -> None:
+def _prove_live(spec: ConfigSpec, run: ServerRun, plan, life, log: Path, listener: Listener) -> None:
     """The rule `bonsai start` applies (live only when the probe drafted tokens): measuring a
     speculative configuration that does not speculate would report plain speed as its own."""
-    from bonsai_launch.server import liveness as speculation_probe
-
     listener.step(f"{spec.label}: checking speculative decoding")
-    try:
-        proof = speculation_probe.prove(
-            plan.base_url, plan.speculative.spec_type, plan.speculative.n_max, log, plan.env.get("LLAMA_API_KEY")
-        )
-    except BaseException:
-        proc.stop()
-        raise
+    proof = life.prove(plan.speculative, plan.api_key)
     run.spec_proof = proof.to_json()
     if not proof.live:
-        proc.stop()
         raise ActionFailed(
             f"{spec.label}: {proof.summary()}",
             f"fix the drafter or its settings, or leave this configuration out of --configs; full log: {log}",
@@ -184,7 +162,7 @@ def attached(spec: ConfigSpec, run: ServerRun, api: str, api_key: str | None) ->
     if parsed.hostname in ("127.0.0.1", "localhost", "::1") and parsed.port:
         pid = pid_listening_on(parsed.port)
     run.pid = pid
-    with httpx.Client(trust_env=False) as http:
+    with session(None, HTTPX_DEFAULT_TIMEOUT) as http:
         model = served_model(http, Endpoint(spec.url, api_key=api_key))
     endpoint = Endpoint(spec.url, api=api, model=model, api_key=api_key)
     if pid is None:

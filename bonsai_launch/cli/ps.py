@@ -31,6 +31,7 @@ def command(json_output: JsonOpt = False) -> None:
     from bonsai_launch.config.settings import env_value
     from bonsai_launch.server import instances
     from bonsai_launch.server.client import first_key
+    from bonsai_launch.server.lifecycle import State
 
     live = instances.running()
     key = first_key(env_value("api_key")) if any(i.api_key_required for i in live) else None
@@ -67,7 +68,7 @@ def command(json_output: JsonOpt = False) -> None:
             i.profile or "-",
             address,
             "yes" if i.api_key_required else "no",
-            str(i.pid) if i.state == "running" else f"{i.state}",
+            str(i.pid) if i.state == State.RUNNING else f"{i.state}",
             format_uptime(i.uptime),
             spec,
             "detached" if i.detached else "foreground",
@@ -87,8 +88,9 @@ def command(json_output: JsonOpt = False) -> None:
 def sleep_state(inst, api_key: str | None) -> bool | None:
     """True asleep, False awake, None unknown (restarting, or /props refused: BONSAI_API_KEY unset)."""
     from bonsai_launch.server import client
+    from bonsai_launch.server.lifecycle import State
 
-    if inst.state != "running":
+    if inst.state != State.RUNNING:
         return None
     return client.sleeping(inst.base_url, api_key)
 

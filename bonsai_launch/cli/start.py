@@ -171,20 +171,9 @@ def _status_reporter(json_output: bool):
 
 
 def _web_ui(base_url: str, api_key: str | None) -> bool:
-    import httpx
+    from bonsai_launch.server.client import serves_page
 
-    try:
-        # the headers say whether a page is served; its body (the whole app, megabytes) is not read
-        with httpx.stream(
-            "GET",
-            base_url + "/",
-            timeout=2.0,
-            trust_env=False,
-            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-        ) as r:
-            return r.status_code == 200 and "html" in r.headers.get("content-type", "")
-    except httpx.HTTPError:
-        return False
+    return serves_page(base_url, api_key)
 
 
 def _no_page(binary: str) -> str:

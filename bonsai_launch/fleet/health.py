@@ -36,12 +36,13 @@ def reach(url: str, api_key: str | None, http: Any = None) -> Reach:
     asks it on the client its probe already holds. Never raises."""
     import httpx
 
+    from bonsai_launch.server.client import auth_headers, session
+
     if http is None:
-        with httpx.Client(timeout=PROBE_TIMEOUT, trust_env=False) as own:
+        with session(None, PROBE_TIMEOUT) as own:
             return reach(url, api_key, own)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        r = http.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=PROBE_TIMEOUT)
+        r = http.get(url.rstrip("/") + "/v1/models", headers=auth_headers(api_key), timeout=PROBE_TIMEOUT)
     except httpx.HTTPError as exc:
         return Reach(UNREACHABLE, f"{type(exc).__name__}: {exc}"[:200] or type(exc).__name__)
     if r.status_code == 200:
@@ -83,15 +84,13 @@ def proxy_verdicts(proxy_url: str, master_key: str | None) -> dict[str, ProxyVer
     (down, or the master key is not known here)."""
     import httpx
 
+    from bonsai_launch.server.client import session
+
     if not master_key:
         return None
     try:
-        r = httpx.get(
-            proxy_url + "/health",
-            headers={"Authorization": f"Bearer {master_key}"},
-            timeout=PROBE_TIMEOUT * 2,
-            trust_env=False,
-        )
+        with session(master_key, PROBE_TIMEOUT * 2) as http:
+            r = http.get(proxy_url + "/health")
         body = r.json() if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None

@@ -56,19 +56,19 @@ def measure(
 ) -> ProxyLatency:
     import httpx
 
+    from bonsai_launch.server.client import auth_headers, session
+
     body = {"model": model, "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": "Say OK."}]}
 
     def timed(http: httpx.Client, url: str, key: str | None) -> float:
         started = time.perf_counter()
-        r = http.post(
-            url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"} if key else {}
-        )
+        r = http.post(url + "/v1/chat/completions", json=body, headers=auth_headers(key))
         elapsed = (time.perf_counter() - started) * 1000
         r.raise_for_status()
         return elapsed
 
     direct, proxied = [], []
-    with httpx.Client(timeout=60.0, trust_env=False) as http:
+    with session(None, 60.0) as http:
         for _ in range(warmup):
             timed(http, member_url, member_key)
             timed(http, proxy_url, proxy_key)

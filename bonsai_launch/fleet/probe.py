@@ -51,10 +51,9 @@ def probe(url: str, api_key: str | None, *, check_key: bool = False) -> MemberPr
     (one look per member, not two)."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    from bonsai_launch.server.client import parse_metrics, sleeping
+    from bonsai_launch.server.client import parse_metrics, session, sleeping
 
-    with httpx.Client(timeout=PROBE_TIMEOUT, trust_env=False, headers=headers) as http:
+    with session(api_key, PROBE_TIMEOUT) as http:
         try:
             r = http.get(url + "/health")
         except httpx.HTTPError as exc:

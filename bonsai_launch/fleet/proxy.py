@@ -67,8 +67,10 @@ def wait_ready(server: ServerProcess, timeout: float = READY_TIMEOUT) -> None:
     """Until /health/liveliness answers 200 (no key needed); the log tail if it dies first."""
     import httpx
 
+    from bonsai_launch.server.client import session
+
     deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=2.0, trust_env=False) as http:
+    with session(None, 2.0) as http:
         while True:
             code = server.returncode
             if code is not None:

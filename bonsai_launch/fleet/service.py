@@ -135,10 +135,9 @@ def _start_proxy(model: str, config: Path, port: int, status: Status) -> tuple[P
 
 def _check_routes(url: str, key: str, model: str) -> None:
     """The proxy knows the model and one request goes through it end to end."""
-    import httpx
+    from bonsai_launch.server.client import session
 
-    headers = {"Authorization": f"Bearer {key}"}
-    with httpx.Client(timeout=120.0, trust_env=False, headers=headers) as http:
+    with session(key, 120.0) as http:
         r = http.get(url + "/v1/models")
         if r.status_code != 200 or model not in {m.get("id") for m in r.json().get("data", [])}:
             raise ActionFailed(

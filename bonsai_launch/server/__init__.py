@@ -6,8 +6,10 @@ model_codec.py   the weights llama-server gets for a Bonsai 2 file: refused, rep
 passthrough.py   llama-server arguments given after `--`, read with the binary's own option table
 slots.py         how many requests run at once, and what each slot needs (ub/b sizing)
 prompt_cache.py  prompt-cache flags for long, repeated chats
-plan.py          the launch plan: a pure function from what we know to the exact command, with reasons
+plan/            the launch plan: a pure function from what we know to the exact command, with reasons
 process.py       one llama-server child: spawn, wait until it serves, stop, read its log; stop signals
+lifecycle.py     one llama-server's named states (starting, proving, running, restarting, stopping),
+                 the one door start, restart, bench and the self-test spawn and prove through
 supervisor.py    running a plan: checks before spawning, readiness, proof of speculation, serving
 restart.py       restarting a server that died on its own: backoff, crash loop, notes in its log
 service_files.py the text of a login service running `bonsai start`: systemd unit, launchd agent, task XML

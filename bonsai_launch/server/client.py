@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 # server, and httpx takes ~0.1 s to import, which would add to the server's time-to-ready.
 
 DEFAULT_TIMEOUT = 10.0
+HTTPX_DEFAULT_TIMEOUT = 5.0  # httpx's own default, for clients whose requests set their own
 GENERATE_TIMEOUT = 300.0
 
 
@@ -31,15 +32,18 @@ def first_key(keys: str | None) -> str | None:
     return keys.split(",")[0].strip() or None if keys else None
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The one spelling of a key on the wire: a Bearer token (llama-server, OpenAI and LiteLLM take it)."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _client(api_key: str | None, timeout: float) -> httpx.Client:
+def session(api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT, **options: Any) -> httpx.Client:
+    """Every HTTP client bonsai opens to a server (llama-server, a router, the fleet's proxy) comes
+    from here: the key as a Bearer header, and no proxy from the environment (trust_env=False: a
+    proxy must never sit between us and a loopback server). `options` go to httpx.Client (limits)."""
     import httpx
 
-    # trust_env=False: a proxy from the environment must never sit between us and a loopback server.
-    return httpx.Client(headers=_headers(api_key), timeout=timeout, trust_env=False)
+    return httpx.Client(headers=auth_headers(api_key), timeout=timeout, trust_env=False, **options)
 
 
 def _fail(url: str, exc: Exception) -> ActionFailed:
@@ -53,7 +57,7 @@ def _get(url: str, api_key: str | None, timeout: float = DEFAULT_TIMEOUT) -> htt
     import httpx
 
     try:
-        with _client(api_key, timeout) as http:
+        with session(api_key, timeout) as http:
             return http.get(url)
     except httpx.HTTPError as exc:
         raise _fail(url, exc) from None
@@ -180,7 +184,7 @@ def completion(
     url = base(base_url) + "/completion"
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature, **extra}
     try:
-        with _client(api_key, timeout) as http:
+        with session(api_key, timeout) as http:
             r = http.post(url, json=body)
     except httpx.HTTPError as exc:
         raise _fail(url, exc) from None
@@ -195,7 +199,7 @@ def post_json(
 
     url = base(base_url) + path
     try:
-        with _client(api_key, timeout) as http:
+        with session(api_key, timeout) as http:
             r = http.post(url, json=body)
     except httpx.HTTPError as exc:
         raise _fail(url, exc) from None
@@ -220,7 +224,7 @@ def chat_completion(
     if model:
         body["model"] = model
     try:
-        with _client(api_key, timeout) as http:
+        with session(api_key, timeout) as http:
             r = http.post(url, json=body)
     except httpx.HTTPError as exc:
         raise _fail(url, exc) from None
@@ -280,7 +284,7 @@ def stream_chat(
         body["model"] = model
     result = result if result is not None else StreamResult()
     try:
-        with _client(api_key, timeout) as http, http.stream("POST", url, json=body) as r:
+        with session(api_key, timeout) as http, http.stream("POST", url, json=body) as r:
             if r.status_code >= 400:
                 r.read()
                 _check(r)
@@ -304,6 +308,18 @@ def stream_chat(
                         yield piece
     except httpx.HTTPError as exc:
         raise _fail(url, exc) from None
+
+
+def serves_page(base_url: str, api_key: str | None = None) -> bool:
+    """Whether the server serves a chat page at /: the headers say so; its body (the whole app,
+    megabytes) is never read."""
+    import httpx
+
+    try:
+        with session(api_key, 2.0) as http, http.stream("GET", base(base_url) + "/") as r:
+            return r.status_code == 200 and "html" in r.headers.get("content-type", "")
+    except httpx.HTTPError:
+        return False
 
 
 def acceptance(timings: dict[str, Any]) -> tuple[int, int, float | None]:

@@ -20,6 +20,7 @@ from bonsai_launch.core import process_control
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.core.log_files import open_read_shared, replace_retrying
 from bonsai_launch.core.paths import run_dir
+from bonsai_launch.server.lifecycle import State
 from bonsai_launch.server.process import RESEND_AFTER
 
 CREATE_TIME_SLACK = 1.0  # seconds; psutil's create_time is rounded by the kernel's clock ticks
@@ -51,7 +52,7 @@ class Instance:
     restarts: int = 0
     last_exit: str | None = None  # `was killed by signal 9 (...)`
     last_exit_at: float | None = None
-    state: str = "running"  # "restarting" between a crash and the new server's /health 200
+    state: str = State.RUNNING.value  # "restarting" between a crash and the new server's /health 200
     watch: dict[str, Any] | None = None  # whether speculation still pays on its work (server/watch.py)
 
     @property

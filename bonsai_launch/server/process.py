@@ -132,6 +132,8 @@ class ServerProcess:
         """
         import httpx
 
+        from bonsai_launch.server.client import session
+
         deadline = time.monotonic() + timeout
         last_status = ""
 
@@ -142,7 +144,7 @@ class ServerProcess:
             last_status = status
 
         report("starting llama-server")
-        with httpx.Client(timeout=2.0, trust_env=False) as http:
+        with session(None, 2.0) as http:
             while True:
                 code = self._popen.poll()
                 if code is not None:

@@ -25,6 +25,7 @@ from typing import Any
 from bonsai_launch.core.errors import ActionFailed
 from bonsai_launch.core.log_files import open_append_shared
 from bonsai_launch.server import instances
+from bonsai_launch.server.lifecycle import Lifecycle, State
 from bonsai_launch.server.process import ServerProcess, exit_cause
 
 Event = Callable[[str], None]
@@ -126,13 +127,13 @@ def record(job: Job, **changes: Any) -> None:
     instances.register(instances.Instance(**{k: v for k, v in data.items() if k in known}))
 
 
-def _prove(job: Job, on_event: Event | None) -> bool:
-    from bonsai_launch.server import liveness
+def _prove(job: Job, life: Lifecycle, on_event: Event | None) -> bool:
+    from bonsai_launch.server.plan import SpecPlan
 
     if job.spec_type is None:
         return False
     try:
-        proof = liveness.prove(job.instance["base_url"], job.spec_type, job.n_max, job.log_path, job.api_key)
+        proof = life.prove(SpecPlan(job.spec_type, job.n_max), job.api_key)
     except Exception as exc:  # a failed probe must not end a server that serves
         note(job, f"the speculation proof after the restart failed: {exc}", on_event)
         return False
@@ -168,7 +169,7 @@ def supervise(
             exits.popleft()
         cause = exit_cause(code)
         tail = "\n".join("  " + line for line in server.log_tail(12)) or "  (the log is empty)"
-        record(job, state="restarting", last_exit=cause, last_exit_at=time.time())
+        record(job, state=State.RESTARTING.value, last_exit=cause, last_exit_at=time.time())
         if len(exits) >= policy.max_exits:
             message = (
                 f"llama-server {cause}: {len(exits)} unexpected exits within {policy.window_s:.0f} s, "
@@ -186,24 +187,25 @@ def supervise(
             f"; last log lines:\n{tail}",
         )
         time.sleep(delay)
-        started = time.monotonic()
-        server = ServerProcess.spawn(
+        life = Lifecycle(
             job.argv,
             env=job.env,
             log_path=job.log_path,
             base_url=job.instance["base_url"],
             die_with_parent=job.die_with_parent,
         )
+        server = life.spawn()
         on_server(server)
         pin(server.pid, job.cores)
         try:
-            server.wait_ready(policy.ready_timeout)
+            ready_s = life.wait_ready(policy.ready_timeout)
         except ActionFailed:
             if server.alive():  # not ready in time: end it; the loop counts it as an exit
                 server.kill()
                 server.wait(10)
             continue
-        live = _prove(job, on_event)
+        live = _prove(job, life, on_event)
+        life.running()
         record(
             job,
             pid=server.pid,
@@ -211,12 +213,12 @@ def supervise(
             started_at=time.time(),
             speculative=live,
             restarts=int(job.instance.get("restarts") or 0) + 1,
-            state="running",
+            state=State.RUNNING.value,
         )
         note(
             job,
             f"restarted: llama-server pid {server.pid} serves on port {port} again "
-            f"(ready in {time.monotonic() - started:.1f} s, restart {job.instance['restarts']})"
+            f"(ready in {ready_s:.1f} s, restart {job.instance['restarts']})"
             + ("; speculative decoding live" if live else ""),
             on_event,
         )

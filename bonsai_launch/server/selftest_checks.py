@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
-
 from bonsai_launch.llamacpp.builds import kernel_check, selftest_record
 from bonsai_launch.models import tiny_dense, tiny_hybrid
+from bonsai_launch.server import client
+from bonsai_launch.server.lifecycle import Lifecycle
 from bonsai_launch.server.process import ServerProcess, free_port
 
 N_PREDICT = 48
@@ -42,20 +42,16 @@ def _target(tmp: Path, weight_type: str = "q4_0", mode: str = "pure") -> Path:
 def _serve(server: Path, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
     port = free_port()
     argv = [str(server), "--host", "127.0.0.1", "--port", str(port), *args]
-    proc = ServerProcess.spawn(argv, env=env, log_path=log_path, base_url=f"http://127.0.0.1:{port}")
-    try:
-        proc.wait_ready(timeout=120)
-        yield proc
-    finally:
-        proc.stop()
+    with Lifecycle(argv, env=env, log_path=log_path, base_url=f"http://127.0.0.1:{port}") as life:
+        life.start(120)
+        assert life.server is not None
+        yield life.server
 
 
 def _complete(proc: ServerProcess, prompt: list[int], slot: int | None = None, **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "cache_prompt": False}
     body |= {"return_tokens": True, **({"id_slot": slot} if slot is not None else {}), **extra}
-    r = httpx.post(proc.base_url + "/completion", json=body, timeout=120)
-    r.raise_for_status()
-    return r.json()
+    return client.post_json(proc.base_url, "/completion", body, timeout=120)
 
 
 def _counter(prompt: list[int], n: int = N_PREDICT) -> list[int]:

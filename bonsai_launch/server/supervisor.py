@@ -28,15 +28,13 @@ from bonsai_launch.core.paths import logs_dir
 from bonsai_launch.server import instances, restart
 from bonsai_launch.server import liveness as speculation_probe
 from bonsai_launch.server.keeper import KeptChild, spawn_kept
+from bonsai_launch.server.lifecycle import STOP_TIMEOUT, Lifecycle
 from bonsai_launch.server.liveness import PROOF_PROMPT, PROOF_TOKENS, SpecProof, speculation_failure_reason  # noqa: F401 - re-exported
 from bonsai_launch.server.plan import LaunchPlan, SpecPlan
 from bonsai_launch.server.process import ServerProcess, SignalForwarder, StopRequested
 
 if TYPE_CHECKING:
     from bonsai_launch.server.liveness import SlotsProof
-
-STOP_TIMEOUT = 10.0
-
 
 # -- before spawning ---------------------------------------------------------------------------
 
@@ -129,23 +127,28 @@ def launch(
     policy = restart.policy_from_env()
     name = instances.unique_name(plan.profile or Path(plan.model).stem, plan.port)
     log_path = log_path_for(name)
-    started = time.monotonic()
-    kept: KeptChild | None = None
+    kept: list[KeptChild] = []
+
+    def spawner(argv, *, env, log_path, base_url, die_with_parent) -> ServerProcess:
+        if detach and policy.enabled:  # its keeper is its parent, to restart it later
+            server, keeper = spawn_kept(argv, env=env, log_path=log_path, base_url=base_url)
+            kept.append(keeper)
+            return server
+        return ServerProcess.spawn(argv, env=env, log_path=log_path, base_url=base_url, die_with_parent=die_with_parent)
+
+    life = Lifecycle(
+        plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url, die_with_parent=not detach, spawner=spawner
+    )
     server: ServerProcess | None = None
     ok = False
     try:
         # A stop during the spawn is acted on once the forwarder knows the server, inside this
         # try, so the server it started is stopped and the exit says a server was stopped.
         with forwarder.held() if forwarder is not None else nullcontext():
-            if detach and policy.enabled:
-                server, kept = spawn_kept(plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url)
-            else:
-                server = ServerProcess.spawn(
-                    plan.argv, env=plan.env, log_path=log_path, base_url=plan.base_url, die_with_parent=not detach
-                )
+            server = life.spawn()
             if forwarder is not None:
                 forwarder.server = server
-        watcher = kept.keeper.pid if kept is not None else (None if detach else _own_pid())
+        watcher = kept[0].keeper.pid if kept else (None if detach else _own_pid())
         inst = instances.Instance(
             name=name,
             pid=server.pid,
@@ -168,13 +171,12 @@ def launch(
             supervised=policy.enabled,
         )
         instances.register(inst)
-        server.wait_ready(ready_timeout, on_status)
-        ready_s = time.monotonic() - started
+        ready_s = life.wait_ready(ready_timeout, on_status)
         proof = slots_proof = None
         if plan.speculative is not None:
             if on_status:
                 on_status("checking speculative decoding")
-            proof = prove_speculation(plan.base_url, plan.speculative, log_path, plan.api_key)
+            proof = life.prove(plan.speculative, plan.api_key)
             if not proof.live and not spec_fallback:
                 raise ActionFailed(
                     proof.summary(),
@@ -184,17 +186,18 @@ def launch(
             if proof.live:
                 instances.update(name, speculative=True)
                 inst = instances.load(instances.state_path(name)) or inst
+        life.running()
         job = _job(plan, inst, policy, detach, cores) if policy.enabled else None
-        if kept is not None and job is not None:
-            kept.hand_over(job.to_json())
+        if kept and job is not None:
+            kept[0].hand_over(job.to_json())
         ok = True
         return Launched(server, inst, ready_s, proof, slots_proof, job)
     finally:
         if not ok and server is not None:
-            _stop(server)
+            life.stop(STOP_TIMEOUT)
             instances.unregister(name, server.pid)
-            if kept is not None:
-                kept.release()
+            if kept:
+                kept[0].release()
 
 
 def _job(
@@ -239,14 +242,6 @@ def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> Slo
     return result
 
 
-def _stop(server: ServerProcess) -> None:
-    """Stop even when the one StopRequested arrives in the middle of stopping."""
-    try:
-        server.stop(STOP_TIMEOUT)
-    except StopRequested:
-        server.stop(STOP_TIMEOUT)
-
-
 def _own_pid() -> int:
     import os
 
@@ -283,7 +278,10 @@ def serve(launched: Launched, *, poll: float = 0.25, forwarder: SignalForwarder 
 
 def shutdown(launched: Launched) -> None:
     """Stop a launched server and forget it."""
-    _stop(launched.server)
+    try:
+        launched.server.stop(STOP_TIMEOUT)
+    except StopRequested:  # the one stop request arrived in the middle of stopping: finish
+        launched.server.stop(STOP_TIMEOUT)
     instances.unregister(launched.instance.name, launched.server.pid)
 
 

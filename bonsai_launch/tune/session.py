@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bonsai_launch.bench import data as bench_data
 from bonsai_launch.bench import prompts as suite
 from bonsai_launch.bench import requests, servers, summary
@@ -36,6 +34,7 @@ from bonsai_launch.decisions.identity import (
     tune_dir,
 )
 from bonsai_launch.decisions.store import Decision, save
+from bonsai_launch.server.client import HTTPX_DEFAULT_TIMEOUT, session
 from bonsai_launch.tune.decide import decide
 from bonsai_launch.tune.subject import TuneRequest, measured_decision, plan_candidates, subject, tuned_model
 
@@ -236,7 +235,7 @@ def run_tune(
         run = ServerRun(spec.name, repeat, f"temp={options.temperature:g}")
         data.servers.append(run)
         t0, done_before = time.monotonic(), len(data.requests)
-        with servers.launched(spec, run, log_dir, listener) as endpoint, httpx.Client(trust_env=False) as http:
+        with servers.launched(spec, run, log_dir, listener) as endpoint, session(None, HTTPX_DEFAULT_TIMEOUT) as http:
             requests.warm_up(http, endpoint, spec, bench_options)
             if options.clients > 1:  # the load: every prompt at once through N clients
                 requests.run_clients(
