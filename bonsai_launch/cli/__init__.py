@@ -3,6 +3,7 @@
 main.py             the `bonsai` app: every command registers here
 build.py pull.py    `bonsai build`, `bonsai pull`
 start.py            `bonsai start`: plan, launch, prove speculation, supervise (or --detach)
+serve.py            `bonsai serve`: several models behind one port (llama-server's router)
 run.py chat.py      one answer, or a conversation, in the terminal
 verify.py           check any OpenAI-compatible server
 bench.py tune.py    measure plain against speculative; decide what BONSAI_SPECULATIVE=auto runs
@@ -19,6 +20,7 @@ Shared helpers (a command imports these and the library, never another command):
 _options.py      option types every command spells the same way
 _launch.py       the launch options start, run and chat share (LaunchOptions)
 _passthrough.py  the arguments after `--`
+_serve.py        what `serve` and `service install --serve` share: the dry run, the start, the summary
 _output.py       human output (rich) or --json; warnings on stderr
 _progress.py     the progress bar of measuring commands
 _target.py       the server run and chat talk to, and the answer's stats line

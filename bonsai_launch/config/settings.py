@@ -84,7 +84,7 @@ def family_sizes_text(sep: str = ": ", join: str = "; ") -> str:
     return join.join(f"{family}{sep}{', '.join(sizes)}" for family, sizes in FAMILY_SIZES.items())
 
 
-_START = ("start", "run", "bench", "config")
+_START = ("start", "serve", "run", "bench", "config")
 _SLOTS = ("start", "run", "chat", "bench", "config")
 _PULL = ("pull", "start", "run", "models")
 
@@ -338,6 +338,46 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
         maximum=31_536_000,
         default_text="never sleep",
+    ),
+    # `bonsai serve`: one llama-server router hosting several models (server/router.py).
+    Setting(
+        "BONSAI_MODELS_MAX",
+        "models_max",
+        "int",
+        "`bonsai serve`: how many models stay loaded at once (llama-server's --models-max); loading one more "
+        "unloads the least recently used that is not pinned. 0: no limit.",
+        ("serve",),
+        default=4,
+        minimum=0,
+        maximum=256,
+    ),
+    Setting(
+        "BONSAI_IDLE_UNLOAD",
+        "idle_unload",
+        "str",
+        "`bonsai serve`: seconds without a request after which a model is unloaded and its llama-server child "
+        "ends, so its memory really returns (the next request loads it again). A number for every model, and "
+        "NAME=SECONDS for one: `300,coder=3600`. 0: never.",
+        ("serve",),
+        default="300",
+    ),
+    Setting(
+        "BONSAI_PIN",
+        "pin",
+        "str",
+        "`bonsai serve`: models (comma-separated names) that are loaded at start and never unloaded, by idle "
+        "time or to make room.",
+        ("serve",),
+        default_text="none",
+    ),
+    Setting(
+        "BONSAI_PRELOAD",
+        "preload",
+        "str",
+        "`bonsai serve`: models (comma-separated names, or `all`) loaded at start instead of on their first "
+        "request; idle unloading still applies to them.",
+        ("serve",),
+        default_text="none",
     ),
     # The speculation watch (bonsai_launch/server/watch.py): the running server's own counters.
     Setting(

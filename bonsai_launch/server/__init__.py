@@ -17,6 +17,9 @@ service.py       `bonsai service`: writes that file in the user's folders and ha
 watch.py         whether speculation still pays on a running server's work, from its /metrics
 prompt_sample.py BONSAI_TUNE_SAMPLE: the prompts a server was sent, from its /slots, for `tune --prompts recent`
 keeper.py        the parent of a detached server, so that it is restarted with its exit cause known
+router.py        `bonsai serve`: every model behind one port on llama-server's router, each planned as start does
+router_inputs.py what `bonsai serve` is asked to serve (profiles, files, pairs, folders) and each model's plan
+router_watch.py  a router's models: idle unload that ends the child, pins, proof per model, state for `ps`
 instances.py     running servers bonsai knows about (`bonsai ps`), one state file each
 liveness.py      is speculation live? one probe and one rule for every command, on one slot or several
 client.py        a small client for llama-server and OpenAI-compatible servers

@@ -54,6 +54,7 @@ class Instance:
     last_exit_at: float | None = None
     state: str = State.RUNNING.value  # "restarting" between a crash and the new server's /health 200
     watch: dict[str, Any] | None = None  # whether speculation still pays on its work (server/watch.py)
+    router: dict[str, Any] | None = None  # `bonsai serve`: its models and their policies (router_watch.py)
 
     @property
     def uptime(self) -> float:
@@ -70,7 +71,7 @@ def state_path(name: str) -> Path:
     return run_dir() / f"{name}.json"
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -105,7 +106,7 @@ def _matches(inst: Instance) -> bool:
 
 def register(inst: Instance) -> Path:
     path = state_path(inst.name)
-    _write_atomic(path, json.dumps(inst.to_json(), indent=2) + "\n")
+    write_atomic(path, json.dumps(inst.to_json(), indent=2) + "\n")
     return path
 
 
@@ -114,7 +115,7 @@ def update(name: str, **changes: Any) -> None:
     if inst is not None:
         data = inst.to_json()
         data.update(changes)
-        _write_atomic(state_path(name), json.dumps(data, indent=2) + "\n")
+        write_atomic(state_path(name), json.dumps(data, indent=2) + "\n")
 
 
 def unregister(name: str, pid: int | None = None) -> None:

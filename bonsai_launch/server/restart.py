@@ -65,6 +65,7 @@ class Job:
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     watch: dict[str, Any] = field(default_factory=dict)  # watch.Bounds as JSON; empty: no watch
     sample: dict[str, Any] = field(default_factory=dict)  # prompt_sample's limit, every_s, path; empty: off
+    router: dict[str, Any] = field(default_factory=dict)  # a router's models and their policies (router_watch.py)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

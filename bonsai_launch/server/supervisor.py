@@ -31,6 +31,7 @@ from bonsai_launch.server.keeper import KeptChild, spawn_kept
 from bonsai_launch.server.lifecycle import STOP_TIMEOUT, Lifecycle
 from bonsai_launch.server.liveness import PROOF_PROMPT, PROOF_TOKENS, SpecProof, speculation_failure_reason  # noqa: F401 - re-exported
 from bonsai_launch.server.plan import LaunchPlan, SpecPlan
+from bonsai_launch.server.plan.router import RouterPlan
 from bonsai_launch.server.process import ServerProcess, SignalForwarder, StopRequested
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def _port_holder(port: int) -> str:
     return ""
 
 
-def preflight(plan: LaunchPlan) -> None:
+def preflight(plan: LaunchPlan | RouterPlan) -> None:
     """Checks the pure plan cannot make. Model, drafter and capability checks already ran in
     gather_plan; each failure here is one message with the fix, in milliseconds."""
     check_port_free(plan.host, plan.port)
@@ -110,7 +111,7 @@ class Launched:
 
 
 def launch(
-    plan: LaunchPlan,
+    plan: LaunchPlan | RouterPlan,
     *,
     detach: bool = False,
     spec_fallback: bool = False,
@@ -118,6 +119,7 @@ def launch(
     forwarder: SignalForwarder | None = None,
     ready_timeout: float = 600.0,
     cores: tuple[int, ...] = (),
+    name: str | None = None,
 ) -> Launched:
     """Spawn, register, wait until ready, prove speculation. On any failure the server is
     stopped and unregistered before the error propagates. With restarts on (BONSAI_RESTART), a
@@ -125,12 +127,14 @@ def launch(
     `cores` is the CPU affinity a restarted server gets again (fleet replicas)."""
     preflight(plan)
     policy = restart.policy_from_env()
-    name = instances.unique_name(plan.profile or Path(plan.model).stem, plan.port)
+    router = plan.watch_json() if isinstance(plan, RouterPlan) else None
+    name = name or instances.unique_name(plan.profile or Path(plan.model).stem, plan.port)
     log_path = log_path_for(name)
     kept: list[KeptChild] = []
 
     def spawner(argv, *, env, log_path, base_url, die_with_parent) -> ServerProcess:
-        if detach and policy.enabled:  # its keeper is its parent, to restart it later
+        # its keeper is its parent, to restart it later, and a router's to unload idle models
+        if detach and (policy.enabled or router is not None):
             server, keeper = spawn_kept(argv, env=env, log_path=log_path, base_url=base_url)
             kept.append(keeper)
             return server
@@ -169,6 +173,7 @@ def launch(
             tuning=getattr(plan, "tuning", None),
             supervisor_create_time=instances.process_create_time(watcher) if watcher else None,
             supervised=policy.enabled,
+            router=router,
         )
         instances.register(inst)
         ready_s = life.wait_ready(ready_timeout, on_status)
@@ -187,7 +192,7 @@ def launch(
                 instances.update(name, speculative=True)
                 inst = instances.load(instances.state_path(name)) or inst
         life.running()
-        job = _job(plan, inst, policy, detach, cores) if policy.enabled else None
+        job = _job(plan, inst, policy, detach, cores) if policy.enabled or router is not None else None
         if kept and job is not None:
             kept[0].hand_over(job.to_json())
         ok = True
@@ -201,7 +206,11 @@ def launch(
 
 
 def _job(
-    plan: LaunchPlan, inst: instances.Instance, policy: restart.RestartPolicy, detach: bool, cores: tuple[int, ...]
+    plan: LaunchPlan | RouterPlan,
+    inst: instances.Instance,
+    policy: restart.RestartPolicy,
+    detach: bool,
+    cores: tuple[int, ...],
 ) -> restart.Job:
     spec = plan.speculative
     return restart.Job(
@@ -216,10 +225,11 @@ def _job(
         policy=policy,
         watch=_watch_bounds(plan) if spec is not None and inst.speculative else {},
         sample=dict(plan.prompt_sample or {}),
+        router=dict(inst.router or {}),
     )
 
 
-def _watch_bounds(plan: LaunchPlan) -> dict:
+def _watch_bounds(plan: LaunchPlan | RouterPlan) -> dict:
     """The BONSAI_WATCH_SECONDS family of settings, and the plain speed of the decision it runs (server/watch.py)."""
     from bonsai_launch.config.settings import resolve
     from bonsai_launch.server.watch import Bounds, plain_speed
@@ -227,7 +237,7 @@ def _watch_bounds(plan: LaunchPlan) -> dict:
     return Bounds.from_settings(resolve({}), plain_speed(getattr(plan, "tuning", None))).to_json()
 
 
-def _prove_slots(plan: LaunchPlan, proof: SpecProof, spec_fallback: bool) -> SlotsProof | None:
+def _prove_slots(plan: LaunchPlan | RouterPlan, proof: SpecProof, spec_fallback: bool) -> SlotsProof | None:
     """With several slots, speculation must draft on more than one of them at once."""
     from bonsai_launch.server.liveness import prove_slots
 
@@ -262,9 +272,9 @@ def serve(launched: Launched, *, poll: float = 0.25, forwarder: SignalForwarder 
     observers: list = []  # filled inside the try: a stop signal at any point still shuts the server down
     try:
         # Loaded here, after the spawn: the start path imports nothing it needs only while serving.
-        from bonsai_launch.server import prompt_sample, watch
+        from bonsai_launch.server import prompt_sample, router_watch, watch
 
-        observers += [watch.for_job(job, restart.stderr_event), prompt_sample.for_job(job)]
+        observers += [watch.for_job(job, restart.stderr_event), prompt_sample.for_job(job), router_watch.for_job(job)]
         restart.supervise(job, launched.server, on_server=current, on_event=restart.stderr_event, poll=poll)
         return 1  # not reached: supervise only ends by raising
     except StopRequested:

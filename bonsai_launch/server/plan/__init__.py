@@ -14,6 +14,7 @@ speculation.py  a drafter's flags (n-max = its block size) or a draft-free n-gra
 host.py         loopback unless the user opts in, and never beyond it without a key
 weights.py      the memory a launch holds: the weights' path and bytes, the KV cache, the RAM fit;
                 plan_context: one model's -c from them, fitted to its slots
+router.py       `bonsai serve`: a router's plan, its models' preset file, idle unload, pins, preload
 """
 
 from bonsai_launch.server.plan.compose import build_plan, plan_model
