@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 NameArg = Annotated[str | None, typer.Argument(help="Server name, port or pid (see `bonsai ps`).")]
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the server stops.")]
 LinesOpt = Annotated[int, typer.Option("--lines", "-n", help="How many lines from the end to show first (0 = all).")]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", "-m", help="A `bonsai serve` router's model: only its lines (see `bonsai ps`).")
+]
 
 
 def _log_for(name: str | None) -> tuple[Path, Instance | None]:
@@ -48,8 +51,9 @@ def _log_for(name: str | None) -> tuple[Path, Instance | None]:
     return logs[-1], None
 
 
-def command(name: NameArg = None, follow: FollowOpt = False, lines: LinesOpt = 100) -> None:
-    """Print a server's log (the newest one when no server runs)."""
+def command(name: NameArg = None, follow: FollowOpt = False, lines: LinesOpt = 100, model: ModelOpt = None) -> None:
+    """Print a server's log (the newest one when no server runs); with --model, one model of a
+    `bonsai serve` router: its llama-server's lines and bonsai's notes on it."""
     import sys
     from collections import deque
 
@@ -57,8 +61,10 @@ def command(name: NameArg = None, follow: FollowOpt = False, lines: LinesOpt = 1
     from bonsai_launch.server.supervisor import follow as follow_lines
 
     path, inst = _log_for(name)
+    keep = _model_filter(inst, model)
     with open(path, "rb") as f:
-        head = f.readlines() if lines <= 0 else deque(f, maxlen=lines)
+        kept = (line for line in f if keep(line.decode("utf-8", "replace")))
+        head = list(kept) if lines <= 0 else deque(kept, maxlen=lines)
         offset = f.tell()
     sys.stdout.write(b"".join(head).decode("utf-8", "replace"))
     sys.stdout.flush()
@@ -71,7 +77,24 @@ def command(name: NameArg = None, follow: FollowOpt = False, lines: LinesOpt = 1
 
     try:
         for line in follow_lines(path, offset=offset, alive=alive):
+            if not keep(line):
+                continue
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
     except KeyboardInterrupt:
         pass
+
+
+def _model_filter(inst: Instance | None, model: str | None):
+    """Every line, or one model's lines of a router's log (server/router.py's ModelLog)."""
+    if model is None:
+        return lambda line: True
+    from bonsai_launch.core.errors import BonsaiError
+    from bonsai_launch.server.router import ModelLog
+
+    served = [m["name"] for m in ((inst.router or {}).get("models") or [])] if inst is not None else []
+    if inst is None or not served:
+        raise BonsaiError("--model is for a running `bonsai serve` router", "see `bonsai ps`")
+    if model not in served:
+        raise BonsaiError(f"--model {model}: {inst.name} serves no such model", f"it serves: {', '.join(served)}")
+    return ModelLog(model).keep

@@ -37,8 +37,9 @@ def command(json_output: JsonOpt = False) -> None:
     key = first_key(env_value("api_key")) if any(i.api_key_required for i in live) else None
     # Asked of /props, which answers from a cache while asleep: looking never wakes a server.
     asleep = {i.name: sleep_state(i, key) for i in live} if live else {}
+    routed = {i.name: models_state(i, key) for i in live if i.router}
     if json_output:
-        emit_json([{**i.to_json(), "sleeping": asleep[i.name]} for i in live])
+        emit_json([{**i.to_json(), "sleeping": asleep[i.name], **models_json(routed, i.name)} for i in live])
         return
     out = console()
     if not live:
@@ -83,6 +84,49 @@ def command(json_output: JsonOpt = False) -> None:
     if not out.is_terminal:
         out.width = max(out.width, 160)  # piped into a script or a file: never cut a row short
     out.print(table)
+    for name, models in routed.items():
+        out.print(f"\n{name}: models behind one port (`bonsai serve`)")
+        out.print(models_table(models))
+
+
+def models_state(inst, api_key: str | None) -> list[dict]:
+    from bonsai_launch.server.router import models_state as state
+
+    return state(inst, api_key)
+
+
+def models_json(routed: dict[str, list[dict]], name: str) -> dict:
+    return {"models": routed[name]} if name in routed else {}
+
+
+def models_table(models: list[dict]):
+    """A router's models: state, speculation (proven live when it loaded), acceptance so far,
+    memory of its llama-server child, and the time left before its idle unload."""
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("MODEL", "STATE", "SPECULATION", "ACCEPTANCE", "MEMORY", "UNLOADS IN"):
+        table.add_column(col, no_wrap=True)
+    for m in models:
+        state = m.get("state") or "unloaded"
+        if state == "failed":
+            state = f"failed (exit {m.get('exit_code')})"
+        proof = m.get("proof") or {}
+        spec = m.get("spec_type") or "off"
+        if m.get("spec_type") and proof:
+            spec += " (live)" if proof.get("live") else " (NOT live)"
+        drafted, accepted = int(m.get("drafted") or 0), int(m.get("accepted") or 0)
+        acceptance = f"{accepted / drafted:.0%} of {drafted}" if drafted else "-"
+        rss = m.get("rss_bytes")
+        memory = f"{rss / 2**20:.0f} MiB" if rss else "-"
+        if m.get("pinned"):
+            unload = "pinned"
+        elif m.get("unload_in_s") is not None:
+            unload = format_uptime(m["unload_in_s"])
+        else:
+            unload = "-" if m.get("idle_unload_s") else "never"
+        table.add_row(m["name"], state, spec, acceptance, memory, unload)
+    return table
 
 
 def sleep_state(inst, api_key: str | None) -> bool | None:

@@ -62,7 +62,6 @@ def install(
     import sys
     from pathlib import Path
 
-    from bonsai_launch.cli._output import console, emit_json
     from bonsai_launch.server import service, service_files
 
     flags = launch.flags(host=host, port=port, kv4=kv4, mmproj=str(Path(mmproj).absolute()) if mmproj else None)
@@ -79,7 +78,12 @@ def install(
         text = service.render(spec)
         sys.stdout.write(text.decode("utf-16") if service.kind() == "task" else text.decode())
         return
-    result = service.install(spec)
+    _report(service.install(spec), json_output)
+
+
+def _report(result, json_output: bool) -> None:
+    from bonsai_launch.cli._output import console, emit_json
+
     if json_output:
         emit_json(result.to_json())
         return
@@ -90,6 +94,36 @@ def install(
     if result.next_step:
         out.print(result.next_step, highlight=False)
     out.print(f"logs: {'; '.join(result.logs)}", highlight=False)
+
+
+@app.command("install-serve", cls=PassthroughCommand)
+def install_serve(
+    ctx: typer.Context,
+    models: Annotated[list[str], typer.Argument(help="What `bonsai serve` serves (profiles, files, folders).")],
+    host: HostOpt = None,
+    port: PortOpt = None,
+    name: NameOpt = None,
+    dry_run: PrintOpt = False,
+    json_output: JsonOpt = False,
+) -> None:
+    """Write a service that runs `bonsai serve MODELS...` (several models behind one port) at login.
+
+    BONSAI_* variables set now (the key, BONSAI_IDLE_UNLOAD, BONSAI_PIN, ...) go with it, as for install."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from bonsai_launch.server import service, service_files
+
+    argv = service_files.serve_argv(
+        str(Path(sys.executable).absolute()), models, {"host": host, "port": port}, passthrough_args(ctx)
+    )
+    spec = service.make_spec(name or "serve", argv, os.environ)
+    if dry_run:
+        text = service.render(spec)
+        sys.stdout.write(text.decode("utf-16") if service.kind() == "task" else text.decode())
+        return
+    _report(service.install(spec), json_output)
 
 
 @app.command("uninstall")

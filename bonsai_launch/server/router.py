@@ -16,6 +16,7 @@ cannot be reached around the key on a child's own loopback port either.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -186,24 +187,24 @@ def models_state(inst, api_key: str | None) -> list[dict[str, Any]]:
     return out
 
 
-def model_log_lines(log_path: Path, model: str) -> list[str]:
+class ModelLog:
     """One model's lines of a router's log: its children's output (the router prefixes each line
-    with the child's port, and names the port when it spawns the child) and bonsai's notes on it."""
-    import re
+    with the child's port, and names the port when it spawns the child) and bonsai's notes on it.
+    Fed line by line, in order, so that it follows a growing log too."""
 
-    spawned = re.compile(r"spawning server instance with name=(\S+) on port (\d+)")
-    child = re.compile(r"^\[\s*(\d+)\]")
-    ports: set[str] = set()
-    out = []
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = spawned.search(line)
-            if m:
-                if m.group(1) == model:
-                    ports.add(m.group(2))
-                    out.append(line)
-                continue
-            c = child.match(line)
-            if (c and c.group(1) in ports) or f"model {model}:" in line:
-                out.append(line)
-    return out
+    _SPAWNED = re.compile(r"spawning server instance with name=(\S+) on port (\d+)")
+    _CHILD = re.compile(r"^\[\s*(\d+)\]")
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.ports: set[str] = set()
+
+    def keep(self, line: str) -> bool:
+        spawned = self._SPAWNED.search(line)
+        if spawned:
+            if spawned.group(1) != self.model:
+                return False
+            self.ports.add(spawned.group(2))
+            return True
+        child = self._CHILD.match(line)
+        return bool(child and child.group(1) in self.ports) or f"model {self.model}:" in line

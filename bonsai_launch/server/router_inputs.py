@@ -53,7 +53,9 @@ def parse_sources(words: Sequence[str], known_profiles: Sequence[str]) -> list[S
                 raise BonsaiError(f"{word}: {target} is not a file", "name an existing .gguf file")
             if plus and not Path(drafter).expanduser().is_file():
                 raise BonsaiError(f"{word}: drafter {drafter} is not a file", "name an existing drafter .gguf file")
-            out.append(Source(word, name or None, model=str(path), drafter=str(Path(drafter).expanduser()) if plus else None))
+            out.append(
+                Source(word, name or None, model=str(path), drafter=str(Path(drafter).expanduser()) if plus else None)
+            )
         else:
             raise BonsaiError(
                 f"{word!r} is neither a profile, a .gguf file nor a folder",

@@ -33,6 +33,10 @@ _VALUE_OPTIONS = {
     "host": "--host",
     "port": "--port",
     "mmproj": "--mmproj",
+    "models_max": "--models-max",  # serve's
+    "idle_unload": "--idle-unload",
+    "pin": "--pin",
+    "preload": "--preload",
 }
 _BOOL_OPTIONS = {"speculative": ("--speculative", "--no-speculative"), "kv4": ("--kv4", "--no-kv4")}
 
@@ -105,6 +109,27 @@ def start_argv(
     if passthrough:
         argv += ["--", *passthrough]
     return tuple(argv)
+
+
+def serve_argv(
+    interpreter: str, models: Sequence[str], flags: Mapping[str, object], passthrough: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """`INTERPRETER -m bonsai_launch serve MODELS ...`: the models as absolute paths where they are
+    files or folders (the manager starts it elsewhere), the options as serve spells them."""
+    argv = list(start_argv(interpreter, flags, passthrough=passthrough))
+    argv[3] = "serve"
+    return (*argv[:4], *(absolute_source(m) for m in models), *argv[4:])
+
+
+def absolute_source(word: str) -> str:
+    """`chat=./a.gguf+./d.gguf` -> `chat=/abs/a.gguf+/abs/d.gguf`; a profile name stays as it is."""
+    from pathlib import Path
+
+    name, eq, rest = word.partition("=")
+    if not eq or "/" in name:
+        name, rest = "", word
+    parts = [str(Path(p).absolute()) if Path(p).expanduser().exists() else p for p in rest.split("+")]
+    return (f"{name}=" if name else "") + "+".join(parts)
 
 
 def _systemd_quote(word: str) -> str:
