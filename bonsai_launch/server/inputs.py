@@ -64,7 +64,6 @@ class ModelFiles:
     drafter: Path | None
     mmproj: Path | None
     drafter_unavailable: str | None  # why the profile's drafter cannot be used, if it cannot
-    chat_template: Path | None = None  # the profile's wrapper around the model's template (chat_template.py)
 
 
 def local_path(profile: Profile, file_name: str) -> Path:
@@ -170,12 +169,7 @@ def model_files(
         entry = choose_file(profile, "mmproj", kind) if profile_applies else None
         if entry is not None and entry.name and s["vision"]:
             mmproj_path = local_path(profile, entry.name)
-    template = None
-    if not named and profile.reasoning_effort_fallback:
-        from bonsai_launch.models.chat_template import wrapper_path
-
-        template = wrapper_path(profile, model_path)
-    return ModelFiles(model_path, drafter_path, mmproj_path, unavailable, template)
+    return ModelFiles(model_path, drafter_path, mmproj_path, unavailable)
 
 
 def auto_decision(selection: Selection, files: ModelFiles, binary: Path | None, model: str | None, args):
@@ -264,6 +258,9 @@ def gather_plan(
 
             raise refusal_for_legacy(files.drafter, files.model)  # never handed to llama-server as it is
     mmproj_file = files.mmproj if files.mmproj is not None and files.mmproj.is_file() else None
+    wrapper, wanted = _template_wrapper(
+        None if explicit_model(selection, model) else selection.profile, files.model, repack
+    )
     notes = _selection_warnings(selection, model, kind, binary) + ([codec_note] if codec_note else [])
     notes += inherited_env_warnings(os.environ if env is None else env, args.table or option_table(None))
     inputs = PlanInputs(
@@ -278,14 +275,34 @@ def gather_plan(
         capabilities=capabilities,
         passthrough=args,
         drafter_unavailable=files.drafter_unavailable,
-        chat_template=files.chat_template if files.chat_template and files.chat_template.is_file() else None,
-        chat_template_missing=bool(files.chat_template and not files.chat_template.is_file()),
+        chat_template=wrapper,
+        chat_template_missing=bool(wanted) and wrapper is None,
+        chat_template_guards=wanted,
         self_test=self_test,
         weights=weights,
         notes=tuple(notes),
         tuning=tuning,
     )
     return build_plan(inputs)
+
+
+def _template_wrapper(profile, model: Path, write: bool) -> tuple[Path | None, tuple[str, ...]]:
+    """The guard in front of the model's chat template (models/chat_template.py), when its profile's
+    reasoning efforts or its template's refusal of late system messages call for one: (the wrapper
+    if written, what it guards). A launch (`write`) writes it; a dry run only looks."""
+    from bonsai_launch.models import chat_template
+
+    template = chat_template.read_template(model)
+    wanted = chat_template.guards(template, profile)
+    if not wanted:
+        return None, ()
+    if write:
+        return chat_template.ensure_wrapper(profile, model), wanted
+    if profile is not None:
+        path = chat_template.wrapper_path(profile, model)
+    else:
+        path = chat_template.own_wrapper_path(model, template or "")
+    return (path if path.is_file() else None), wanted
 
 
 def _self_test_verdict(binary: Path | None) -> dict[str, Any] | None:

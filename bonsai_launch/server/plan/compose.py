@@ -336,27 +336,47 @@ def _vision(inputs: PlanInputs, backend: str, b: ArgvBuilder) -> Path | None:
 
 
 def _chat_template(inputs: PlanInputs, b: ArgvBuilder, given: set[str]) -> None:
-    """The profile's wrapper around the model's own chat template (models/chat_template.py): a
-    request's reasoning_effort the template refuses is answered at the profile's fallback."""
+    """The guard around the model's own chat template (models/chat_template.py): a request's
+    reasoning_effort the template refuses is answered at the profile's fallback, and a system or
+    developer message after the first turn, which Qwen3.5/3.6's template refuses, as a user message."""
     profile = inputs.profile
-    if profile is None or profile.reasoning_effort_fallback is None:
+    guards = inputs.chat_template_guards or (
+        ("reasoning_effort",) if profile is not None and profile.reasoning_effort_fallback else ()
+    )
+    if not guards:
         return
-    takes, fallback = ", ".join(profile.reasoning_efforts), profile.reasoning_effort_fallback
+    effort = "reasoning_effort" in guards and profile is not None
+    takes = ", ".join(profile.reasoning_efforts) if profile is not None else ""
+    fallback = profile.reasoning_effort_fallback if profile is not None else None
+    whose = f"profile {profile.name}'s wrapper" if effort and profile is not None else "bonsai's guard"
     if given & {"--chat-template", "--chat-template-file"}:
-        b.warnings.append(
-            f"your chat template after -- replaces profile {profile.name}'s wrapper: a request's reasoning_effort "
-            f"other than {takes} reaches the template as sent"
-        )
+        lost = [f"a request's reasoning_effort other than {takes} reaches the template as sent"] if effort else []
+        if "late_system" in guards:
+            lost.append("a system message after the first turn reaches it as sent (and is refused)")
+        b.warnings.append(f"your chat template after -- replaces {whose}: " + "; ".join(lost))
     elif inputs.chat_template is not None:
-        require_flag(inputs.capabilities, "--chat-template-file", f"profile {profile.name}'s chat template wrapper")
+        require_flag(inputs.capabilities, "--chat-template-file", f"the chat template guard ({', '.join(guards)})")
+        why = ["the model's own chat template behind a guard"]
+        if effort:
+            why.append(
+                f"a request's reasoning_effort other than {takes} (Open WebUI, Cline and Kilo send high, which "
+                f"fails) is answered at {fallback}"
+            )
+        if "late_system" in guards:
+            why.append(
+                "a system or developer message after the first turn (coding agents send them; the template "
+                "refuses them) is passed as a user message in its place"
+            )
         b.add(
-            "--chat-template-file",
-            str(inputs.chat_template),
-            f"the model's own chat template behind a guard: a request's reasoning_effort other than {takes} "
-            f"(Open WebUI, Cline and Kilo send high, which fails) is answered at {fallback}",
+            "--chat-template-file", str(inputs.chat_template), ": ".join(why[:2]) + "".join(f"; {w}" for w in why[2:])
         )
-    elif inputs.chat_template_missing:
+    elif inputs.chat_template_missing and effort and profile is not None:
         b.warnings.append(
             f"profile {profile.name}'s chat template wrapper is not written yet (`bonsai pull --profile "
             f"{profile.name}` writes it): a request with reasoning_effort high will fail"
+        )
+    elif inputs.chat_template_missing:
+        b.warnings.append(
+            "the model's chat template refuses a system message after the first turn; `bonsai start` writes "
+            "the guard that passes it as a user message"
         )

@@ -204,8 +204,9 @@ class PlanInputs:
         default_factory=Passthrough
     )  # arguments after --, parsed (bonsai_launch.server.passthrough)
     drafter_unavailable: str | None = None  # why the profile's drafter cannot be used here
-    chat_template: Path | None = None  # the profile's reasoning-effort wrapper (models/chat_template.py)
-    chat_template_missing: bool = False  # the profile wants that wrapper, and it is not written yet
+    chat_template: Path | None = None  # the guard around the model's template (models/chat_template.py)
+    chat_template_missing: bool = False  # the model wants that wrapper, and it is not written yet
+    chat_template_guards: tuple[str, ...] = ()  # what it guards: reasoning_effort, late_system (empty: the profile's)
     self_test: Mapping[str, Any] | None = (
         None  # the binary's build self-test verdict (llamacpp/builds/selftest_record.py)
     )
