@@ -174,9 +174,11 @@ def models_state(inst, api_key: str | None) -> list[dict[str, Any]]:
         record.setdefault("pinned", m.get("pinned"))
         record.setdefault("spec_type", m.get("spec_type"))
         status = live.get(m["name"])
-        if status is not None:
-            word = "failed" if status.get("failed") and status.get("value") == "unloaded" else status.get("value")
-            record["state"] = word or record.get("state")
+        if status is not None:  # the router's own word is newer than the watcher's last look
+            failed = bool(status.get("failed")) and status.get("value") == "unloaded"
+            record["state"] = "failed" if failed else status.get("value") or record.get("state")
+            if failed:
+                record["exit_code"] = status.get("exit_code")
         if record.get("state") not in ("loaded", "sleeping"):
             record["unload_in_s"] = None
             record["rss_bytes"] = None
