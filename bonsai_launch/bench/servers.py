@@ -129,13 +129,14 @@ def launched(
             run.pid, run.log = proc.pid, str(log)
             if plan.speculative is not None:
                 _prove_live(spec, run, plan, life, log, listener)
-            with MemorySampler(proc.pid) as sampler:
-                try:
+            try:
+                with MemorySampler(proc.pid) as sampler:
                     yield Endpoint(plan.base_url, api=api, api_key=plan.api_key)  # a key the user set is enforced
-                finally:
-                    run.peak_rss_bytes, run.peak_gpu_bytes = sampler.peak_rss, sampler.peak_gpu
-                    if not proc.alive():
-                        raise ActionFailed(proc.exit_message("during the benchmark"), f"full log: {log}")
+            finally:
+                # read once the sampler has stopped: its last look is in the peak
+                run.peak_rss_bytes, run.peak_gpu_bytes = sampler.peak_rss, sampler.peak_gpu
+                if not proc.alive():
+                    raise ActionFailed(proc.exit_message("during the benchmark"), f"full log: {log}")
         return
 
 

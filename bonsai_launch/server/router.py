@@ -131,6 +131,7 @@ def launch(
     from bonsai_launch.server import router_watch, supervisor
 
     write_preset(plan)
+    router_watch.state_file(plan.name).unlink(missing_ok=True)  # a previous router's models are not this one's
     launched = supervisor.launch(plan, detach=detach, on_status=on_status, forwarder=forwarder, name=plan.name)
     try:
         watch = router_watch.RouterWatch(
