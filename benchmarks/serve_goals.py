@@ -95,7 +95,7 @@ def spawns(log: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--idle", type=int, default=4, help="d2's idle unload, seconds")
+    parser.add_argument("--idle", type=int, default=20, help="d2's idle unload, seconds (longer than a request takes)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--json", type=Path, help="write the results here")
     opts = parser.parse_args()

@@ -25,8 +25,11 @@ def dry_run_output(models: Sequence[str], flags: dict[str, Any], passthrough: tu
 
 
 def _status(json_output: bool):
+    said: list[str] = []
+
     def line(text: str) -> None:
-        if not json_output:
+        if not json_output and text not in said[-1:]:  # each state once, not once per look
+            said.append(text)
             sys.stderr.write(f"llama-server: {text}\n")
             sys.stderr.flush()
 
@@ -92,6 +95,8 @@ def print_ready(
     from bonsai_launch.cli._output import console
 
     out = console()
+    if not out.is_terminal:
+        out.width = max(out.width, 160)  # piped into a script or a file: never cut a row short
     out.print(
         f"[bold green]ready[/] in {launched.ready_s:.1f} s: llama-server router pid {launched.server.pid}, "
         f"name {plan.name}, log {launched.server.log_path}"

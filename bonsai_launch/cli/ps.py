@@ -58,7 +58,9 @@ def command(json_output: JsonOpt = False) -> None:
     ):
         table.add_column(col, no_wrap=True)
     for i in live:
-        if i.speculative:
+        if i.router:
+            spec = "per model (below)"
+        elif i.speculative:
             spec = f"yes ({i.spec_type})"
         else:
             spec = "no (not live, fallback)" if i.spec_type else "no"
