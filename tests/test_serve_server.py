@@ -5,7 +5,10 @@ pinned: loaded at start), a tiny DSpark pair (speculative, unloaded after 3 s id
 whose chat template refuses late system messages (as Qwen3.5/3.6's does), and a tiny target whose
 file goes bad while the router serves. Clients are the real `openai` and `anthropic` libraries.
 No test asserts a real model's words (they depend on the CPU): only that requests are answered,
-what is loaded, drafted, refused and ended.
+what is loaded, drafted, refused and ended. The clients keep their libraries' default of retrying a
+dropped connection (max_retries=2): llama-server closes an idle keep-alive connection after 5 s,
+and a request sent on it in that instant fails to connect, with `bonsai start` as with a router;
+a 400 or 401 answer is never retried (the refusals below are seen as they come).
 """
 
 from __future__ import annotations
@@ -154,7 +157,7 @@ def test_an_idle_model_is_unloaded_and_its_process_ends(router):
 def test_the_openai_client_chats_streams_calls_tools_and_uses_responses(router):
     import openai
 
-    client = openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0)
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=2)
     answer = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
     assert answer.choices and answer.model == "demo"
     pieces = list(
@@ -175,13 +178,13 @@ def test_the_openai_client_chats_streams_calls_tools_and_uses_responses(router):
     assert response.output and response.status in ("completed", "incomplete")
     assert [m.id for m in client.models.list()] >= ["demo"]
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=router.url + "/v1", api_key="wrong", max_retries=0).models.list()
+        openai.OpenAI(base_url=router.url + "/v1", api_key="wrong", max_retries=2).models.list()
 
 
 def test_the_anthropic_client_sends_messages_streams_and_calls_tools(router):
     import anthropic
 
-    client = anthropic.Anthropic(base_url=router.url, api_key=KEY, max_retries=0)
+    client = anthropic.Anthropic(base_url=router.url, api_key=KEY, max_retries=2)
     message = client.messages.create(model="demo", max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
     assert message.content and message.stop_reason in ("max_tokens", "end_turn")
     with client.messages.stream(model="demo", max_tokens=8, messages=[{"role": "user", "content": "Hi"}]) as stream:
@@ -197,7 +200,7 @@ def test_the_anthropic_client_sends_messages_streams_and_calls_tools(router):
 def test_a_coding_agents_late_system_messages_are_answered_and_the_prompt_start_kept(router):
     import openai
 
-    client = openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0)
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=2)
     answer = client.chat.completions.create(model="qwen", messages=AGENT, max_tokens=4)  # type: ignore[arg-type]
     assert answer.choices
     code, full = router.post("/apply-template", {"model": "qwen", "messages": AGENT})
@@ -215,7 +218,7 @@ def test_a_coding_agents_late_system_messages_are_answered_and_the_prompt_start_
 def test_an_unknown_model_is_refused_with_the_served_names(router):
     import openai
 
-    client = openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0)
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=2)
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert "model 'gpt-4o' not found; this server serves: demo, flaky, qwen, tiny" in str(err.value)
