@@ -131,7 +131,9 @@ def launch(
     from bonsai_launch.server import router_watch, supervisor
 
     write_preset(plan)
-    router_watch.state_file(plan.name).unlink(missing_ok=True)  # a previous router's models are not this one's
+    old = router_watch.state_file(plan.name)  # a previous router's models are not this one's
+    for leftover in (old, *old.parent.glob(f"{plan.name}.proving-*")):
+        leftover.unlink(missing_ok=True)
     launched = supervisor.launch(plan, detach=detach, on_status=on_status, forwarder=forwarder, name=plan.name)
     try:
         watch = router_watch.RouterWatch(

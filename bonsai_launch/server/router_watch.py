@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -197,7 +198,7 @@ class RouterWatch:
             record.exit_code = None
             record.port = port
             if record.spec_type and port:
-                record.proof = self.prove(record)
+                record.proof = self.proof_once(record)
         record.state, record.port = word, port
         if word not in RUNNING_STATES:
             record.pid = record.rss_bytes = None
@@ -218,6 +219,28 @@ class RouterWatch:
             record.last_active = now
         record.counters = counters
         record.drafted, record.accepted = int(metrics.get(DRAFTED, 0)), int(metrics.get(ACCEPTED, 0))
+
+    def proof_once(self, record: ModelRecord, wait_s: float = 300.0) -> dict[str, Any]:
+        """One proof per load of a model, however many watchers see it load (`bonsai serve` proves
+        what it loads at start while a detached router's keeper already watches): the first to
+        claim the load proves it, another takes its verdict from the state file."""
+        marker = state_file(self.instance_name).with_name(f"{self.instance_name}.proving-{record.name}-{record.port}")
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and not self.stopped.is_set():
+                known = read_state(self.instance_name).get(record.name) or {}
+                if known.get("proof") and known.get("port") == record.port:
+                    return dict(known["proof"])
+                time.sleep(0.2)
+            return {"live": False, "summary": "the speculation proof of another watcher did not finish"}
+        except OSError:
+            pass  # no marker possible: prove here
+        proof = self.prove(record)
+        record.proof = proof
+        self.save(time.time())
+        return proof
 
     def prove(self, record: ModelRecord) -> dict[str, Any]:
         """The liveness proof on the child's own port (the router's key guards it too)."""
