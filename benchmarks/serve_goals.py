@@ -10,7 +10,8 @@
    them in a shuffled order (so load on the machine hits both alike), `cache_prompt: false` (every
    TTFT is a full prefill), plain and with the demo's speculation (ngram-mod), after one discarded
    pass over every prompt on each side (ngram-mod drafts from what the server answered before, so
-   both sides must have the same history).
+   both sides must have the same history). The router's own child is also asked directly, so the
+   proxy's share of the time to the first token is measured on one and the same server.
 4. After its idle unload, a model's memory is back: the router's resident set plus its children's
    within 50 MB of the value before the model loaded.
 
@@ -41,7 +42,7 @@ import psutil
 
 from bonsai_launch.server import client
 from bonsai_launch.server.process import free_port
-from bonsai_launch.server.router_watch import post_model, router_models
+from bonsai_launch.server.router_watch import child_port, post_model, router_models
 
 PROMPTS = [
     "List four animals that live in the sea, one a line.",
@@ -169,7 +170,13 @@ def main() -> int:
             p_start, p_serve = free_port(), free_port()
             bonsai(["start", "--profile", "demo", "--port", str(p_start), "--detach", "--json"], menv)
             bonsai(["serve", "demo", "--port", str(p_serve), "--pin", "demo", "--detach", "--json"], menv)
-            sides = {"start": (f"http://127.0.0.1:{p_start}", None), "serve": (f"http://127.0.0.1:{p_serve}", "demo")}
+            serve_url = f"http://127.0.0.1:{p_serve}"
+            child = child_port(router_models(serve_url, None)["demo"])
+            sides = {
+                "start": (f"http://127.0.0.1:{p_start}", None),
+                "serve": (serve_url, "demo"),
+                "child": (f"http://127.0.0.1:{child}", None),  # the router's own child, asked directly
+            }
             # one discarded pass over every prompt on each side: the n-gram pool of ngram-mod holds
             # what the server answered before, so both sides start measuring with the same history
             for u, m in sides.values():
@@ -193,6 +200,7 @@ def main() -> int:
                 **med,
                 "ttft_added_pct": 100 * (med["serve"]["ttft_s"] / med["start"]["ttft_s"] - 1),
                 "decode_lost_pct": 100 * (1 - med["serve"]["decode_tps"] / med["start"]["decode_tps"]),
+                "proxy_added_ms": 1000 * (med["serve"]["ttft_s"] - med["child"]["ttft_s"]),
                 "samples": got,
             }
             bonsai(["stop", "--all"], menv)
@@ -206,13 +214,15 @@ def main() -> int:
     summary = {
         "1 reloads while alternating": results["alternating"]["reloads"],
         "2 cold TTFT - load time (s)": round(results["cold_start"]["cold_minus_load_s"], 3),
-        "3 plain: TTFT added %, decode lost %": (
+        "3 plain: TTFT added %, decode lost %, proxy ms": (
             round(results["overhead_plain"]["ttft_added_pct"], 1),
             round(results["overhead_plain"]["decode_lost_pct"], 1),
+            round(results["overhead_plain"]["proxy_added_ms"], 1),
         ),
-        "3 speculative: TTFT added %, decode lost %": (
+        "3 speculative: TTFT added %, decode lost %, proxy ms": (
             round(results["overhead_speculative"]["ttft_added_pct"], 1),
             round(results["overhead_speculative"]["decode_lost_pct"], 1),
+            round(results["overhead_speculative"]["proxy_added_ms"], 1),
         ),
         "4 RSS after idle unload - before (MiB)": round(results["memory"]["delta_mib"], 1),
     }
