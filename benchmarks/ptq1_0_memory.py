@@ -1,4 +1,4 @@
-"""PTQ1_0 served natively (patch 0012) against the same codes as the Q2_0 repack (issue 48).
+"""PTQ1_0 served natively (patch 0013) against the same codes as the Q2_0 repack (issue 48).
 
 Writes (once, kept under --dir) a PTQ1_0 file of a shape from the build's Q2_0 of a synthetic
 F16 model (benchmarks/cpu_kernels.py writes those: every matrix Q2_0, embedding and head too):
