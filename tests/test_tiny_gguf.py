@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gguf import GGUFReader
 
 import tiny_gguf as tg
 from bonsai_launch.core.errors import BonsaiError
@@ -172,6 +173,23 @@ def test_constant_pair_is_lossless_with_full_acceptance(tmp_path, llama_server):
         spec = srv.completion(n_predict=8)
         assert SPEC_FAILED not in srv.log()
     assert plain["content"] == spec["content"] == "7" * 8
+    timings = spec["timings"]
+    assert timings["draft_n"] > 0 and timings["draft_n_accepted"] == timings["draft_n"]
+
+
+@pytest.mark.server
+def test_constant_drafter_borrowing_the_head_drafts_the_targets_token(tmp_path, llama_server):
+    """borrow_head: no token_embd/output in the drafter, so it drafts with the target's head. Its
+    own constant (7) would be rejected by a target of constant 9: only the borrowed head
+    makes every draft right."""
+    target = tg.write_target(tmp_path / "t.gguf", constant_token=9)
+    drafter = tg.write_dspark_drafter(tmp_path / "d.gguf", constant_token=7, borrow_head=True)
+    names = {t.name for t in GGUFReader(drafter).tensors}
+    assert "fc.weight" in names and not names & {"token_embd.weight", "output.weight"}
+    with tg.serve(llama_server, _spec_args(target, drafter), tmp_path / "spec.log") as srv:
+        spec = srv.completion(n_predict=8)
+        assert SPEC_FAILED not in srv.log()
+    assert spec["content"] == "9" * 8
     timings = spec["timings"]
     assert timings["draft_n"] > 0 and timings["draft_n_accepted"] == timings["draft_n"]
 

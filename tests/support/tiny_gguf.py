@@ -156,6 +156,7 @@ def _write_drafter(
     draft_layers: int = 1,
     seed: int = 0,
     constant_token: int | None = None,
+    borrow_head: bool = False,
     legacy: bool = False,
     omit_block_size: bool = False,
     markov_rank: int = 8,
@@ -215,11 +216,13 @@ def _write_drafter(
         ("enc.output_norm.weight", tw.ones(e)),
         ("output_norm.weight", tw.ones(e)),
     ]
-    if constant_token is not None:
+    if constant_token is not None and not borrow_head:
         # its own embeddings and head, so it drafts k whatever the target is
         embd, out = tw.constant_head(e, vocab, constant_token)
         tensors += [("token_embd.weight", embd), ("output.weight", out)]
-    # otherwise token_embd/output are borrowed from the target, like the real drafters
+    # otherwise token_embd/output are borrowed from the target, like the real drafters: a
+    # constant drafter's residual stream is then the target's (constant) embedding, and the
+    # target's constant head scores its own token highest for it, so every draft is accepted
     if markov:
         w2 = tw.zeros(markov_rank, vocab) if constant_token is not None else tw.rand(rng, markov_rank, vocab)
         tensors += [("markov_w1.weight", tw.rand(rng, markov_rank, vocab)), ("markov_w2.weight", w2)]
@@ -259,7 +262,11 @@ def write_dspark_drafter(path: str | Path, **options: Any) -> Path:
     confidence_head=True adds conf_proj tensors; has_confidence_head sets the metadata flag.
     log_snr=True (or a LogSnr) writes the log-SNR family's keys and tensors (random weights
     unless given). tensor_overrides replaces tensors by name (numpy layout), e.g. the
-    conditioning fixture's token_embd/output.
+    conditioning fixture's token_embd/output. borrow_head=True with constant_token writes no
+    token_embd/output, as the real drafters (they read the target's): against a constant
+    target it drafts the target's token, whatever constant_token says, so every draft is
+    accepted and the drafter's LM head pass costs what the target's head costs (the benchmarks'
+    every-matrix-Q1_0 head).
     """
     return _write_drafter(path, markov=True, **options)
 
