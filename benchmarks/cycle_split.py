@@ -84,6 +84,16 @@ def thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds every process on the machine has used so far (Linux /proc/stat; 0 elsewhere)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    busy = [int(v) for i, v in enumerate(fields[:8]) if i not in (3, 4)]  # all but idle and iowait
+    return sum(busy) / os.sysconf("SC_CLK_TCK")
+
+
 def request(url: str, tokens: int, stream: bool) -> tuple[dict, float]:
     body = {"prompt": PROMPT, "n_predict": tokens, "temperature": 0, "stream": stream, "cache_prompt": False}
     req = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -115,9 +125,9 @@ def profile(
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(1.0)  # perf attaches
-        before, client0 = thread_cpu(pid), time.process_time()
+        before, client0, all0 = thread_cpu(pid), time.process_time(), busy_cpu_s()
         out, wall = request(srv.url, tokens, stream)
-        after, client_cpu = thread_cpu(pid), time.process_time() - client0
+        after, client_cpu, everyone = thread_cpu(pid), time.process_time() - client0, busy_cpu_s() - all0
         rec.send_signal(2)
         rec.wait(timeout=120)
     script = subprocess.run(
@@ -146,6 +156,8 @@ def profile(
             "compute worker": busiest[0] if busiest else 0.0,
             "other server threads": sum(busiest[1:]),
             "client (this script)": client_cpu,
+            # everything else on the machine (perf's own unwinding copies included): a neighbour
+            "other processes": max(0.0, everyone - sum(used.values()) - client_cpu),
             "wall": wall,
         },
         "leaves_ms": {r: [(f, ns / 1e6 / (cycles + 1)) for f, ns in top] for r, top in leaves(samples).items()},
@@ -172,7 +184,7 @@ def table(runs: dict[str, dict]) -> str:
     lines.append("| tokens per cycle | " + " | ".join(f"{v:.2f}" for v in toks) + " |")
     tps = [runs[n]["timings"]["predicted_per_second"] for n in names]
     lines.append("| decode tok/s (server) | " + " | ".join(f"{v:.1f}" for v in tps) + " |")
-    for key in ("compute worker", "other server threads", "client (this script)"):
+    for key in ("compute worker", "other server threads", "client (this script)", "other processes"):
         share = [100 * runs[n]["cpu_s"][key] / runs[n]["cpu_s"]["wall"] for n in names]
         lines.append(f"| CPU of {key}, % of wall | " + " | ".join(f"{v:.0f}" for v in share) + " |")
     return "\n".join(lines)
@@ -200,7 +212,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1, help="runs of each column, interleaved; the table shows medians")
-    ap.add_argument("--freq", type=int, default=1999, help="perf samples per second of the main thread's CPU time")
+    ap.add_argument("--freq", type=int, default=999, help="perf samples per second of the main thread's CPU time")
     ap.add_argument("--no-stream", action="store_true", help="one JSON answer instead of server-sent events")
     ap.add_argument(
         "--variant",
@@ -251,37 +263,37 @@ def main() -> None:
                 name = f"{which} {spec} n{n}" + (f" {vname}" if vname else "")
                 columns[name] = (server_args(models, spec, n, args.threads) + flags, stream)
     reps: dict[str, list[dict]] = {name: [] for name in columns}
+    info = ceiling.cpu()
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.repeats):
+        for i in range(args.repeats):
             for name, (argv, streamed) in columns.items():
-                print(f"splitting {name}", file=sys.stderr, flush=True)
+                print(f"splitting {name} ({i + 1}/{args.repeats})", file=sys.stderr, flush=True)
                 reps[name].append(profile(binary, argv, args.tokens, streamed, args.freq, Path(tmp), env))
+            if args.json:  # what is done so far survives a timeout
+                save(args.json, info, args.threads, {n: median_run(r) for n, r in reps.items()}, reps, refs)
     runs = {name: median_run(r) for name, r in reps.items()}
     if not args.no_bench:
         for which, (models, specs) in targets.items():
             batches = sorted({n + 1 for _, n in specs})
             refs[which] = bench_reference(bins, models["target"], args.threads, batches)
-    info = ceiling.cpu()
     print(f"\n{info['model']}, {info['cores']} cores, {args.threads} threads; flags: {' '.join(info['flags'])}")
     print(f"variants: {variants}, plain: {args.plain_server_args!r}, env {env}, {args.repeats} repeat(s), medians")
     print(f"requests: {args.tokens} tokens, {'one JSON answer' if args.no_stream else 'streamed'}\n")
     print(table(runs))
     for name, run in runs.items():
         tps = ", ".join(f"{v:.1f}" for v in run["repeats_tps"])
-        print(f"- {name}: tok/s per repeat {tps}; load average at each start {run['repeats_load']}")
+        others = ", ".join(f"{100 * r['cpu_s']['other processes'] / r['cpu_s']['wall']:.0f}%" for r in reps[name])
+        print(f"- {name}: tok/s per repeat {tps}; other processes' CPU (of one core) {others}")
     for which, ref in refs.items():
         cells = ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in ref.items() if k.endswith("_ms"))
         print(f"\nllama-bench, {which}: tg {ref['tg_tps']:.1f} tok/s; {cells}")
     if args.json:
-        doc = {
-            "cpu": info,
-            "threads": args.threads,
-            "argv": sys.argv,
-            "runs": runs,
-            "repeats": reps,
-            "llama_bench": refs,
-        }
-        args.json.write_text(json.dumps(doc, indent=1, default=str))
+        save(args.json, info, args.threads, runs, reps, refs)
+
+
+def save(path: Path, info: dict, threads: int, runs: dict, reps: dict, refs: dict) -> None:
+    doc = {"cpu": info, "threads": threads, "argv": sys.argv, "runs": runs, "repeats": reps, "llama_bench": refs}
+    path.write_text(json.dumps(doc, indent=1, default=str))
 
 
 if __name__ == "__main__":
