@@ -71,8 +71,15 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 def after_bin() -> Path:
+    """The folder of this checkout's build, or of BONSAI_LLAMA_SERVER (a llama-server file or its
+    folder) where set: the variable bonsai itself obeys, so one setting runs a benchmark and the
+    `bonsai bench` it calls on another build (an earlier patch series)."""
     from bonsai_launch.llamacpp.builds import find_installed
 
+    chosen = os.environ.get("BONSAI_LLAMA_SERVER")
+    if chosen:
+        path = Path(chosen).expanduser()
+        return path if path.is_dir() else path.resolve().parent
     server = find_installed("cpu")
     if server is None:
         sys.exit("no build of this checkout: run `bonsai build` first")

@@ -1,7 +1,8 @@
 """Where a decode step and a speculative cycle spend their time on the CPU (issue 49).
 
-Runs llama-server (this checkout's build) on the speculation ceiling's models (always-right
-drafts; benchmarks/speculation_ceiling.py writes them), one request at a time, and samples the
+Runs llama-server (this checkout's build, or BONSAI_LLAMA_SERVER's folder: an earlier patch
+series' for a before/after) on the speculation ceiling's models (always-right drafts;
+benchmarks/speculation_ceiling.py writes them), one request at a time, and samples the
 server's MAIN thread with perf (`perf record -e cpu-clock --call-graph dwarf -t PID`: software
 sampling, no hardware counters needed). The main thread runs the whole cycle in order: it drafts
 (computing graph thread 0 of the drafter), verifies (thread 0 of the target's graph), samples,
@@ -277,6 +278,7 @@ def main() -> None:
             batches = sorted({n + 1 for _, n in specs})
             refs[which] = bench_reference(bins, models["target"], args.threads, batches)
     print(f"\n{info['model']}, {info['cores']} cores, {args.threads} threads; flags: {' '.join(info['flags'])}")
+    print(f"build: {bins}")
     print(f"variants: {variants}, plain: {args.plain_server_args!r}, env {env}, {args.repeats} repeat(s), medians")
     print(f"requests: {args.tokens} tokens, {'one JSON answer' if args.no_stream else 'streamed'}\n")
     print(table(runs))
@@ -292,7 +294,15 @@ def main() -> None:
 
 
 def save(path: Path, info: dict, threads: int, runs: dict, reps: dict, refs: dict) -> None:
-    doc = {"cpu": info, "threads": threads, "argv": sys.argv, "runs": runs, "repeats": reps, "llama_bench": refs}
+    doc = {
+        "cpu": info,
+        "threads": threads,
+        "argv": sys.argv,
+        "build": str(bin_dir()),
+        "runs": runs,
+        "repeats": reps,
+        "llama_bench": refs,
+    }
     path.write_text(json.dumps(doc, indent=1, default=str))
 
 

@@ -15,7 +15,8 @@ types set the cost; the values do not.
   `bonsai start` serves; benchmarks/bonsai2_2b_target.py) with a grafted Q8_0 MTP block, drafted
   by llama-server's draft-mtp at n-max 1, 2 and 3.
 
-Per target and draft length, with this checkout's build and LLAMA_ARG_THREADS=--threads:
+Per target and draft length, with this checkout's build (BONSAI_LLAMA_SERVER=PATH runs another,
+an earlier patch series' for a before/after) and LLAMA_ARG_THREADS=--threads:
 - `bonsai bench --model T [--drafter D] --configs plain,SPEC` (T=0, completion API, 96 tokens,
   6 prompts x 3 repeats): plain and speculative decode tok/s (the server's own timings) at
   100% acceptance, and their ratio;
@@ -196,14 +197,17 @@ def main() -> None:
             r = measure(target, d, s, n, args.dir / f"bench-{which}-{s}{n or ''}", args.threads)
             rows.append({"target": which, **r, "tune": verdict.get("label", "-"), "tune_reason": verdict.get("reason")})
     info = cpu()
-    print(f"\n{info['model']}, {info['cores']} cores, {args.threads} threads; flags: {' '.join(info['flags'])}\n")
+    print(f"\n{info['model']}, {info['cores']} cores, {args.threads} threads; flags: {' '.join(info['flags'])}")
+    print(f"build: {bins}\n")
     print(table(rows))
     for which in dict.fromkeys(r["target"] for r in rows):
         r = next(r for r in rows if r["target"] == which)
         if r["tune_reason"]:
             print(f"- {which}: bonsai tune chose {r['tune']}: {r['tune_reason']}")
     if args.json:
-        args.json.write_text(json.dumps({"cpu": info, "threads": args.threads, "rows": rows}, indent=2))
+        args.json.write_text(
+            json.dumps({"cpu": info, "threads": args.threads, "build": str(bins), "rows": rows}, indent=2)
+        )
 
 
 if __name__ == "__main__":

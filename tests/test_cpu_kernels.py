@@ -128,7 +128,9 @@ def test_the_ceiling_estimate_scales_with_tokens_per_verify_cycle():
     assert ceiling.expected_tokens(1.0, 4) == 5  # every draft accepted, plus the verify's own token
     assert ceiling.expected_tokens(0.0, 4) == 1  # the first draft rejected: the verify's token only
     assert ceiling.expected_tokens(0.5, 4) == pytest.approx(1.9375)
-    # 1.16x with perfect drafts pays only above ~93% acceptance; a ratio <= 1 never pays
-    assert ceiling.break_even(1.157) == pytest.approx(0.927, abs=0.002)
-    assert ceiling.break_even(1.0) is None
-    assert ceiling.break_even(5.0) == pytest.approx(0.0, abs=1e-6)
+    # DSpark drafts 4: 1.16x with perfect drafts pays only above ~93% acceptance; a ratio <= 1 never pays
+    assert ceiling.break_even(1.157, 4) == pytest.approx(0.927, abs=0.002)
+    assert ceiling.break_even(1.0, 4) is None
+    assert ceiling.break_even(5.0, 4) == pytest.approx(0.0, abs=1e-6)
+    # draft-mtp at n-max 2: 1.5x pays where 1 + a + a^2 = 2, at the golden ratio's 0.618
+    assert ceiling.break_even(1.5, 2) == pytest.approx(0.618, abs=0.002)
