@@ -118,6 +118,21 @@ def test_a_large_machine_keeps_its_ram_tier_and_the_gpu_limit_counts_the_repack(
     assert on_gpu.memory["weights"]["path"] == "repack to Q2_0" and on_gpu.memory["where"] == "gpu"
 
 
+def test_a_cpu_launch_reads_a_repacked_codec_once_instead_of_mapping_it():
+    """The CPU backend copies PTQ1_0/Q1_0/Q2_0 matrices into its repack buffer; mapped, the file
+    stayed resident beside the copy (a 27B: 9.5 GiB RSS for 4.7 GiB). --load-mode none reads it once."""
+    loads = dataclasses.replace(NATIVE_CPU, flags=frozenset({"--load-mode"}))
+    plan = plan_27b(loads, EIGHT)
+    assert plan.argv[plan.argv.index("--load-mode") + 1] == "none"
+    assert "repack buffer" in next(r.why for r in plan.reasons if r.flag == "--load-mode")
+    assert "--load-mode" not in plan_27b(NATIVE_CPU, EIGHT).argv  # a build without the flag
+    gpu = Hardware("Linux", "x86_64", 8, 16, 64 * GIB, gpus=(GPU(0, "RTX 4060", 8 * GIB, int(7.9 * GIB)),))
+    on_gpu = plan_27b(dataclasses.replace(loads, backend="cuda"), gpu)
+    assert "--load-mode" not in on_gpu.argv  # offloaded: the GPU holds the weights, the map is not kept
+    plain = build_plan(PlanInputs(resolve({}, {}), target(), EIGHT, "/bin/llama-server", capabilities=loads))
+    assert "--load-mode" not in plain.argv  # a file of other types keeps llama-server's default
+
+
 def test_a_hybrids_kv_cache_counts_its_attention_layers_only():
     plain = target()
     assert bonsai2_27b().kv_bytes_per_token() == plain.kv_bytes_per_token() // 4 == 16 * 4 * 512 * 2
@@ -167,6 +182,7 @@ def test_the_dry_run_says_the_path_and_whether_it_fits(ptq1_file, llama_server):
     done = bonsai(["start", "--model", ptq1_file, "--dry-run"], server=llama_server)
     assert "# memory: PTQ1_0 as it is (this CPU build serves PTQ1_0 itself)" in done.stderr
     assert done.returncode == 0 and "fits in the" in done.stderr
+    assert plan["argv"][plan["argv"].index("--load-mode") + 1] == "none"  # the real binary has the flag
 
 
 def test_the_fork_build_kind_serves_its_own_types_as_they_are():

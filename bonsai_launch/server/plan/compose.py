@@ -111,6 +111,7 @@ def plan_model(inputs: PlanInputs, process_reasons: tuple[Reason, ...] = ()) -> 
         b.warnings.append("memory: " + held_memory["summary"])
     slots_plan = _slots(inputs, spec, slot_choice, per_slot_ctx, b)
     _self_test_workaround(inputs, slot_choice, b)
+    _load_mode(inputs, ngl, b)
     if spec is None:
         # Without speculation no rule sizes them: -ub/-b after -- go to llama-server as given, once.
         for name, flag in (("ubatch", "-ub"), ("batch", "-b")):
@@ -260,6 +261,31 @@ def _self_test_workaround(inputs: PlanInputs, choice: SlotChoice, b: ArgvBuilder
         return  # the user decided repacking after --: theirs to keep
     b.add("--no-repack", None, line)
     b.warnings.append(line)
+
+
+# The types the CPU backend copies into its repack buffer at load on x86 (patches 0011, 0013).
+CPU_REPACKED_CODECS = frozenset({"Q1_0", "Q2_0", "PTQ1_0"})
+
+
+def _load_mode(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> None:
+    """--load-mode none on a CPU launch of a Q1_0/Q2_0/PTQ1_0 file: the CPU backend copies those
+    matrices into its repack buffer, and a memory-mapped file would stay resident beside the copy
+    (a 27B PTQ1_0: 9.5 GiB of RSS for a 4.7 GiB file, 5.0 with the file read once; docs/benchmarks.md).
+    Not when the user set the loading or repacking after --, or the build lacks the flag."""
+    served = inputs.weights.served if inputs.weights is not None else None
+    if ngl != 0 or served not in CPU_REPACKED_CODECS:
+        return
+    if inputs.capabilities is None or not inputs.capabilities.accepts("--load-mode"):
+        return
+    given = ("--load-mode", "-lm", "--no-repack", "--repack", "--mmap", "--no-mmap", "--mlock")
+    if any(a.canonical in given for a in inputs.passthrough.args) or "--no-repack" in b.argv:
+        return
+    b.add(
+        "--load-mode",
+        "none",
+        f"{served} weights are copied into the CPU backend's repack buffer: read the file once, "
+        "not kept mapped beside the copy",
+    )
 
 
 def _slots(
