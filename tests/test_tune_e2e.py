@@ -300,3 +300,25 @@ def test_tune_parallel_measures_with_as_many_clients_and_show_says_so(llama_serv
     shown = bonsai(["tune", *model, "--parallel", "2", "--show", "--", *THREADS], env={**env, "COLUMNS": "200"})
     assert shown.returncode == 0, shown.stderr
     assert f"figures for: 4 prompts ({prompts}), 2 clients at once, 32 tokens each" in shown.stdout, shown.stdout
+
+
+@pytest.mark.slow  # a whole tuning session
+def test_draft_free_candidates_are_screened_by_replay_and_finalists_get_full_repeats(llama_server, demo_gguf):
+    """Plain's tokens replayed through each n-gram candidate pick who is measured: every finalist
+    (the best, the second best and each category's best) gets three paired runs, the others none,
+    and the decision keeps each candidate's replay flags and the fitted verify cost for the keeper.
+    The demo model: its text turns back into the tokens it generated (a tiny model's does not)."""
+    request = TuneRequest({}, str(demo_gguf), None, (), llama_server)
+    names = ("plain", "ngram-simple", "ngram-mod", "ngram-simple+ngram-mod", "ngram-cache")
+    outcome = run_tune(request, TuneOptions(configs=names, max_tokens=48))  # the budget scales with the machine
+    replay = outcome.decision.evidence["replay"]
+    assert set(replay["candidates"]) == set(names[1:]), replay
+    assert replay["candidates"]["ngram-simple+ngram-mod"]["args"] == ["--spec-type", "ngram-simple,ngram-mod"]
+    assert replay["cost"]["step_ms"] > 0 and replay["prompts"] == 6
+    runs = outcome.decision.evidence["runs"]
+    finalists = [n for n, c in replay["candidates"].items() if c["finalist"]]
+    assert finalists and runs["plain"] == 3 and all(runs.get(n) == 3 for n in finalists), (runs, finalists)
+    for row in outcome.decision.table:
+        if row["config"] in replay["candidates"] and row["config"] not in finalists:
+            assert row["runs"] == 0 and row["status"].startswith("not measured: replayed on the plain run's tokens")
+    assert outcome.decision.evidence["answer_lengths"] == "48 tokens each"

@@ -5,6 +5,7 @@ data.py      what a run is made of: options, configurations, raw measurements, l
 servers.py   one server per configuration, launched and proven live, or attached by URL
 requests.py  what each server is sent: warm-up, the suite, multi-turn and concurrency rounds
 measure.py   one streamed request, /metrics counters, process memory (the HTTP/process edge)
+streams.py   the token streams of measured requests (the server's own tokenizer), for replays
 runner.py    which servers run, in which order, with which requests (launch and URL modes)
 stats.py     medians, min-max, paired ratios and the noise rule behind every verdict
 verdicts.py  the judgements: output equality, verdict lines, trade-offs, which setting for K users

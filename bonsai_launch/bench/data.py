@@ -230,10 +230,13 @@ def parse_config_names(text: str | Sequence[str]) -> tuple[str, ...]:
     if not names:
         raise BonsaiError("--configs is empty", "for example --configs plain,speculative,ngram-map-k")
     for name in names:
-        if name not in SPECIAL_CONFIGS and name not in SPEC_CONFIG_TYPES:
+        # several types at once are joined by '+' (ngram-simple+ngram-mod): the list is split at commas
+        if name not in SPECIAL_CONFIGS and not all(t in SPEC_CONFIG_TYPES for t in name.split("+")):
             raise BonsaiError(
                 f"--configs: {name!r} is not a known configuration",
-                "use plain, speculative or a speculative type: " + ", ".join(SPEC_CONFIG_TYPES),
+                "use plain, speculative or a speculative type: "
+                + ", ".join(SPEC_CONFIG_TYPES)
+                + " (several at once joined by +: ngram-simple+ngram-mod)",
             )
     if len(set(names)) != len(names):
         raise BonsaiError("--configs names a configuration twice", "list each once")

@@ -1,6 +1,7 @@
 """The prompt suite: bundled JSONL files, user files, and the subsets a run picks.
 
 A prompt line is `{"id": "...", "category": "...", "messages": [{"role": "user", "content": "..."}]}`
+(optionally with `"max_tokens": N`, that prompt's answer length)
 or, for plain completion models, `{"id": ..., "category": ..., "prompt": "..."}`. Either form
 works with both APIs (a third, `{"id", "category", "raw": "..."}`, is a prompt the model's chat
 template already made, as BONSAI_TUNE_SAMPLE records them: sent to /v1/completions as it is): messages are flattened into text for /v1/completions, and a bare prompt
@@ -38,6 +39,9 @@ class Prompt:
     category: str
     messages: tuple[tuple[str, str], ...]  # (role, content)
     raw: bool = False  # one message, a prompt already in the model's template: sent as it is
+    # tokens to generate for this prompt (None: the run's --max-tokens); a sample of a server's
+    # work records each answer's length, so tuning on it measures answers as long as the user's
+    max_tokens: int | None = None
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.messages]
@@ -85,7 +89,10 @@ def _parse_prompt(data: Any, where: str) -> Prompt:
     else:
         raise BonsaiError(f'{where}: a prompt needs "prompt" (text), "messages" (a chat) or "raw" (templated text)')
     pid = data.get("id")
-    return Prompt(str(pid) if pid else where.rsplit(" ", 1)[-1], category.strip(), tuple(messages), raw)
+    length = data.get("max_tokens")
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+        raise BonsaiError(f'{where}: "max_tokens" must be a whole number of 1 or more', 'for example "max_tokens": 256')
+    return Prompt(str(pid) if pid else where.rsplit(" ", 1)[-1], category.strip(), tuple(messages), raw, length)
 
 
 def _read_jsonl(text: str, source: str) -> list[tuple[str, Any]]:

@@ -98,9 +98,8 @@ def run_suite(
     for prompt in prompts:
         listener.step(f"{spec.label}: {prompt.category} {prompt.id} (T={temperature:g}, repeat {repeat + 1})")
         result = RequestResult(spec.name, prompt.id, prompt.category, temperature, repeat)
-        _send(
-            http, endpoint, result, _salted(prompt.chat_messages(), salt), options.max_tokens, options.seed, prompt.raw
-        )
+        length = prompt.max_tokens or options.max_tokens
+        _send(http, endpoint, result, _salted(prompt.chat_messages(), salt), length, options.seed, prompt.raw)
         after = spec_counters(read_metrics(http, endpoint))
         drafted, accepted, steps = counter_delta(before, after)
         if result.drafted is None and drafted is not None:  # servers without timings (vLLM)
@@ -219,7 +218,9 @@ def run_clients(
     limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
     with session(None, HTTPX_DEFAULT_TIMEOUT, limits=limits) as http, ThreadPoolExecutor(max_workers=clients) as pool:
         futures = [
-            pool.submit(_send, http, endpoint, r, p.chat_messages(), options.max_tokens, options.seed, p.raw)
+            pool.submit(
+                _send, http, endpoint, r, p.chat_messages(), p.max_tokens or options.max_tokens, options.seed, p.raw
+            )
             for r, p in zip(results, prompts, strict=True)
         ]
         for f in futures:

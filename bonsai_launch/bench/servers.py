@@ -36,8 +36,8 @@ def config_flags(name: str, base_flags: dict[str, Any]) -> dict[str, Any]:
         flags.update(speculative=True)
     elif name == "auto":
         flags.update(speculative="auto", spec_type=None, spec_nmax=None)
-    else:
-        flags.update(speculative=True, spec_type=name)
+    else:  # a type, or several joined by '+' (a --configs list is split at commas)
+        flags.update(speculative=True, spec_type=name.replace("+", ","))
     return flags
 
 

@@ -15,7 +15,7 @@ def tune_now(
     prompts: str | None = None,
     budget: float | None = None,
     configs: tuple[str, ...] | None = None,
-    max_tokens: int = 64,
+    max_tokens: int | None = None,
     temperature: float = 0.0,
     binary: Path | None = None,
     clients: int | None = None,
@@ -103,6 +103,8 @@ def measured_on(decision: dict) -> str:
     where = decision.get("prompts") if isinstance(decision.get("prompts"), str) else "?"
     words = f"figures for: {n} prompts ({where})" if n else f"figures for: prompts {where}"
     words += f", {clients} client{'s' if clients != 1 else ''} at once"
-    if evidence.get("max_tokens"):
+    if evidence.get("answer_lengths"):  # the prompts' own lengths (a sample's), or one for all
+        words += f", {evidence['answer_lengths']}"
+    elif evidence.get("max_tokens"):
         words += f", {evidence['max_tokens']} tokens each"
     return words

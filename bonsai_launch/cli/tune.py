@@ -52,7 +52,13 @@ ConfigsOpt = Annotated[
         help="Comma list of candidates only (e.g. plain,ngram-mod,ngram-mod/n16,draft-dspark; draft-mtp: n-max 1-3 of an MTP model).",
     ),
 ]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens generated per prompt.")]
+MaxTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-tokens",
+        help="Tokens generated per prompt (default: as many as the server generated for each, with --prompts recent; else 192).",
+    ),
+]
 ClientsOpt = Annotated[
     int | None,
     typer.Option("--clients", help="Concurrent clients per measurement (default: the slot count, --parallel)."),
@@ -71,7 +77,7 @@ def command(
     prompts: PromptsOpt = None,
     budget: BudgetOpt = None,
     configs: ConfigsOpt = None,
-    max_tokens: MaxTokensOpt = 64,
+    max_tokens: MaxTokensOpt = None,
     temperature: TempOpt = 0.0,
     ctx_size: CtxOpt = None,
     ngl: NglOpt = None,

@@ -88,11 +88,13 @@ def decision_info(
         "table": list(d.table),
         "report": d.evidence.get("report"),
         # what the figures are for: how many prompts, clients at once, tokens each
-        "evidence": {k: d.evidence.get(k) for k in ("prompts", "clients", "max_tokens")},
+        "evidence": {k: d.evidence.get(k) for k in ("prompts", "clients", "max_tokens", "answer_lengths")},
         "conditions": d.evidence.get("conditions"),
         "server_settings": d.key.conditions,  # what a launch must give to use it ("": the defaults)
         "notes": list(d.evidence.get("notes") or ()),  # e.g. the machine was busy while tuning
         "changed": list(found.changed),
+        # what the keeper replays the server's own traffic through (server/traffic.py)
+        "replay": _replay_part(d.evidence.get("replay")),
         "hint": hint,
     }
     if found.status == "stale":
@@ -106,6 +108,15 @@ def decision_info(
             f"when tuned {d.created} (decision {d.key.id[:8]})"
         )
     return info
+
+
+def _replay_part(replay: Any) -> dict[str, Any] | None:
+    """The cost model and each candidate's replay flags, without the tune's estimates."""
+    if not isinstance(replay, dict) or not replay.get("cost"):
+        return None
+    keep = ("args", "spec_type", "n_max", "label")
+    candidates = {n: {k: c.get(k) for k in keep} for n, c in (replay.get("candidates") or {}).items()}
+    return {"cost": replay["cost"], "candidates": candidates}
 
 
 def find(files, binary: Path | None, profile: str | None, conditions: str = "") -> tuple[Lookup | None, dict[str, Any]]:

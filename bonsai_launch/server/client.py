@@ -206,6 +206,14 @@ def post_json(
     return _check(r).json()
 
 
+def tokenize(base_url: str, text: str, api_key: str | None = None, *, prompt: bool = False) -> list[int]:
+    """The model's tokens for `text`. `prompt`: as llama-server reads a prompt (the model's BOS
+    added, special tokens such as <start_of_turn> parsed); else as generated text."""
+    body = {"content": text, "add_special": prompt, "parse_special": prompt}
+    tokens = post_json(base_url, "/tokenize", body, api_key).get("tokens") or []
+    return [int(t["id"]) if isinstance(t, dict) else int(t) for t in tokens]
+
+
 def chat_completion(
     base_url: str,
     messages: list[dict[str, str]],

@@ -3,11 +3,12 @@
 Pure: from what the binary supports (its --spec-type list), the drafter (if any) and the
 profile's draft-free mode, a list in the order worth measuring when time is short: the
 drafter first (n-max always equals its block size), then the model's own MTP layer at n-max 1,
-2 and 3 (the community measured each of them fastest on some card), then the profile's own n-gram type, the
-then ngram-mod in front of the MTP layer or the drafter (a `--spec-type` list, llamacpp/spec_types.py:
-what Bonsai 2 users without a drafter run), then the profile's own n-gram type, the
-other n-gram types at their default draft length, shorter draft lengths of the profile's type,
-and ngram-cache last (it rarely pays: its drafts are seldom accepted).
+2 and 3 (the community measured each of them fastest on some card), then ngram-mod in front of
+the MTP layer or the drafter (a `--spec-type` list, llamacpp/spec_types.py: what Bonsai 2 users
+without a drafter run), then the profile's own n-gram type, the other n-gram types at their
+default draft length, shorter draft lengths of the profile's type (of every type, and two n-gram
+types combined, when the replay screens them: tune/screen.py), and ngram-cache last (it rarely
+pays: its drafts are seldom accepted).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ NMAX_VARIANTS = (16, 8)
 LENGTH_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v")  # n-max has a flag
 # The MTP layer's n-max under ngram-mod: the community's 1 and 2 (3 was slower in two reports).
 COMBINED_MTP_N_MAX = (1, 2)
+# Several n-gram types at once (llama-server tries them in its own order, the first that drafts
+# wins; llamacpp/spec_types.py): an exact match of the last 12 tokens first, ngram-mod's hashed
+# lookup where that finds nothing. Screened by the replay, so they cost no model time.
+COMBINED = (("ngram-simple", "ngram-mod"), ("ngram-map-k", "ngram-mod"))
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,11 @@ class Candidate:
         if self.spec_type is None:
             return "plain"
         return self.spec_type + (f" n-max {self.n_max}" if self.n_max is not None and "/" in self.name else "")
+
+    @property
+    def replayable(self) -> bool:
+        """Draft-free only: its drafts on a token stream need no model (llamacpp/replay.py)."""
+        return self.spec_type is not None and all(t.startswith("ngram-") for t in spec_types.parts(self.spec_type))
 
     def flags(self) -> dict[str, Any]:
         """Settings flags that make the launch plan run this configuration."""
@@ -61,6 +71,14 @@ PLAIN = Candidate("plain")
 BLOCK_DRAFTER_TYPES = ("draft-dspark", "draft-dflash")  # n-max is the drafter's block size
 
 
+def combined(types: Iterable[str], n_max: int | None = None, with_drafter: bool = True) -> Candidate:
+    """Several types in one launch: named with '+' (a --configs list is split at commas),
+    run as the comma list llama-server takes."""
+    spec_type = ",".join(types)
+    suffix = f"/n{n_max}" if n_max is not None else ""
+    return Candidate(spec_types.candidate_name(spec_type) + suffix, spec_type, n_max, with_drafter)
+
+
 def all_candidates(
     spec_types: Iterable[str] | None,
     drafter_type: str | None = None,
@@ -68,33 +86,38 @@ def all_candidates(
     profile_type: str | None = None,
     mtp: str | None = None,
     shared_drafting: bool | None = None,
+    replayable: bool = False,
 ) -> list[Candidate]:
     """Every configuration worth measuring, most promising first. `spec_types` is what the
     binary lists (None: not probed, assume all); `drafter_type` is draft-dspark/draft-dflash
     when a drafter that fits the target is present; `mtp` is "model" when the model carries a
     usable MTP layer, "file" when the drafter is an MTP file that fits it; `shared_drafting` False:
-    the binary's --spec-type takes one type (None: not probed, taken to take a list)."""
+    the binary's --spec-type takes one type (None: not probed, taken to take a list).
+    `replayable`: the draft-free candidates are screened by replaying a plain run's tokens
+    (tune/screen.py), which costs no model time, so every type gets the shorter draft lengths
+    too, and the n-gram types combined are added."""
     known = set(spec_types) if spec_types is not None else None
 
-    def supported(t: str) -> bool:
-        return known is None or t in known
+    def supported(*types: str) -> bool:
+        return known is None or all(t in known for t in types)
 
     out = [PLAIN]
     if drafter_type and supported(drafter_type):
         out.append(Candidate(drafter_type, drafter_type, drafter_block))
     if mtp and supported("draft-mtp"):
         out += [Candidate(f"draft-mtp/n{n}", "draft-mtp", n, with_drafter=mtp == "file") for n in MTP_N_MAX]
-    if shared_drafting is not False and supported("ngram-mod"):
-        if mtp and supported("draft-mtp"):
-            both = "ngram-mod,draft-mtp"
-            out += [Candidate(f"ngram-mod+draft-mtp/n{n}", both, n, mtp == "file") for n in COMBINED_MTP_N_MAX]
-        if drafter_type and supported(drafter_type):
-            out.append(Candidate(f"ngram-mod+{drafter_type}", f"ngram-mod,{drafter_type}", drafter_block))
+    lists = shared_drafting is not False
+    if lists and mtp and supported("ngram-mod", "draft-mtp"):
+        out += [combined(("ngram-mod", "draft-mtp"), n, with_drafter=mtp == "file") for n in COMBINED_MTP_N_MAX]
+    if lists and drafter_type and supported("ngram-mod", drafter_type):
+        out.append(Candidate(f"ngram-mod+{drafter_type}", f"ngram-mod,{drafter_type}", drafter_block))
     own = profile_type if profile_type in NGRAM_TYPES else "ngram-mod"
     ordered = [own] + [t for t in NGRAM_TYPES if t not in (own, "ngram-cache")]
     out += [Candidate(t, t) for t in ordered if supported(t)]
-    if own in LENGTH_TYPES and supported(own):
-        out += [Candidate(f"{own}/n{n}", own, n) for n in NMAX_VARIANTS]
+    varied = [t for t in ordered if t in LENGTH_TYPES] if replayable else [own] if own in LENGTH_TYPES else []
+    out += [Candidate(f"{t}/n{n}", t, n) for t in varied if supported(t) for n in NMAX_VARIANTS]
+    if replayable and lists:
+        out += [combined(pair) for pair in COMBINED if supported(*pair)]
     if own != "ngram-cache" and supported("ngram-cache"):
         out.append(Candidate("ngram-cache", "ngram-cache"))
     return out

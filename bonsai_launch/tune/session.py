@@ -19,6 +19,7 @@ speed; `--budget` sets it in seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -27,19 +28,31 @@ from typing import Any
 
 from bonsai_launch.bench import data as bench_data
 from bonsai_launch.bench import prompts as suite
-from bonsai_launch.bench import requests, servers, summary
+from bonsai_launch.bench import requests, servers, streams, summary
 from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, Listener, ServerRun, SilentListener
 from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.decisions import estimate as est
 from bonsai_launch.decisions.identity import (
     tune_dir,
 )
 from bonsai_launch.decisions.store import Decision, save
+from bonsai_launch.llamacpp import replay as rp
 from bonsai_launch.server.client import HTTPX_DEFAULT_TIMEOUT, session
+from bonsai_launch.tune import screen as tm
 from bonsai_launch.tune.decide import decide
 from bonsai_launch.tune.subject import TuneRequest, measured_decision, plan_candidates, subject, tuned_model
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
-BUDGET_RUNS = 16  # default budget, in first-plain-run times: 8 screening + 2 x 2 confirming + slack
+# Default budget, in first-plain-run times. A run is now about 2.5 times the old one (answers
+# of DEFAULT_MAX_TOKENS, not 64), and replay screening leaves 3 plain and 3 x 2-3 finalist runs
+# to measure: 7 such runs are about the 16 short ones of before (docs/benchmarks.md, issue 47).
+BUDGET_RUNS = 7
+# Answer length when the prompts do not say (the sample records each answer's length): the
+# shortest at which the replayed ranking of the n-gram candidates on the bundled prompts is the
+# one long answers give (docs/benchmarks.md, issue 47). ngram-mod drafts only runs of 48+ tokens.
+DEFAULT_MAX_TOKENS = 192
+# A sample's answers, each capped: one 4000-token answer would take the whole budget.
+SAMPLE_MAX_TOKENS = 512
 MIN_BUDGET_S = 20.0
 CONFIRM_ROUNDS = 2
 
@@ -47,7 +60,7 @@ CONFIRM_ROUNDS = 2
 @dataclass(frozen=True)
 class TuneOptions:
     budget_s: float | None = None  # None: BUDGET_RUNS x the first plain run
-    max_tokens: int = 64
+    max_tokens: int | None = None  # None: each prompt's own (a sample's), else DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     prompts_path: str | None = None  # None: the bundled tuning prompts
     configs: tuple[str, ...] | None = None  # only these candidates (plain always)
@@ -86,6 +99,32 @@ def load_tuning_prompts(path: str | None, model: Path | None = None) -> tuple[li
         return prompts, f"{len(prompts)} recent requests ({sample})"
     prompts = suite.load_prompts(path or PROMPTS_FILE)
     return prompts, (str(Path(path).expanduser()) if path else "bundled tuning prompts")
+
+
+def answer_lengths(prompts: list[suite.Prompt], max_tokens: int | None) -> tuple[list[suite.Prompt], str]:
+    """Each prompt's answer length, and how the decision names them: --max-tokens for all, else
+    each prompt's own (a sample records what the server generated), capped, else the default."""
+    if max_tokens is not None:
+        return [dataclasses.replace(p, max_tokens=None) for p in prompts], f"{max_tokens} tokens each"
+    own = [p.max_tokens for p in prompts if p.max_tokens]
+    out = [
+        dataclasses.replace(p, max_tokens=min(p.max_tokens or DEFAULT_MAX_TOKENS, SAMPLE_MAX_TOKENS)) for p in prompts
+    ]
+    if not own:
+        return out, f"{DEFAULT_MAX_TOKENS} tokens each"
+    sizes = sorted(p.max_tokens or 0 for p in out)
+    return out, f"answers as long as the prompts' own ({sizes[0]}-{sizes[-1]} tokens, median {sizes[len(sizes) // 2]})"
+
+
+def _replay_problem(binary: Path | None) -> str | None:
+    """Why draft-free candidates cannot be screened by replay with this binary (None: they can)."""
+    if binary is None:
+        return "no llama-server"
+    try:
+        rp.tool_for(binary)
+    except rp.ReplayUnavailable as exc:
+        return str(exc).splitlines()[0]
+    return None
 
 
 class _OutOfTime(Exception):
@@ -129,6 +168,31 @@ def _screening_ratios(data: BenchData, baseline: str) -> dict[str, float]:
     return ratios
 
 
+def _screen_by_replay(
+    screen: tm.Screen | None,
+    replayed: list[ConfigSpec],
+    binary: Path | None,
+    data: BenchData,
+    plain: ConfigSpec,
+    prompts: list[suite.Prompt],
+    prior: est.CostModel | None,
+    notes: list[str],
+) -> dict[str, str]:
+    """Replay the plain run's tokens through the draft-free candidates; the finalists (with
+    why), or {} when no replay can be made (every candidate is then screened by a run)."""
+    if screen is None or not replayed or binary is None or not screen.streams:
+        return {}
+    try:
+        tm.run_replays(binary, screen)
+    except rp.ReplayUnavailable as exc:
+        notes.append(f"no replay screening ({str(exc).splitlines()[0]}): every candidate ran once instead")
+        screen.replays.clear()
+        return {}
+    screen.cost = est.fit(*tm.measured(data, plain.name), prior=prior)
+    tm.estimate_all(screen, prompts)
+    return tm.finalists(screen, suite.categories_of(prompts))
+
+
 def _rounds(
     plain: ConfigSpec,
     others: list[ConfigSpec],
@@ -138,28 +202,57 @@ def _rounds(
     skipped: dict[str, str],
     notes: list[str],
     options: TuneOptions,
-    n_prompts: int,
+    prompts: list[suite.Prompt],
     listener: Listener,
+    screen: tm.Screen | None,
+    binary: Path | None,
+    prior: est.CostModel | None,
 ) -> None:
-    """Screening, then confirmation of the best candidates that beat plain once."""
+    """Screening (the draft-free candidates by replay, the others by one run each), then every
+    finalist measured three times, paired with plain."""
     measure(plain, 0)
     if clock.budget_s is None:
         clock.budget_s = max(MIN_BUDGET_S, BUDGET_RUNS * clock.runs[0])
         notes.append(f"budget {clock.budget_s:.0f} s: {BUDGET_RUNS} x the first plain run ({clock.runs[0]:.1f} s)")
-    for spec in others:
+    replayed = [s for s in others if screen is not None and s.name in screen.args]
+    picked = _screen_by_replay(screen, replayed, binary, data, plain, prompts, prior, notes)
+    if screen is not None and screen.replays:
+        screen.picked = picked
+        skipped.update(tm.not_picked(screen, picked))
+        run_once = [s for s in others if s.name not in screen.replays]
+    else:
+        run_once = others
+    for spec in run_once:
         if not clock.fits(1 + CONFIRM_ROUNDS * 2):
             skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
             continue
         measure(spec, 0)
     ratios = _screening_ratios(data, plain.name)
-    finalists = [
-        s for s in sorted(others, key=lambda s: ratios.get(s.name, 0.0), reverse=True) if ratios.get(s.name, 0.0) > 1.0
+    by_run = [
+        s
+        for s in sorted(run_once, key=lambda s: ratios.get(s.name, 0.0), reverse=True)
+        if ratios.get(s.name, 0.0) > 1.0
     ][: options.finalists]
-    # Keep only as many finalists as every confirmation round has room for: confirming two in
-    # round 1 and then running out before round 2 would confirm nothing.
-    while len(finalists) > 1 and not clock.fits(CONFIRM_ROUNDS * (1 + len(finalists))):
-        finalists.pop()
-    listener.total(len(data.requests) + n_prompts * CONFIRM_ROUNDS * (1 + len(finalists)))
+    by_replay = sorted((s for s in others if s.name in picked), key=lambda s: list(picked).index(s.name))
+    # Keep as many finalists as every round has room for, the least important last: measuring
+    # one in round 1 and running out before round 2 would confirm nothing.
+    finalists = by_replay + by_run
+
+    def cost(f: list[ConfigSpec]) -> int:
+        return sum(1 for s in f if s in by_replay) + CONFIRM_ROUNDS * (1 + len(f))
+
+    while len(finalists) > 1 and not clock.fits(cost(finalists)):
+        dropped = finalists.pop()
+        skipped[dropped.name] = (
+            f"a finalist ({picked.get(dropped.name, 'ahead in screening')}), but the budget ({clock.budget_s:.0f} s) ran out; raise --budget"
+        )
+    listener.total(len(data.requests) + len(prompts) * cost(finalists))
+    for spec in finalists:
+        if spec in by_replay:
+            measure(spec, 0)
+    if screen is not None and screen.replays:  # the verify cost, now measured on the finalists
+        screen.cost = est.fit(*tm.measured(data, plain.name), prior=screen.cost)
+        tm.estimate_all(screen, prompts)
     for round_number in range(1, CONFIRM_ROUNDS + 1) if finalists else ():
         while len(finalists) > 1 and not clock.fits(1 + len(finalists)):
             finalists.pop()
@@ -176,7 +269,7 @@ def _rounds(
 
 def check_options(options: TuneOptions) -> None:
     """Refuse options that cannot measure anything; cheap, so callers run it before any download."""
-    if options.max_tokens < 16:
+    if options.max_tokens is not None and options.max_tokens < 16:
         raise BonsaiError(f"--max-tokens {options.max_tokens} is too small to measure decode speed", "use 32 or more")
     if options.clients < 1:
         raise BonsaiError(f"{options.clients} clients cannot measure anything", "use 1 or more")
@@ -198,7 +291,9 @@ def run_tune(
     listener = listener or SilentListener()
     check_options(options)
     prompts, prompts_name = load_tuning_prompts(options.prompts_path, tuned_model(request))
-    subj = subject(request, prompts, options.configs)
+    prompts, lengths = answer_lengths(prompts, options.max_tokens)
+    replay_why = _replay_problem(request.binary)
+    subj = subject(request, prompts, options.configs, replayable=replay_why is None)
     specs, refused = plan_candidates(request, subj.candidates)
     skipped: dict[str, str] = {**refused}
     for name, why in subj.unusable.items():
@@ -216,7 +311,7 @@ def run_tune(
         configs=tuple(s.name for s in specs),
         temps=(options.temperature,),
         repeats=3,
-        max_tokens=options.max_tokens,
+        max_tokens=options.max_tokens or DEFAULT_MAX_TOKENS,
         tradeoffs=False,
         seed=options.seed,
         prompts_path=options.prompts_path,
@@ -229,6 +324,9 @@ def run_tune(
     clock = _Clock(options.budget_s)
     measured: dict[str, int] = defaultdict(int)
     listener.total(len(prompts) * (len(specs) + CONFIRM_ROUNDS * (1 + options.finalists)))
+    meta = {c.name: {"spec_type": c.spec_type, "n_max": c.n_max, "label": c.label} for c in subj.candidates}
+    screen = tm.Screen({}, tm.replayable(specs), meta) if replay_why is None else None
+    prior = tm.prior_cost(subj.key.machine, subj.key.build, subj.key.model_sha256) if screen else None
 
     def measure(spec: ConfigSpec, repeat: int) -> None:
         """One fresh server, all prompts; stopped at the budget (its partial run then dropped)."""
@@ -248,18 +346,36 @@ def run_tune(
                 requests.run_suite(
                     http, endpoint, spec, bench_options, [prompt], options.temperature, repeat, data, listener
                 )
+            if spec.baseline and repeat == 0 and screen is not None and screen.args:  # the tokens to replay
+                n_ctx = spec.plan.ctx // max(1, options.clients)
+                new = data.requests[done_before:]
+                screen.streams.update(streams.record(endpoint, prompts, new, bench_options.max_tokens, n_ctx))
         clock.runs.append(time.monotonic() - t0)
         measured[spec.name] += 1
 
     budget = f"{options.budget_s:.0f} s" if options.budget_s else f"{BUDGET_RUNS} x the first plain run"
     listener.note(
         f"tuning {subj.model.name}: plain against {', '.join(s.name for s in others)} "
-        f"({len(prompts)} prompts, {options.max_tokens} tokens each, {options.clients} client(s) at once; "
+        f"({len(prompts)} prompts, {lengths}, {options.clients} client(s) at once; "
         f"budget {budget})"
     )
     notes: list[str] = []
     try:
-        _rounds(plain, others, measure, clock, data, skipped, notes, options, len(prompts), listener)
+        _rounds(
+            plain,
+            others,
+            measure,
+            clock,
+            data,
+            skipped,
+            notes,
+            options,
+            prompts,
+            listener,
+            screen,
+            request.binary,
+            prior,
+        )
     except _OutOfTime as stopped:
         notes.append(
             f"the budget ({clock.budget_s:.0f} s) ran out while measuring {stopped}: its partial run was "
@@ -292,8 +408,10 @@ def run_tune(
             "report": paths.get("json"),
             "duration_s": round(clock.elapsed, 1),
             "budget_s": round(clock.budget_s or 0, 1),
-            "max_tokens": options.max_tokens,
+            "max_tokens": options.max_tokens or DEFAULT_MAX_TOKENS,
+            "answer_lengths": lengths,
             "temperature": options.temperature,
+            "replay": screen.to_json() if screen is not None and screen.replays else {"unavailable": replay_why},
             "clients": options.clients,
             "runs": dict(measured),
             "notes": notes,

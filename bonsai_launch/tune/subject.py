@@ -56,7 +56,12 @@ def tuned_model(request: TuneRequest) -> Path:
     return model_files(select({**request.flags, "speculative": None}), request.model, request.drafter).model
 
 
-def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[str, ...] | None = None) -> Subject:
+def subject(
+    request: TuneRequest,
+    prompts: list[suite.Prompt],
+    configs: tuple[str, ...] | None = None,
+    replayable: bool = False,
+) -> Subject:
     """Resolve the files and the candidates; hash what the decision's key needs."""
     from bonsai_launch.llamacpp.binaries import probe
     from bonsai_launch.models.gguf import check_pair, inspect_gguf
@@ -100,7 +105,9 @@ def subject(request: TuneRequest, prompts: list[suite.Prompt], configs: tuple[st
     caps = probe(request.binary)
     own = not explicit_model(selection, request.model) or selection.names_model  # the profile's model, or named by it
     profile_type = selection.profile.draft_free_type if own else None
-    found = cands.all_candidates(caps.spec_types or None, drafter_type, block, profile_type, mtp, caps.shared_drafting)
+    found = cands.all_candidates(
+        caps.spec_types or None, drafter_type, block, profile_type, mtp, caps.shared_drafting, replayable
+    )
     if configs:
         found = cands.restrict(found, configs)
     args = parse_passthrough(request.passthrough, option_table(caps))
