@@ -92,3 +92,15 @@ def test_duplicate_ids_and_missing_files_are_refused(tmp_path):
         suite.load_prompts(f)
     with pytest.raises(BonsaiError, match="cannot read prompts file"):
         suite.load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_a_chat_prompt_goes_through_the_chat_template_and_only_a_raw_one_does_not():
+    """A `messages` line is a chat (the server applies the model's template); only a `raw` line,
+    as the sample records them, is sent as it is. The two were once confused: every chat prompt of
+    the bench and tune suites went to /v1/completions as bare text (issue 47)."""
+    from bonsai_launch.bench.prompts import _parse_prompt
+
+    chat = _parse_prompt({"id": "c", "category": "x", "messages": [{"role": "user", "content": "hi"}]}, "f line 1")
+    assert chat.raw is False and chat.messages == (("user", "hi"),)
+    assert _parse_prompt({"id": "p", "category": "x", "prompt": "hi"}, "f line 2").raw is False
+    assert _parse_prompt({"id": "r", "category": "x", "raw": "<bos>hi"}, "f line 3").raw is True

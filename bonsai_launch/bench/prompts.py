@@ -72,12 +72,12 @@ def _parse_prompt(data: Any, where: str) -> Prompt:
     messages: list[tuple[str, str]] = []
     raw = False
     if "messages" in data:
-        raw = data["messages"]
-        if not isinstance(raw, list) or not raw:
+        chat = data["messages"]  # not `raw`: a chat is sent through the model's chat template
+        if not isinstance(chat, list) or not chat:
             raise BonsaiError(
                 f'{where}: "messages" must be a non-empty list', 'use [{"role": "user", "content": "..."}]'
             )
-        for m in raw:
+        for m in chat:
             if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str):
                 raise BonsaiError(f'{where}: every message needs a string "role" and "content"')
             messages.append((m["role"], m["content"]))
