@@ -56,7 +56,7 @@ MaxTokensOpt = Annotated[
     int | None,
     typer.Option(
         "--max-tokens",
-        help="Tokens generated per prompt (default: as many as the server generated for each, with --prompts recent; else 192).",
+        help="Tokens generated per prompt (default: as many as the server generated for each, with --prompts recent; else 128).",
     ),
 ]
 ClientsOpt = Annotated[

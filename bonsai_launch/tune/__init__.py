@@ -4,6 +4,7 @@ candidates.py  the configurations worth trying with this build and model (pure)
 decide.py      the decision rule over a bench summary: plain unless a gain beyond noise (pure)
 subject.py     what a session measures (model, drafter, build, server settings) and the Decision it stores
 session.py     the bounded measurement (`bonsai tune`), built on the bench's servers and requests
+rounds.py      its rounds against the budget: plain, screening, the finalists' paired runs
 screen.py      screening the draft-free candidates by replaying plain's tokens; who gets full repeats
 
 What a decision depends on, where it is stored and how a launch reads it: decisions/ (below

@@ -28,6 +28,8 @@ NMAX_VARIANTS = (16, 8)
 LENGTH_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v")  # n-max has a flag
 # The MTP layer's n-max under ngram-mod: the community's 1 and 2 (3 was slower in two reports).
 COMBINED_MTP_N_MAX = (1, 2)
+# ngram-simple drafts nothing shorter than its 12-token lookup (common_ngram_simple_draft)
+MIN_DRAFT = {"ngram-simple": 12}
 # Several n-gram types at once (llama-server tries them in its own order, the first that drafts
 # wins; llamacpp/spec_types.py): an exact match of the last 12 tokens first, ngram-mod's hashed
 # lookup where that finds nothing. Screened by the replay, so they cost no model time.
@@ -115,9 +117,11 @@ def all_candidates(
     ordered = [own] + [t for t in NGRAM_TYPES if t not in (own, "ngram-cache")]
     out += [Candidate(t, t) for t in ordered if supported(t)]
     varied = [t for t in ordered if t in LENGTH_TYPES] if replayable else [own] if own in LENGTH_TYPES else []
-    out += [Candidate(f"{t}/n{n}", t, n) for t in varied if supported(t) for n in NMAX_VARIANTS]
-    if replayable and lists:
-        out += [combined(pair) for pair in COMBINED if supported(*pair)]
+    out += [
+        Candidate(f"{t}/n{n}", t, n) for t in varied if supported(t) for n in NMAX_VARIANTS if n >= MIN_DRAFT.get(t, 1)
+    ]
+    if replayable and lists:  # each pair at its default lengths and with every part at the first shorter one
+        out += [combined(pair, n) for pair in COMBINED if supported(*pair) for n in (None, NMAX_VARIANTS[0])]
     if own != "ngram-cache" and supported("ngram-cache"):
         out.append(Candidate("ngram-cache", "ngram-cache"))
     return out

@@ -23,6 +23,9 @@ from bonsai_launch.decisions import estimate as est
 from bonsai_launch.llamacpp import replay as rp
 
 ALL = "all"
+# A category's best is measured besides the two best overall only when it is this much ahead of
+# both there: the bench's smallest noise band; closer than that, they stand for that work too.
+AHEAD = 0.05
 
 
 @dataclass
@@ -120,7 +123,8 @@ def estimate_all(screen: Screen, prompts: Sequence[suite.Prompt]) -> None:
 
 
 def finalists(screen: Screen, categories: Sequence[str]) -> dict[str, str]:
-    """The candidates to measure fully, in priority order, with why each one. When none is
+    """The candidates to measure fully, in priority order, with why each one: the best two
+    over all prompts, and each category's best when it is AHEAD of both there. When none is
     ahead in the replay but some drafts were kept, the closest one: the cost model may be the
     prior's, and its own runs measure it (on a GPU a drafted token costs far less)."""
     names = [n for n in screen.replays if (screen.ratio(n) or 0.0) > 1.0]
@@ -132,12 +136,15 @@ def finalists(screen: Screen, categories: Sequence[str]) -> dict[str, str]:
     if not out and kept:  # none ahead with the cost model so far: measure the closest, which also measures the cost
         best = max(kept, key=lambda n: screen.ratio(n) or 0.0)
         out[best] = f"closest to plain (est. {screen.ratio(best) or 0.0:.2f}x plain), measured to check the estimate"
+    overall = list(out)
     for category in categories:
         ahead = [n for n in screen.replays if (screen.ratio(n, category) or 0.0) > 1.0]
         if not ahead:
             continue
         leader = max(ahead, key=lambda n: screen.ratio(n, category) or 0.0)
-        out.setdefault(leader, f"best on {category} (est. {screen.ratio(leader, category):.2f}x plain)")
+        lead = screen.ratio(leader, category) or 0.0
+        if all(lead >= (screen.ratio(n, category) or 0.0) * (1 + AHEAD) for n in overall):
+            out.setdefault(leader, f"best on {category} (est. {lead:.2f}x plain)")
     return out
 
 

@@ -1,20 +1,21 @@
 """`bonsai tune`: a short, bounded measurement of plain against the speculative configurations
 this build and model allow, ending in a stored decision.
 
-It measures with the bench's own machinery (bench/servers.py and requests.py: a fresh llama-server per run, one
-discarded warm-up request, server-side decode timings; bench/summary.py: paired ratios and the
-noise rule), in three rounds that fit a time budget:
+It measures with the bench's own machinery (bench/servers.py and requests.py: a fresh
+llama-server per run, one discarded warm-up request, server-side decode timings;
+bench/summary.py: paired ratios and the noise rule), in rounds that fit a time budget
+(rounds.py):
 
-1. screening: plain, then every candidate once, most promising first (candidates.py). When
-   the budget would not leave room for confirmation, the rest is skipped and reported so;
-2. and 3. confirmation: plain and the best one or two candidates that beat plain in screening,
-   again, in reversed and then original order. Screening counts as the first of the three
-   paired runs the noise rule needs.
+1. plain, whose answers' tokens are kept (bench/streams.py);
+2. screening: the draft-free candidates by replaying those tokens through each (screen.py, no
+   model time), the drafter and MTP candidates by one run each;
+3. confirmation: every finalist (the best two, each category's best) three times, paired with
+   plain, in alternating order, as many as the budget holds.
 
 Every run sees the same prompts, which are not the bench suite's: `bonsai bench` can then
-check a decision on prompts the tuning never saw. The default budget is sixteen times the first
-plain run (about a minute for the demo model on a laptop CPU), so it scales with the model's
-speed; `--budget` sets it in seconds.
+check a decision on prompts the tuning never saw. Answers are as long as a sample's, else
+DEFAULT_MAX_TOKENS. The default budget is BUDGET_RUNS times the first plain run, so it scales
+with the model's speed; `--budget` sets it in seconds.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from bonsai_launch.bench import prompts as suite
 from bonsai_launch.bench import requests, servers, streams, summary
 from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, Listener, ServerRun, SilentListener
 from bonsai_launch.core.errors import BonsaiError
-from bonsai_launch.decisions import estimate as est
 from bonsai_launch.decisions.identity import (
     tune_dir,
 )
@@ -40,21 +40,22 @@ from bonsai_launch.llamacpp import replay as rp
 from bonsai_launch.server.client import HTTPX_DEFAULT_TIMEOUT, session
 from bonsai_launch.tune import screen as tm
 from bonsai_launch.tune.decide import decide
+from bonsai_launch.tune.rounds import CONFIRM_ROUNDS, Clock, OutOfTime, rounds
 from bonsai_launch.tune.subject import TuneRequest, measured_decision, plan_candidates, subject, tuned_model
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
-# Default budget, in first-plain-run times. A run is now about 2.5 times the old one (answers
-# of DEFAULT_MAX_TOKENS, not 64), and replay screening leaves 3 plain and 3 x 2-3 finalist runs
-# to measure: 7 such runs are about the 16 short ones of before (docs/benchmarks.md, issue 47).
-BUDGET_RUNS = 7
-# Answer length when the prompts do not say (the sample records each answer's length): the
-# shortest at which the replayed ranking of the n-gram candidates on the bundled prompts is the
-# one long answers give (docs/benchmarks.md, issue 47). ngram-mod drafts only runs of 48+ tokens.
-DEFAULT_MAX_TOKENS = 192
+# Default budget, in first-plain-run times. A run of DEFAULT_MAX_TOKENS answers is about twice
+# the old 64-token one, and replay screening leaves 3 plain and 2-3 x 3 finalist runs to
+# measure (a speculative run is shorter): 8 such runs are the 16 short ones of before on the
+# demo model (docs/benchmarks.md, issue 47).
+BUDGET_RUNS = 8
+# Answer length when the prompts do not say (a sample records each answer's length): at 128
+# tokens the candidate the replay ranks first on the bundled prompts and on work outside the
+# repository is within 2% of the first on 512-token answers, and ngram-mod (which drafts only
+# runs of 48 tokens or more) has room to draft twice (docs/benchmarks.md, issue 47).
+DEFAULT_MAX_TOKENS = 128
 # A sample's answers, each capped: one 4000-token answer would take the whole budget.
 SAMPLE_MAX_TOKENS = 512
-MIN_BUDGET_S = 20.0
-CONFIRM_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -127,146 +128,6 @@ def _replay_problem(binary: Path | None) -> str | None:
     return None
 
 
-class _OutOfTime(Exception):
-    """The budget ran out in the middle of a run: its partial results are dropped."""
-
-
-class _Clock:
-    """Elapsed time against the budget, and how long one server run takes."""
-
-    def __init__(self, budget_s: float | None) -> None:
-        self.started = time.monotonic()
-        self.budget_s = budget_s
-        self.runs: list[float] = []
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def estimate(self) -> float:
-        return max(self.runs) if self.runs else 0.0
-
-    def over(self) -> bool:
-        return self.budget_s is not None and self.elapsed > self.budget_s
-
-    def fits(self, runs: int) -> bool:
-        return self.budget_s is None or self.elapsed + self.estimate() * runs <= self.budget_s
-
-
-def _screening_ratios(data: BenchData, baseline: str) -> dict[str, float]:
-    """Pooled decode speed of each configuration's first run over plain's."""
-    by: dict[str, list] = defaultdict(list)
-    for r in data.requests:
-        if r.repeat == 0 and r.phase == "suite":
-            by[r.config].append(r)
-    base = summary.aggregate(by.get(baseline, [])).get("decode_tps")
-    ratios = {}
-    for name, reqs in by.items():
-        tps = summary.aggregate(reqs).get("decode_tps")
-        if name != baseline and tps and base:
-            ratios[name] = tps / base
-    return ratios
-
-
-def _screen_by_replay(
-    screen: tm.Screen | None,
-    replayed: list[ConfigSpec],
-    binary: Path | None,
-    data: BenchData,
-    plain: ConfigSpec,
-    prompts: list[suite.Prompt],
-    prior: est.CostModel | None,
-    notes: list[str],
-) -> dict[str, str]:
-    """Replay the plain run's tokens through the draft-free candidates; the finalists (with
-    why), or {} when no replay can be made (every candidate is then screened by a run)."""
-    if screen is None or not replayed or binary is None or not screen.streams:
-        return {}
-    try:
-        tm.run_replays(binary, screen)
-    except rp.ReplayUnavailable as exc:
-        notes.append(f"no replay screening ({str(exc).splitlines()[0]}): every candidate ran once instead")
-        screen.replays.clear()
-        return {}
-    screen.cost = est.fit(*tm.measured(data, plain.name), prior=prior)
-    tm.estimate_all(screen, prompts)
-    return tm.finalists(screen, suite.categories_of(prompts))
-
-
-def _rounds(
-    plain: ConfigSpec,
-    others: list[ConfigSpec],
-    measure,
-    clock: _Clock,
-    data: BenchData,
-    skipped: dict[str, str],
-    notes: list[str],
-    options: TuneOptions,
-    prompts: list[suite.Prompt],
-    listener: Listener,
-    screen: tm.Screen | None,
-    binary: Path | None,
-    prior: est.CostModel | None,
-) -> None:
-    """Screening (the draft-free candidates by replay, the others by one run each), then every
-    finalist measured three times, paired with plain."""
-    measure(plain, 0)
-    if clock.budget_s is None:
-        clock.budget_s = max(MIN_BUDGET_S, BUDGET_RUNS * clock.runs[0])
-        notes.append(f"budget {clock.budget_s:.0f} s: {BUDGET_RUNS} x the first plain run ({clock.runs[0]:.1f} s)")
-    replayed = [s for s in others if screen is not None and s.name in screen.args]
-    picked = _screen_by_replay(screen, replayed, binary, data, plain, prompts, prior, notes)
-    if screen is not None and screen.replays:
-        screen.picked = picked
-        skipped.update(tm.not_picked(screen, picked))
-        run_once = [s for s in others if s.name not in screen.replays]
-    else:
-        run_once = others
-    for spec in run_once:
-        if not clock.fits(1 + CONFIRM_ROUNDS * 2):
-            skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
-            continue
-        measure(spec, 0)
-    ratios = _screening_ratios(data, plain.name)
-    by_run = [
-        s
-        for s in sorted(run_once, key=lambda s: ratios.get(s.name, 0.0), reverse=True)
-        if ratios.get(s.name, 0.0) > 1.0
-    ][: options.finalists]
-    by_replay = sorted((s for s in others if s.name in picked), key=lambda s: list(picked).index(s.name))
-    # Keep as many finalists as every round has room for, the least important last: measuring
-    # one in round 1 and running out before round 2 would confirm nothing.
-    finalists = by_replay + by_run
-
-    def cost(f: list[ConfigSpec]) -> int:
-        return sum(1 for s in f if s in by_replay) + CONFIRM_ROUNDS * (1 + len(f))
-
-    while len(finalists) > 1 and not clock.fits(cost(finalists)):
-        dropped = finalists.pop()
-        skipped[dropped.name] = (
-            f"a finalist ({picked.get(dropped.name, 'ahead in screening')}), but the budget ({clock.budget_s:.0f} s) ran out; raise --budget"
-        )
-    listener.total(len(data.requests) + len(prompts) * cost(finalists))
-    for spec in finalists:
-        if spec in by_replay:
-            measure(spec, 0)
-    if screen is not None and screen.replays:  # the verify cost, now measured on the finalists
-        screen.cost = est.fit(*tm.measured(data, plain.name), prior=screen.cost)
-        tm.estimate_all(screen, prompts)
-    for round_number in range(1, CONFIRM_ROUNDS + 1) if finalists else ():
-        while len(finalists) > 1 and not clock.fits(1 + len(finalists)):
-            finalists.pop()
-        if not clock.fits(1 + len(finalists)):
-            notes.append(
-                f"the budget ({clock.budget_s:.0f} s) ran out before confirmation round {round_number}: "
-                "no gain can be confirmed, so plain is kept; raise --budget"
-            )
-            break
-        order = finalists + [plain] if round_number % 2 else [plain] + finalists
-        for spec in order:
-            measure(spec, round_number)
-
-
 def check_options(options: TuneOptions) -> None:
     """Refuse options that cannot measure anything; cheap, so callers run it before any download."""
     if options.max_tokens is not None and options.max_tokens < 16:
@@ -321,7 +182,7 @@ def run_tune(
     data.environment = bench_data.environment(str(request.binary))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = log_dir or (logs_dir() / "tune" / stamp)
-    clock = _Clock(options.budget_s)
+    clock = Clock(options.budget_s)
     measured: dict[str, int] = defaultdict(int)
     listener.total(len(prompts) * (len(specs) + CONFIRM_ROUNDS * (1 + options.finalists)))
     meta = {c.name: {"spec_type": c.spec_type, "n_max": c.n_max, "label": c.label} for c in subj.candidates}
@@ -342,7 +203,7 @@ def run_tune(
             for prompt in prompts if options.clients == 1 else ():
                 if clock.over():
                     del data.requests[done_before:]
-                    raise _OutOfTime(spec.name)
+                    raise OutOfTime(spec.name)
                 requests.run_suite(
                     http, endpoint, spec, bench_options, [prompt], options.temperature, repeat, data, listener
                 )
@@ -351,6 +212,7 @@ def run_tune(
                 new = data.requests[done_before:]
                 screen.streams.update(streams.record(endpoint, prompts, new, bench_options.max_tokens, n_ctx))
         clock.runs.append(time.monotonic() - t0)
+        clock.times[spec.name] = clock.runs[-1]
         measured[spec.name] += 1
 
     budget = f"{options.budget_s:.0f} s" if options.budget_s else f"{BUDGET_RUNS} x the first plain run"
@@ -361,7 +223,7 @@ def run_tune(
     )
     notes: list[str] = []
     try:
-        _rounds(
+        rounds(
             plain,
             others,
             measure,
@@ -369,14 +231,15 @@ def run_tune(
             data,
             skipped,
             notes,
-            options,
+            BUDGET_RUNS,
+            options.finalists,
             prompts,
             listener,
             screen,
             request.binary,
             prior,
         )
-    except _OutOfTime as stopped:
+    except OutOfTime as stopped:
         notes.append(
             f"the budget ({clock.budget_s:.0f} s) ran out while measuring {stopped}: its partial run was "
             "dropped; without three paired runs no gain is confirmed, so plain is kept; raise --budget"

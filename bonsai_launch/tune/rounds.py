@@ -1,0 +1,198 @@
+"""The rounds of a tuning session against its budget: the first plain run, screening (the
+draft-free candidates by replaying that run's tokens, tune/screen.py; the others by one run
+each), then each finalist's three paired runs, as many finalists as the budget holds, the most
+important first. `measure(spec, repeat)` (session.py) runs one fresh server over every prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from bonsai_launch.bench import prompts as suite
+from bonsai_launch.bench import summary
+from bonsai_launch.bench.data import BenchData, ConfigSpec, Listener
+from bonsai_launch.decisions import estimate as est
+from bonsai_launch.llamacpp import replay as rp
+from bonsai_launch.tune import screen as tm
+
+MIN_BUDGET_S = 20.0
+CONFIRM_ROUNDS = 2
+
+
+class OutOfTime(Exception):
+    """The budget ran out in the middle of a run: its partial results are dropped."""
+
+
+class Clock:
+    """Elapsed time against the budget, and how long one server run takes."""
+
+    def __init__(self, budget_s: float | None) -> None:
+        self.started = time.monotonic()
+        self.budget_s = budget_s
+        self.runs: list[float] = []
+        self.times: dict[str, float] = {}  # each configuration's last run
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def estimate(self) -> float:
+        return max(self.runs) if self.runs else 0.0
+
+    def over(self) -> bool:
+        return self.budget_s is not None and self.elapsed > self.budget_s
+
+    def fits(self, runs: int) -> bool:
+        return self.budget_s is None or self.elapsed + self.estimate() * runs <= self.budget_s
+
+    def fits_s(self, seconds: float) -> bool:
+        return self.budget_s is None or self.elapsed + seconds <= self.budget_s
+
+
+def _screening_ratios(data: BenchData, baseline: str) -> dict[str, float]:
+    """Pooled decode speed of each configuration's first run over plain's."""
+    by: dict[str, list] = defaultdict(list)
+    for r in data.requests:
+        if r.repeat == 0 and r.phase == "suite":
+            by[r.config].append(r)
+    base = summary.aggregate(by.get(baseline, [])).get("decode_tps")
+    ratios = {}
+    for name, reqs in by.items():
+        tps = summary.aggregate(reqs).get("decode_tps")
+        if name != baseline and tps and base:
+            ratios[name] = tps / base
+    return ratios
+
+
+def _screen_by_replay(
+    screen: tm.Screen | None,
+    replayed: list[ConfigSpec],
+    binary: Path | None,
+    data: BenchData,
+    plain: ConfigSpec,
+    prompts: list[suite.Prompt],
+    prior: est.CostModel | None,
+    notes: list[str],
+) -> dict[str, str]:
+    """Replay the plain run's tokens through the draft-free candidates; the finalists (with
+    why), or {} when no replay can be made (every candidate is then screened by a run)."""
+    if screen is None or not replayed or binary is None or not screen.streams:
+        return {}
+    try:
+        tm.run_replays(binary, screen)
+    except rp.ReplayUnavailable as exc:
+        notes.append(f"no replay screening ({str(exc).splitlines()[0]}): every candidate ran once instead")
+        screen.replays.clear()
+        return {}
+    screen.cost = est.fit(*tm.measured(data, plain.name), prior=prior)
+    tm.estimate_all(screen, prompts)
+    return tm.finalists(screen, suite.categories_of(prompts))
+
+
+def rounds(
+    plain: ConfigSpec,
+    others: list[ConfigSpec],
+    measure,
+    clock: Clock,
+    data: BenchData,
+    skipped: dict[str, str],
+    notes: list[str],
+    budget_runs: int,
+    max_by_run: int,
+    prompts: list[suite.Prompt],
+    listener: Listener,
+    screen: tm.Screen | None,
+    binary: Path | None,
+    prior: est.CostModel | None,
+) -> None:
+    """Screening (the draft-free candidates by replay, the others by one run each), then every
+    finalist measured three times, paired with plain."""
+    measure(plain, 0)
+    if clock.budget_s is None:
+        clock.budget_s = max(MIN_BUDGET_S, budget_runs * clock.runs[0])
+        notes.append(f"budget {clock.budget_s:.0f} s: {budget_runs} x the first plain run ({clock.runs[0]:.1f} s)")
+    replayed = [s for s in others if screen is not None and s.name in screen.args]
+    picked = _screen_by_replay(screen, replayed, binary, data, plain, prompts, prior, notes)
+    if screen is not None and screen.replays:
+        screen.picked = picked
+        skipped.update(tm.not_picked(screen, picked))
+        run_once = [s for s in others if s.name not in screen.replays]
+    else:
+        run_once = others
+    for spec in run_once:
+        if not clock.fits(1 + CONFIRM_ROUNDS * 2):
+            skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
+            continue
+        measure(spec, 0)
+    ratios = _screening_ratios(data, plain.name)
+    by_run = [
+        s
+        for s in sorted(run_once, key=lambda s: ratios.get(s.name, 0.0), reverse=True)
+        if ratios.get(s.name, 0.0) > 1.0
+    ][:max_by_run]
+    by_replay = sorted((s for s in others if s.name in picked), key=lambda s: list(picked).index(s.name))
+    finalists = _fitting(by_replay + by_run, by_replay, plain, measure, clock, skipped, picked)
+    listener.total(len(data.requests) + len(prompts) * CONFIRM_ROUNDS * (1 + len(finalists)))
+    if screen is not None and screen.replays:  # the verify cost, now measured on the finalists
+        screen.cost = est.fit(*tm.measured(data, plain.name), prior=screen.cost)
+        tm.estimate_all(screen, prompts)
+    for round_number in range(1, CONFIRM_ROUNDS + 1) if finalists else ():
+        while len(finalists) > 1 and not clock.fits_s(
+            _left(finalists, plain, clock, CONFIRM_ROUNDS - round_number + 1)
+        ):
+            finalists.pop()
+        if not clock.fits_s(_left(finalists, plain, clock, 1)):
+            notes.append(
+                f"the budget ({clock.budget_s:.0f} s) ran out before confirmation round {round_number}: "
+                "no gain can be confirmed, so plain is kept; raise --budget"
+            )
+            break
+        order = finalists + [plain] if round_number % 2 else [plain] + finalists
+        for spec in order:
+            measure(spec, round_number)
+
+
+def _run_s(spec: ConfigSpec, finalists: list[ConfigSpec], clock: Clock) -> float:
+    """A run's expected length: its own last one, else the finalists' measured so far, else plain's."""
+    if spec.name in clock.times:
+        return clock.times[spec.name]
+    seen = [clock.times[s.name] for s in finalists if s.name in clock.times]
+    return sum(seen) / len(seen) if seen else clock.runs[0]
+
+
+def _left(finalists: list[ConfigSpec], plain: ConfigSpec, clock: Clock, rounds: int) -> float:
+    """Seconds still needed: round 0 of the finalists not measured yet, then `rounds` rounds of all."""
+    first = sum(_run_s(s, finalists, clock) for s in finalists if s.name not in clock.times)
+    return first + rounds * (_run_s(plain, [], clock) + sum(_run_s(s, finalists, clock) for s in finalists))
+
+
+def _fitting(
+    finalists: list[ConfigSpec],
+    by_replay: list[ConfigSpec],
+    plain: ConfigSpec,
+    measure,
+    clock: Clock,
+    skipped: dict[str, str],
+    picked: dict[str, str],
+) -> list[ConfigSpec]:
+    """Round 0 of each finalist, most important first, while every confirmation round of those
+    kept still fits the budget (measuring one and running out before its last round confirms
+    nothing); the runs measured so far tell how long the rest takes."""
+
+    def drop(spec: ConfigSpec) -> None:
+        why = picked.get(spec.name, "ahead in screening")
+        skipped[spec.name] = f"a finalist ({why}), but the budget ({clock.budget_s:.0f} s) ran out; raise --budget"
+
+    kept: list[ConfigSpec] = []
+    for spec in finalists:
+        if kept and not clock.fits_s(_left([*kept, spec], plain, clock, CONFIRM_ROUNDS)):
+            drop(spec)
+            continue
+        if spec in by_replay:
+            measure(spec, 0)
+        kept.append(spec)
+    while len(kept) > 1 and not clock.fits_s(_left(kept, plain, clock, CONFIRM_ROUNDS)):
+        drop(kept.pop())
+    return kept
