@@ -79,7 +79,7 @@ def command(json_output: JsonOpt = False) -> None:
             {True: "asleep", False: "awake", None: "-"}[asleep[i.name]],
         ]
         if tuned:
-            row.append(decision_cell(i.tuning))
+            row.append(decision_cell(i.tuning, i.traffic))
         if watched:
             row.append(watch_cell(i.watch))
         table.add_row(*row)
@@ -151,8 +151,9 @@ def restarts_cell(inst) -> str:
     return f"{inst.restarts} (last: {short})"
 
 
-def decision_cell(tuning: dict | None) -> str:
-    """`ngram-mod 1.42x (decision 3f2a9c1d)`, `plain (decision ...)`, or why none was used."""
+def decision_cell(tuning: dict | None, traffic: dict | None = None) -> str:
+    """`ngram-mod 1.42x (decision 3f2a9c1d)`, `plain (decision ...)`, or why none was used; with
+    a re-decision from the server's own traffic (server/traffic.py) what the next start runs."""
     if not tuning:
         return "-"
     if tuning.get("status") != "found":
@@ -161,7 +162,10 @@ def decision_cell(tuning: dict | None) -> str:
     what = choice.get("label") or "plain"
     if choice.get("ratio"):
         what += f" {choice['ratio']:.2f}x"
-    return f"{what} (decision {tuning.get('id')})"
+    cell = f"{what} (decision {tuning.get('id')})"
+    if traffic and traffic.get("decision"):
+        cell += f"; re-decided from its traffic: {traffic.get('choice')}, from the next start (decision {traffic['decision']})"
+    return cell
 
 
 def watch_cell(watch: dict | None) -> str:

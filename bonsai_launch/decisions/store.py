@@ -181,6 +181,15 @@ def clear_retune(decision_id: str) -> None:
         pass
 
 
+def load(decision_id: str) -> Decision | None:
+    """The decision stored under this id, if it is there and readable."""
+    try:
+        data = json.loads((decisions_dir() / f"{decision_id}.json").read_text(encoding="utf-8"))
+        return Decision.from_json(data) if data.get("schema") == SCHEMA else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_all() -> list[Decision]:
     """Every readable decision, newest first. Unreadable files are skipped, not trusted."""
     folder = decisions_dir()

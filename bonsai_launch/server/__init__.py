@@ -16,6 +16,7 @@ service_files.py the text of a login service running `bonsai start`: systemd uni
 service.py       `bonsai service`: writes that file in the user's folders and hands it to the manager
 watch.py         whether speculation still pays on a running server's work, from its /metrics
 prompt_sample.py BONSAI_TUNE_SAMPLE: the prompts a server was sent, from its /slots, for `tune --prompts recent`
+traffic.py       auto re-decided from that sample: the server's own answers replayed through the n-gram candidates
 keeper.py        the parent of a detached server, so that it is restarted with its exit cause known
 router.py        `bonsai serve`: every model behind one port on llama-server's router, each planned as start does
 router_inputs.py what `bonsai serve` is asked to serve (profiles, files, pairs, folders) and each model's plan

@@ -55,6 +55,7 @@ class Instance:
     state: str = State.RUNNING.value  # "restarting" between a crash and the new server's /health 200
     watch: dict[str, Any] | None = None  # whether speculation still pays on its work (server/watch.py)
     router: dict[str, Any] | None = None  # `bonsai serve`: its models and their policies (router_watch.py)
+    traffic: dict[str, Any] | None = None  # auto re-decided from its own traffic (server/traffic.py)
 
     @property
     def uptime(self) -> float:

@@ -237,10 +237,10 @@ def main() -> int:
                     _say({"serving": True})
                     break
             _detach_stdout()
-            from bonsai_launch.server import prompt_sample, router_watch, watch
+            from bonsai_launch.server import prompt_sample, router_watch, traffic, watch
 
             watch.for_job(job)  # daemon threads: they end with the keeper
-            prompt_sample.for_job(job)
+            prompt_sample.for_job(job, traffic.for_job(job))
             router_watch.for_job(job)
 
             def current(new: ServerProcess) -> None:

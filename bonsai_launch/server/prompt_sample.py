@@ -9,8 +9,10 @@ sleeping one) and appends the prompts it has not seen to a file per model under
 BONSAI_HOME/tune/samples. A slot that served several requests between two reads shows only
 the last: a sample, not a log.
 
-The file is JSONL in the prompt suite's form (`{"id", "category": "recent", "raw": text}`;
-bench/prompts.py sends a raw prompt to /v1/completions as it is). It keeps the newest `limit`
+The file is JSONL in the prompt suite's form (`{"id", "category": "recent", "raw": text,
+"max_tokens": N, "generated": text}`: bench/prompts.py sends a raw prompt to /v1/completions as
+it is, for as many tokens as the server generated for it; the answer itself is kept for the
+keeper's replay, server/traffic.py). It keeps the newest `limit`
 lines, each prompt at most MAX_PROMPT_CHARS (a longer one is left out whole: a cut templated
 prompt is not a prompt), and is written whole to a temporary file and renamed, readable by its
 owner alone. `entries_from_slots` and `merged` are pure; `PromptSampler` is the edge.
@@ -63,12 +65,28 @@ def entries_from_slots(slots: Any, seen: set[tuple[int, int]]) -> list[dict[str,
         if not isinstance(prompt, str) or not prompt.strip() or not isinstance(task, int):
             continue
         key = (int(slot.get("id", -1)), task)
-        if key in seen or slot.get("is_processing"):
-            continue  # a running one is read at the next look, once it is done
+        if key in seen or slot.get("is_processing") or slot.get("generated") == "":
+            # a running one is read at the next look, once it is done; so is one the server has
+            # just given a slot (its prompt is there, nothing generated yet, not yet processing)
+            continue
         seen.add(key)
         if len(prompt) > MAX_PROMPT_CHARS:
             continue
-        out.append({"id": f"recent-{int(time.time())}-{key[0]}-{task}", "category": CATEGORY, "raw": prompt})
+        entry: dict[str, Any] = {
+            "id": f"recent-{int(time.time())}-{key[0]}-{task}",
+            "category": CATEGORY,
+            "raw": prompt,
+        }
+        # what the server answered (its length in tokens is added by PromptSampler, which can ask
+        # the server): tuning on the sample measures answers as long as these, and the keeper
+        # replays them through the n-gram candidates (server/traffic.py)
+        generated = slot.get("generated")
+        if isinstance(generated, str) and generated and len(generated) <= MAX_PROMPT_CHARS:
+            entry["generated"] = generated
+        n_predict = (slot.get("params") or {}).get("n_predict")
+        if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict > 0:
+            entry["n_predict"] = n_predict  # the request's limit: the server drafts at most up to it
+        out.append(entry)
     return out
 
 
@@ -115,9 +133,12 @@ def write(path: Path, entries: list[dict[str, Any]]) -> None:
 class PromptSampler:
     """A daemon thread that adds the server's new prompts to the sample file."""
 
-    def __init__(self, base_url: str, api_key: str | None, path: Path, limit: int, every_s: float) -> None:
+    def __init__(
+        self, base_url: str, api_key: str | None, path: Path, limit: int, every_s: float, judge: Any = None
+    ) -> None:
         self.base_url, self.api_key, self.path = base_url, api_key, path
         self.limit, self.every_s = limit, every_s
+        self.judge = judge  # server/traffic.py: re-decides auto from the new requests (None: off)
         self.seen: set[tuple[int, int]] = set()
         self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bonsai-prompt-sample", daemon=True)
@@ -137,8 +158,14 @@ class PromptSampler:
         if client.sleeping(self.base_url, self.api_key) is not False:
             return 0  # asleep, or unknown: /slots would wake it
         new = entries_from_slots(client.slots(self.base_url, self.api_key), self.seen)
+        for entry in new:  # /slots counts nothing once a request is done: the answer's tokens say how long
+            if entry.get("generated"):
+                entry["max_tokens"] = len(client.tokenize(self.base_url, entry["generated"], self.api_key))
         if new:
             write(self.path, merged(read(self.path), new, self.limit))
+            if self.judge is not None:  # the server is awake now: its tokenizer answers at once
+                self.judge.add(new)
+                self.judge.step()
         return len(new)
 
     def _run(self) -> None:
@@ -149,11 +176,17 @@ class PromptSampler:
                 continue
 
 
-def for_job(job) -> PromptSampler | None:
-    """Start sampling a restart job's server (None: BONSAI_TUNE_SAMPLE is off)."""
+def for_job(job, judge: Any = None) -> PromptSampler | None:
+    """Start sampling a restart job's server (None: BONSAI_TUNE_SAMPLE is off); `judge`
+    (server/traffic.py) re-decides auto from each new batch of requests."""
     sample = job.sample or {}
     if not sample.get("limit") or not sample.get("every_s"):
         return None
     return PromptSampler(
-        job.instance["base_url"], job.api_key, Path(sample["path"]), int(sample["limit"]), float(sample["every_s"])
+        job.instance["base_url"],
+        job.api_key,
+        Path(sample["path"]),
+        int(sample["limit"]),
+        float(sample["every_s"]),
+        judge,
     ).start()

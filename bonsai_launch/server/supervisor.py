@@ -272,9 +272,13 @@ def serve(launched: Launched, *, poll: float = 0.25, forwarder: SignalForwarder 
     observers: list = []  # filled inside the try: a stop signal at any point still shuts the server down
     try:
         # Loaded here, after the spawn: the start path imports nothing it needs only while serving.
-        from bonsai_launch.server import prompt_sample, router_watch, watch
+        from bonsai_launch.server import prompt_sample, router_watch, traffic, watch
 
-        observers += [watch.for_job(job, restart.stderr_event), prompt_sample.for_job(job), router_watch.for_job(job)]
+        observers += [
+            watch.for_job(job, restart.stderr_event),
+            prompt_sample.for_job(job, traffic.for_job(job)),
+            router_watch.for_job(job),
+        ]
         restart.supervise(job, launched.server, on_server=current, on_event=restart.stderr_event, poll=poll)
         return 1  # not reached: supervise only ends by raising
     except StopRequested:
