@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--lengths", default="64,96,128,192,256,384,512")
     ap.add_argument("--cost", type=Path, help="a decision JSON whose replay cost to use (default: the newest stored)")
     ap.add_argument("--out", type=Path, default=Path("/var/tmp/bonsai-answer-length.json"))
+    ap.add_argument("--streams", type=Path, help="reuse the answers a previous run kept (its --out + .streams)")
     args = ap.parse_args()
 
     from bonsai_launch.decisions.store import Decision, load_all
@@ -90,7 +91,12 @@ def main() -> None:
     if cost is None:
         raise SystemExit("no tuned cost model: run `bonsai tune` first, or pass --cost DECISION.json")
     plain_plan = next(s.plan for s in specs if s.baseline)
-    streams = record(list(plain_plan.argv), prompts, args.max, plain_plan.ctx)
+    if args.streams:
+        streams = [rp.Stream(tuple(p), tuple(g), n, c) for p, g, n, c in json.loads(args.streams.read_text())]
+    else:
+        streams = record(list(plain_plan.argv), prompts, args.max, plain_plan.ctx)
+        kept = [[list(s.prompt), list(s.generated), s.n_predict, s.n_ctx] for s in streams]
+        args.out.with_suffix(".streams").write_text(json.dumps(kept))
     tool = rp.tool_for(binary)
     lengths = [int(x) for x in args.lengths.split(",")]
     table: dict[int, list[tuple[str, float, float | None]]] = {}
@@ -102,16 +108,15 @@ def main() -> None:
             e = est.estimate(rp.replay(tool, cand_args, cut), cost)
             ranked.append((name, e.tps / plain.tps, e.acceptance))
         table[length] = sorted(ranked, key=lambda r: r[1], reverse=True)
-    longest = [n for n, _, _ in table[lengths[-1]][:3]]
+    at_longest = {n: r for n, r, _ in table[lengths[-1]]}
+    best_longest = max(at_longest.values())
     print(f"cost model: step {cost.step_ms:.2f} ms, kappa {cost.kappa:.3f}; {len(prompts)} prompts; answers cut at L")
-    print("| L | best (est. x plain) | 2nd | 3rd | best as at the longest | top 3 as at the longest |")
-    print("|---:|---|---|---|---|---|")
+    print(f"| L | best (est. x plain) | 2nd | 3rd | the best at L on {lengths[-1]}-token answers, x their best |")
+    print("|---:|---|---|---|---:|")
     for length, ranked in table.items():
         top = ranked[:3]
         cells = " | ".join(f"{n} {r:.2f}x" for n, r, _ in top)
-        same = "yes" if top[0][0] == longest[0] else "no"
-        same3 = "yes" if [n for n, _, _ in top] == longest else "no"
-        print(f"| {length} | {cells} | {same} | {same3} |")
+        print(f"| {length} | {cells} | {at_longest[top[0][0]] / best_longest:.2f} |")
     args.out.write_text(json.dumps({str(k): v for k, v in table.items()}, indent=2))
 
 
