@@ -9,8 +9,9 @@ would have produced), and estimated with the verify cost a tune measured on this
 
     python benchmarks/answer_length.py --profile demo --max 512 --lengths 64,96,128,192,256,384,512
 
-Prints, per length, the candidates ranked by estimated speed against plain, and whether the
-best and the top three are those of the longest answers.
+Prints, per length, the three best candidates by estimated speed against plain, and how fast
+the best at that length is on the longest answers, as a fraction of the best there (1.00: the
+length picks what the longest answers would).
 """
 
 from __future__ import annotations

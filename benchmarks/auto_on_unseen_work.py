@@ -6,8 +6,8 @@ server is sent while it serves) and `K.eval.jsonl` (what every configuration is 
 no prompt in both). The script refuses a prompt that is in the repository's prompt files.
 
 1. tune: `bonsai tune --profile demo` on the bundled tuning prompts (it never sees the work);
-2. before: `bonsai bench --prompts <every K.eval> --configs plain,<each fixed choice>,auto`,
-   one category per kind of work, 256-token answers (issue 47's work), 3 repeats;
+2. before, per kind: `bonsai bench --prompts K.eval.jsonl --configs plain,<each fixed choice>,auto`,
+   256-token answers (issue 47's work), 3 repeats;
 3. after, per kind: `BONSAI_SPECULATIVE=auto BONSAI_TUNE_SAMPLE=200 bonsai start --detach`,
    K's traffic sent through the chat API, the keeper's verdict read from `bonsai ps --json`
    (no benchmark runs), the server stopped; then `bonsai bench --prompts K.eval.jsonl
@@ -20,8 +20,8 @@ with `--phase tune|before|after|report` (the report reads what the others wrote)
 
     python benchmarks/auto_on_unseen_work.py --work /var/tmp/b47work --out /var/tmp/b47out
 
-On an idle 2-core machine with the demo model: tune about 1.5 minutes, before about 10,
-after about 2 per kind.
+On an idle 2-core machine with the demo model: tune about 2 minutes, before about 5 per kind,
+after about 3 per kind (`--kinds` runs some of them: each phase adds to summary.json).
 """
 
 from __future__ import annotations
@@ -160,7 +160,9 @@ def accuracy(out: Path, kinds: list[str], args) -> dict[str, dict[str, dict[str,
     cost = est.CostModel.from_json(s["tune"]["decision"]["evidence"]["replay"]["cost"])
     assert cost is not None
     binary = prepare_launch({"profile": args.profile}, None, None, ("plain", "speculative"))
-    prompts = suite.load_prompts(out / "eval.jsonl")
+    evaluation = out / "eval.jsonl"
+    evaluation.write_text("".join((args.work / f"{k}.eval.jsonl").read_text() for k in kinds))
+    prompts = suite.load_prompts(evaluation)
     request = TuneRequest({"profile": args.profile}, None, None, (), binary)
     from bonsai_launch.tune import candidates as cands
 
@@ -210,12 +212,18 @@ def report(out: Path, kinds: list[str]) -> str:
         lines += ["| kind | " + " | ".join(configs) + " | auto / best fixed |", "|---|" + "---:|" * (len(configs) + 1)]
         for kind in kinds:
             r = cats.get(kind, {})
+            if not r:
+                continue
             fixed = {c: r[c][0] for c in ["plain", *FIXED] if c in r}
             best = max(fixed, key=lambda c: fixed[c])
             ratio = r["auto"][0] / fixed[best] if "auto" in r else float("nan")
             cells = [fmt(r.get(c)) + (" **best**" if c == best else "") for c in configs]
             lines.append(f"| {kind} | " + " | ".join(cells) + f" | {ratio:.2f} ({best}) |")
-        lines += ["", f"Command: `{before['command']}`", ""]
+        lines += [
+            "",
+            "Commands: " + "; ".join(f"`{before['commands'][k]}`" for k in kinds if k in before["commands"]),
+            "",
+        ]
     after = s.get("after") or {}
     if after:
         lines += ["After serving each kind's traffic with the sample on (no benchmark in between):", ""]
@@ -279,10 +287,13 @@ def main() -> None:
         }
     if args.phase in ("all", "before"):
         forget_traffic_decisions()
-        evaluation = args.out / "eval.jsonl"
-        evaluation.write_text("".join((args.work / f"{k}.eval.jsonl").read_text() for k in kinds))
-        doc, command = bench(args.out, "before", evaluation, list(FIXED), args)
-        summary["before"] = {"rows": per_category(doc), "auto": auto_label(doc), "command": command}
+        before = summary.setdefault("before", {"rows": {}, "commands": {}})
+        for kind in kinds:  # one bench per kind: each fits a quiet slot, each compares within itself
+            doc, command = bench(args.out, f"before-{kind}", args.work / f"{kind}.eval.jsonl", list(FIXED), args)
+            before["rows"][kind] = per_category(doc).get(kind, {})
+            before["commands"][kind] = command
+            before["auto"] = auto_label(doc)
+            summary_path.write_text(json.dumps(summary, indent=2, default=str))
     if args.phase in ("all", "after"):
         summary.setdefault("after", {})
         for kind in kinds:
