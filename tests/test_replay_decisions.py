@@ -104,6 +104,43 @@ def test_nothing_faster_than_plain_in_the_replay_is_not_a_finalist():
     assert tm.finalists(screen, ["chat"]) == {}
 
 
+def test_the_choice_and_its_main_competitor_get_their_runs_even_past_the_default_budget(monkeypatch):
+    """Under the default budget (8 plain runs of 5 s here) the best two over all prompts are both
+    measured, the budget growing for the second; a category's best that no longer fits is not.
+    Without that rule the second best was dropped and reported with a `?` (issue 47)."""
+    from types import SimpleNamespace
+
+    from bonsai_launch.tune import rounds as rd
+
+    picked = {"a": "best over all prompts", "b": "second best over all prompts", "c": "best on chat"}
+
+    def session(must: set[str]) -> tuple[list[str], dict[str, str], rd.Clock]:
+        now = [6.0]
+        monkeypatch.setattr(rd.time, "monotonic", lambda: now[0])
+        clock = rd.Clock(40.0)
+        clock.started = 0.0
+        clock.runs.append(5.0)
+        clock.times["plain"] = 5.0
+
+        def measure(spec, repeat: int) -> None:
+            now[0] += 5.0
+            clock.runs.append(5.0)
+            clock.times[spec.name] = 5.0
+
+        specs = [SimpleNamespace(name=n) for n in picked]
+        skipped: dict[str, str] = {}
+        kept = rd._fitting(specs, specs, SimpleNamespace(name="plain"), measure, clock, skipped, picked, must)
+        return [s.name for s in kept], skipped, clock
+
+    kept, skipped, clock = session({"a", "b"})
+    assert kept == ["a", "b"] and list(skipped) == ["c"] and "budget" in skipped["c"]
+    assert (
+        clock.grown_from == 40.0 and clock.budget_s == 51.0
+    )  # 11 s in, b's first run and 2 x (plain, a, b), a plain run spare
+    kept, skipped, clock = session(set())  # an explicit --budget bounds them all
+    assert kept == ["a"] and list(skipped) == ["b", "c"] and clock.grown_from is None
+
+
 # -- the traffic verdict and the decision it makes -------------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """The rounds of a tuning session against its budget: the first plain run, screening (the
 draft-free candidates by replaying that run's tokens, tune/screen.py; the others by one run
 each), then each finalist's three paired runs, as many finalists as the budget holds, the most
-important first. `measure(spec, repeat)` (session.py) runs one fresh server over every prompt.
+important first. Under the default budget the best and the second best over all prompts (the
+choice and its main competitor) always get theirs: the budget grows for them, with a note.
+`measure(spec, repeat)` (session.py) runs one fresh server over every prompt.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Clock:
         self.budget_s = budget_s
         self.runs: list[float] = []
         self.times: dict[str, float] = {}  # each configuration's last run
+        self.grown_from: float | None = None  # the default budget before it grew for the best two
 
     @property
     def elapsed(self) -> float:
@@ -109,6 +112,7 @@ def rounds(
 ) -> None:
     """Screening (the draft-free candidates by replay, the others by one run each), then every
     finalist measured three times, paired with plain."""
+    default_budget = clock.budget_s is None
     measure(plain, 0)
     if clock.budget_s is None:
         clock.budget_s = max(MIN_BUDGET_S, budget_runs * clock.runs[0])
@@ -133,16 +137,22 @@ def rounds(
         if ratios.get(s.name, 0.0) > 1.0
     ][:max_by_run]
     by_replay = sorted((s for s in others if s.name in picked), key=lambda s: list(picked).index(s.name))
-    finalists = _fitting(by_replay + by_run, by_replay, plain, measure, clock, skipped, picked)
+    # the choice and its main competitor: never left with a `?` under the default budget (issue 47)
+    must = {n for n, why in picked.items() if why.startswith(tm.OVERALL)} if default_budget else set()
+    finalists = _fitting(by_replay + by_run, by_replay, plain, measure, clock, skipped, picked, must)
     listener.total(len(data.requests) + len(prompts) * CONFIRM_ROUNDS * (1 + len(finalists)))
     if screen is not None and screen.replays:  # the verify cost, now measured on the finalists
         screen.cost = est.fit(*tm.measured(data, plain.name), prior=screen.cost)
         tm.estimate_all(screen, prompts)
     for round_number in range(1, CONFIRM_ROUNDS + 1) if finalists else ():
-        while len(finalists) > 1 and not clock.fits_s(
-            _left(finalists, plain, clock, CONFIRM_ROUNDS - round_number + 1)
+        rest = CONFIRM_ROUNDS - round_number + 1
+        while (
+            len(finalists) > 1
+            and finalists[-1].name not in must
+            and not clock.fits_s(_left(finalists, plain, clock, rest))
         ):
             finalists.pop()
+        _make_room([s for s in finalists if s.name in must], plain, clock, rest)
         if not clock.fits_s(_left(finalists, plain, clock, 1)):
             notes.append(
                 f"the budget ({clock.budget_s:.0f} s) ran out before confirmation round {round_number}: "
@@ -152,6 +162,11 @@ def rounds(
         order = finalists + [plain] if round_number % 2 else [plain] + finalists
         for spec in order:
             measure(spec, round_number)
+    if clock.grown_from is not None:
+        notes.append(
+            f"budget grown from {clock.grown_from:.0f} s to {clock.budget_s:.0f} s so that the best two over all "
+            "prompts (the choice and its main competitor) got their three runs each"
+        )
 
 
 def _run_s(spec: ConfigSpec, finalists: list[ConfigSpec], clock: Clock) -> float:
@@ -176,10 +191,12 @@ def _fitting(
     clock: Clock,
     skipped: dict[str, str],
     picked: dict[str, str],
+    must: set[str] | frozenset[str] = frozenset(),
 ) -> list[ConfigSpec]:
     """Round 0 of each finalist, most important first, while every confirmation round of those
     kept still fits the budget (measuring one and running out before its last round confirms
-    nothing); the runs measured so far tell how long the rest takes."""
+    nothing); the runs measured so far tell how long the rest takes. The `must` ones are kept
+    whatever the budget: it grows for them."""
 
     def drop(spec: ConfigSpec) -> None:
         why = picked.get(spec.name, "ahead in screening")
@@ -187,12 +204,25 @@ def _fitting(
 
     kept: list[ConfigSpec] = []
     for spec in finalists:
-        if kept and not clock.fits_s(_left([*kept, spec], plain, clock, CONFIRM_ROUNDS)):
+        if spec.name in must:
+            _make_room([s for s in [*kept, spec] if s.name in must], plain, clock, CONFIRM_ROUNDS)
+        elif kept and not clock.fits_s(_left([*kept, spec], plain, clock, CONFIRM_ROUNDS)):
             drop(spec)
             continue
         if spec in by_replay:
             measure(spec, 0)
         kept.append(spec)
-    while len(kept) > 1 and not clock.fits_s(_left(kept, plain, clock, CONFIRM_ROUNDS)):
+    while len(kept) > 1 and kept[-1].name not in must and not clock.fits_s(_left(kept, plain, clock, CONFIRM_ROUNDS)):
         drop(kept.pop())
     return kept
+
+
+def _make_room(specs: list[ConfigSpec], plain: ConfigSpec, clock: Clock, rounds: int) -> None:
+    """Grow the budget so these finalists' remaining rounds fit, with a margin of one plain run
+    (a run the budget stops is dropped)."""
+    if not specs or clock.budget_s is None:
+        return
+    need = clock.elapsed + _left(specs, plain, clock, rounds) + _run_s(plain, [], clock)
+    if need > clock.budget_s:
+        clock.grown_from = clock.grown_from or clock.budget_s
+        clock.budget_s = need

@@ -122,6 +122,10 @@ def estimate_all(screen: Screen, prompts: Sequence[suite.Prompt]) -> None:
         }
 
 
+# How finalists() words the choice and its main competitor (rounds.py always measures them in full)
+OVERALL = ("best over all prompts", "second best over all prompts", "closest to plain")
+
+
 def finalists(screen: Screen, categories: Sequence[str]) -> dict[str, str]:
     """The candidates to measure fully, in priority order, with why each one: the best two
     over all prompts, and each category's best when it is AHEAD of both there. When none is
