@@ -122,26 +122,30 @@ def serve_traffic(kind: str, traffic: Path, out: Path, args) -> dict:
     )
     sample = prompt_sample.sample_path(started["plan"]["model"])
     verdict: dict = {}
+    answered = 0  # requests with an answer: one the model ends at once leaves the sample nothing to keep
     try:
         with httpx.Client(timeout=600, trust_env=False) as http:
-            for n, row in enumerate(rows(traffic), 1):
+            for row in rows(traffic):
                 body = {"messages": row["messages"], "max_tokens": int(args.max_tokens), "temperature": 0}
                 r = http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body)
                 r.raise_for_status()
-                deadline = time.monotonic() + 60
-                while len(prompt_sample.read(sample)) < n and time.monotonic() < deadline:
+                if not (r.json()["choices"][0]["message"].get("content") or "").strip():
+                    continue
+                answered += 1
+                deadline = time.monotonic() + 20
+                while len(prompt_sample.read(sample)) < answered and time.monotonic() < deadline:
                     time.sleep(0.2)
-        sent = len(rows(traffic))
-        deadline = time.monotonic() + 120  # the keeper tokenizes and replays after each read of /slots
+        deadline = time.monotonic() + 30  # the keeper tokenizes and replays after each read of /slots
         while time.monotonic() < deadline:
             ps = json.loads(bonsai(["ps", "--json"], out / f"ps-{kind}.log"))
             verdict = next((p.get("traffic") or {} for p in ps if p.get("port") == port), {})
-            if verdict.get("requests", 0) >= sent:
+            if verdict.get("requests", 0) >= answered:
                 break
             time.sleep(1)
     finally:
         bonsai(["stop", "--all"], out / f"stop-{kind}.log", check=False)
-    return {"verdict": verdict, "tuned": started["plan"].get("tuning", {}).get("choice", {}).get("label")}
+    tuned = started["plan"].get("tuning", {}).get("choice", {}).get("label")
+    return {"verdict": verdict, "tuned": tuned, "sent": len(rows(traffic)), "answered": answered}
 
 
 def accuracy(out: Path, kinds: list[str], args) -> dict[str, dict[str, dict[str, float]]]:
