@@ -33,6 +33,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 PROMPT = "Copy this line twice: the quick brown fox jumps over the lazy dog"  # the README's; ngram drafts on it
 KEY = "sk-page-test-0123456789"
 MAX_TOKENS = 48
+# The drafted conversation's limit. ngram-mod drafts from text repeated in the prompt or the
+# answer; whether the demo's first 48 tokens repeat depends on the CPU's arithmetic (on an AMX
+# Xeon the answer left the prompt's line and repeated its own sentence only after 48 tokens,
+# and nothing was drafted). At temperature 0 the 270M base model falls into a loop well before
+# 192 tokens (there: one sentence repeated from its 20th token on, 111 tokens drafted), and a
+# loop is what ngram-mod drafts.
+DRAFT_MAX_TOKENS = 192
 ANSWER = '[aria-label="Assistant message with actions"]'
 STOP = '[aria-label="Stop generation"]'
 LOADED_S = 60_000  # bounds that only stop a hang (ms): the page shows in about 2.5 s, an answer in 3
@@ -81,14 +88,14 @@ def start_demo(server: Path, demo_gguf: Path, **env: str) -> dict:
     return data
 
 
-def new_page(browser, key: str | None = None, **options):
+def new_page(browser, key: str | None = None, max_tokens: int = MAX_TOKENS, **options):
     """A fresh browser profile with the page's default settings, its browser tools (get_datetime,
     get_info) on as a new user has them: the page sends them with every message, which the demo
     profile's template must take (profiles/demo.yaml). `key`: the API key as the page's own key
     dialog stores it. The page sets no length limit, and the 270M base model at temperature 0 may
     not stop by itself: the page's max_tokens setting bounds each answer."""
     context = browser.new_context(**options)
-    config = json.dumps({"max_tokens": MAX_TOKENS, **({"apiKey": key} if key else {})})
+    config = json.dumps({"max_tokens": max_tokens, **({"apiKey": key} if key else {})})
     context.add_init_script(f"localStorage.setItem('LlamaUi.config', {json.dumps(config)});")
     return context.new_page()
 
@@ -165,7 +172,7 @@ def test_a_conversation_on_the_page_is_drafted_with_speculation_on(browser, llam
     url = data["url"]
     assert data["speculative"]["live"], data["speculative"]
     before = client.metrics(url).get("llamacpp:spec_decode_num_draft_tokens_total", 0)
-    page = new_page(browser)
+    page = new_page(browser, max_tokens=DRAFT_MAX_TOKENS)
     sent: list[dict] = []
     chat(page, url + "/", PROMPT, sent)
     assert answer_of(page)
