@@ -83,6 +83,9 @@ def test_two_models_under_one_name_are_refused_in_one_line():
         check_names([("./a/x.gguf", model("x")), ("./b/x.gguf", model("x"))])
     assert err.value.message == "two models are named 'x': ./a/x.gguf and ./b/x.gguf"
     assert "NAME=./b/x.gguf" in (err.value.fix or "")
+    with pytest.raises(BonsaiError) as err:  # named twice by the user: the hint names the file, not "NAME=x=..."
+        check_names([("x=./a/x.gguf", model("x")), ("x=./b/y.gguf", model("x"))])
+    assert (err.value.fix or "").endswith("another name: NAME=./b/y.gguf")
     with pytest.raises(BonsaiError, match="cannot hold spaces"):
         check_names([("x y.gguf", model("x y"))])
 

@@ -52,7 +52,8 @@ def serve_now(
             launched, records = router.launch(plan, detach=detach, on_status=_status(json_output), forwarder=forwarder)
         except StopRequested:
             return 0 if forwarder.server is not None else 130
-        try:
+
+        def report() -> None:
             from bonsai_launch.server.client import serves_page
 
             page = plan.base_url + "/" if serves_page(plan.base_url, plan.api_key) else None
@@ -74,15 +75,8 @@ def serve_now(
                 emit_json(data)
             else:
                 print_ready(plan, launched, records, generated, page, detach)
-        except BaseException as exc:
-            if not detach or isinstance(exc, StopRequested):
-                supervisor.shutdown(launched)
-            if isinstance(exc, StopRequested):
-                return 0
-            raise
-        if detach:
-            return 0
-        return supervisor.serve(launched, forwarder=forwarder)
+
+        return supervisor.report_then_serve(launched, report, detach=detach, forwarder=forwarder)
 
 
 def print_ready(

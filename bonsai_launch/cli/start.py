@@ -392,7 +392,8 @@ def start_server(
         except StopRequested:
             # 0 once a server was started (the user stopped it); 130 if stopped before that.
             return 0 if forwarder.server is not None else 130
-        try:
+
+        def report() -> None:
             if launched.proof is not None and not launched.proof.live:
                 warn(launched.proof.summary() + "; serving without it (--spec-fallback)")
             if json_output:
@@ -407,13 +408,5 @@ def start_server(
                 emit_json(data)
             else:
                 print_ready(plan, launched, generated, detach)
-        except BaseException as exc:
-            # Stopped (or failed, e.g. a closed stdout) before serving: never leave it unwatched.
-            if not detach or isinstance(exc, StopRequested):
-                supervisor.shutdown(launched)
-            if isinstance(exc, StopRequested):
-                return 0
-            raise
-        if detach:
-            return 0
-        return supervisor.serve(launched, forwarder=forwarder)
+
+        return supervisor.report_then_serve(launched, report, detach=detach, forwarder=forwarder)

@@ -290,6 +290,25 @@ def serve(launched: Launched, *, poll: float = 0.25, forwarder: SignalForwarder 
         shutdown(launched)
 
 
+def report_then_serve(
+    launched: Launched, report: Callable[[], None], *, detach: bool, forwarder: SignalForwarder
+) -> int:
+    """What start and serve do once their server is up: `report` it, then return (detached) or
+    keep it running in the foreground until the user stops it. A stop, or a failure while
+    reporting (a closed stdout), never leaves a foreground server unwatched."""
+    try:
+        report()
+    except BaseException as exc:
+        if not detach or isinstance(exc, StopRequested):
+            shutdown(launched)
+        if isinstance(exc, StopRequested):
+            return 0
+        raise
+    if detach:
+        return 0
+    return serve(launched, forwarder=forwarder)
+
+
 def shutdown(launched: Launched) -> None:
     """Stop a launched server and forget it."""
     try:

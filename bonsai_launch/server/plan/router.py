@@ -185,9 +185,11 @@ def check_names(models: Sequence[tuple[str, ModelPlan]]) -> None:
                 f"name it: NAME={source}",
             )
         if plan.name in seen:
+            named, sep, what = source.partition("=")
+            bare = what if sep and "/" not in named and "\\" not in named else source  # NAME=... given: its file
             raise BonsaiError(
                 f"two models are named {plan.name!r}: {seen[plan.name]} and {source}",
-                f"name one of them: NAME={source}",
+                f"give one of them another name: NAME={bare}",
             )
         seen[plan.name] = source
 
