@@ -84,3 +84,14 @@ def replace_retrying(
             if attempt == attempts - 1:
                 raise
             time.sleep(delay)
+
+
+def append_note(path: Path, text: str) -> None:
+    """One `[bonsai <time>] text` line in a server's log (what `bonsai logs` shows beside
+    llama-server's own lines); a log that cannot be written loses the note, never the caller."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        with open_append_shared(path) as f:
+            f.write(f"[bonsai {stamp}] {text}\n".encode())
+    except OSError:
+        pass

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bonsai_launch.core.errors import ActionFailed
-from bonsai_launch.core.log_files import open_append_shared
+from bonsai_launch.core.log_files import append_note
 from bonsai_launch.server import instances
 from bonsai_launch.server.lifecycle import Lifecycle, State
 from bonsai_launch.server.process import ServerProcess, exit_cause
@@ -86,12 +86,7 @@ class Job:
 def note(job: Job, text: str, on_event: Event | None = None, more: str = "") -> None:
     """A line in the server's own log (what `bonsai logs` shows), and to the user if watching;
     `more` (the log's last lines) only to the user: in the log they are just above."""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    try:
-        with open_append_shared(job.log_path) as f:
-            f.write(f"[bonsai {stamp}] {text}\n".encode())
-    except OSError:
-        pass
+    append_note(job.log_path, text)
     if on_event is not None:
         on_event(text + more)
 

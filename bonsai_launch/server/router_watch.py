@@ -140,14 +140,9 @@ class RouterWatch:
         self.stopped.set()
 
     def note(self, text: str) -> None:
-        from bonsai_launch.core.log_files import open_append_shared
+        from bonsai_launch.core.log_files import append_note
 
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        try:
-            with open_append_shared(self.log_path) as f:
-                f.write(f"[bonsai {stamp}] {text}\n".encode())
-        except OSError:
-            pass
+        append_note(self.log_path, text)
 
     def _run(self) -> None:
         while not self.stopped.wait(self.poll_s):
