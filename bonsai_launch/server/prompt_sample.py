@@ -158,13 +158,17 @@ class PromptSampler:
         if client.sleeping(self.base_url, self.api_key) is not False:
             return 0  # asleep, or unknown: /slots would wake it
         new = entries_from_slots(client.slots(self.base_url, self.api_key), self.seen)
-        for entry in new:  # /slots counts nothing once a request is done: the answer's tokens say how long
+        answers: dict[int, list[int]] = {}  # entry index -> its answer's tokens, for the judge too
+        for i, entry in enumerate(
+            new
+        ):  # /slots counts nothing once a request is done: the answer's tokens say how long
             if entry.get("generated"):
-                entry["max_tokens"] = len(client.tokenize(self.base_url, entry["generated"], self.api_key))
+                answers[i] = client.tokenize(self.base_url, entry["generated"], self.api_key)
+                entry["max_tokens"] = len(answers[i])
         if new:
             write(self.path, merged(read(self.path), new, self.limit))
             if self.judge is not None:  # the server is awake now: its tokenizer answers at once
-                self.judge.add(new)
+                self.judge.add(new, answers)
                 self.judge.step()
         return len(new)
 

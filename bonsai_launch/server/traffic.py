@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +39,17 @@ class TrafficJudge:
         self.redecided: dict[str, Any] = {}  # the newest re-decision, shown until the server stops
         self.off = False  # the replay cannot run here (said once)
 
-    def add(self, entries: list[dict[str, Any]]) -> None:
-        """Tokenize new sample entries (prompt and answer) with the server's own tokenizer."""
+    def add(self, entries: list[dict[str, Any]], answers: Mapping[int, list[int]] | None = None) -> None:
+        """Tokenize new sample entries (prompt and answer) with the server's own tokenizer;
+        `answers`: the answers' tokens by entry index where the caller has them already."""
         from bonsai_launch.server import client
 
         base, key = self.job.instance["base_url"], self.job.api_key
-        for e in entries:
+        for i, e in enumerate(entries):
             if not isinstance(e.get("raw"), str) or not isinstance(e.get("generated"), str):
                 continue
             prompt = client.tokenize(base, e["raw"], key, prompt=True)
-            generated = client.tokenize(base, e["generated"], key)
+            generated = (answers or {}).get(i) or client.tokenize(base, e["generated"], key)
             if len(generated) > 1:
                 self.streams.append(rp.Stream(tuple(prompt), tuple(generated), int(e.get("n_predict") or -1)))
 
