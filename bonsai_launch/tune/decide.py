@@ -6,8 +6,14 @@ Pure, over the document `bonsai bench` writes (bench/summary.py), so `bonsai tun
   A configuration qualifies when its decode speed, pooled over all prompts ("all" category),
   has the bench's verdict "faster" against plain at every temperature measured: every paired
   ratio above 1 and the median at least 1 + the noise band (bench/stats.py). Among those, the
-  one with the highest median ratio (its lowest over the temperatures) wins. With none, the
-  decision is plain: speculation is never chosen without a gain beyond noise.
+  one with the highest median ratio (its lowest over the temperatures) wins, except that among
+  those within the leader's noise band of it (median ratio >= the leader's / (1 + band)) the one
+  combining the most draft types wins: the measurement cannot tell them apart, and a combination
+  (`ngram-simple,ngram-mod`) drafts wherever any of its types would, so it holds up on work the
+  tune's prompts do not contain (issue 47: ngram-simple alone and with ngram-mod tied at 2.20x
+  and 2.19x on the tune's prompts; on unseen chat the lone type ran at 0.58x of the best choice
+  and the combination at 1.00x). With none, the decision is plain: speculation is never chosen
+  without a gain beyond noise.
 
   A configuration whose drafts were never accepted does not qualify, whatever its speed: its
   "gain" cannot come from speculation (seen on a loaded machine: ngram-mod drafting nothing at
@@ -23,8 +29,14 @@ from bonsai_launch.decisions.store import Choice
 RULE = (
     "speculation is chosen only when its pooled decode speed is 'faster' than plain under the bench's noise "
     "rule at every temperature measured (every paired ratio > 1 and median >= 1 + noise band) and some of its "
-    "drafts were accepted; the highest median ratio wins; otherwise plain"
+    "drafts were accepted; the highest median ratio wins, but among those within its noise band of it the one "
+    "combining the most draft types; otherwise plain"
 )
+
+
+def _type_count(spec_type: str | None) -> int:
+    """How many draft types a configuration combines (`ngram-simple,ngram-mod`: 2)."""
+    return len([t for t in (spec_type or "").split(",") if t.strip()])
 
 
 def _config_choice_fields(config: dict[str, Any]) -> tuple[str | None, int | None]:
@@ -93,9 +105,17 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
     choice = Choice(baseline or "plain", "plain", reason="no configuration was faster than plain beyond noise")
     if scored:
         scored.sort(key=lambda s: s[0], reverse=True)
-        _ratio, name, comp = scored[0]
+        best_ratio, leader, best_comp = scored[0]
+        tied = [s for s in scored if s[0] >= best_ratio / (1 + best_comp["verdict"]["band"])]
+        _ratio, name, comp = max(tied, key=lambda s: (_type_count(_config_choice_fields(configs[s[1]])[0]), s[0]))
         spec_type, n_max = _config_choice_fields(configs[name])
         r = comp["verdict"]["ratio"]
+        reason = comp["verdict"]["reason"]
+        if name != leader:
+            reason += (
+                f"; within the noise band of {configs[leader].get('label', leader)} ({best_ratio:.2f}x) and "
+                "combining more draft types, so it drafts wherever that one would"
+            )
         choice = Choice(
             name,
             configs[name].get("label", name),
@@ -105,7 +125,7 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
             r["min"],
             r["max"],
             comp["verdict"]["band"],
-            comp["verdict"]["reason"],
+            reason,
         )
 
     rows = []
