@@ -22,7 +22,9 @@
  *    --no-repack), where patch 0011 repacks Q1_0 and Q2_0 sixteen rows at a time on x86 and
  *    runs every batch (1-17, 33: eight or four columns at a time through one tile) in one pass
  *    over the weights. On x86 with AVX2 it fails when either type is not repacked at 16 rows,
- *    or at 4 (the four-row layout of the old patches 0008-0009).
+ *    or at 4 (the four-row layout of the old patches 0008-0009). On a build with AMX-INT8, patch
+ *    0014 sends the batches of 8 or more columns through the AMX tiles: the same checks cover
+ *    them, and it fails when no batch took the tiles or the build lacks the patch.
  * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
  * the answers but not which kernels are wired in (a build of another source, such as PrismML's
  * fork, has its own kernels and none of our patches); `quick` (the self-test
@@ -89,6 +91,10 @@ static void ptq1_encode(ptq1_block * b, const uint8_t * codes) {
  * function of its own next to the SIMD one, without the patch its name does not exist. */
 extern void ggml_vec_dot_q2_0_q8_0_generic(int, float *, size_t, const void *, size_t, const void *, size_t, int)
     __attribute__((weak));
+
+/* Patch 0014: how many batched rows16 matmul calls took the AMX tiles, -1 where they cannot run
+ * (no AMX-INT8, the kernel refuses the tile state, GGML_ROWS16_AMX=0); absent without the patch. */
+extern int ggml_rows16_amx_calls(void) __attribute__((weak));
 
 static int failures = 0;
 static int quick = 0;
@@ -543,7 +549,19 @@ int main(int argc, char ** argv) {
                 for (int th = 1; th <= 2; th++)
                     if (!quick || (bi + th) % 2 == 0 || bi >= 15) check_mul_mat(t, 3 * per, row_counts[ri], batches[bi], th, 1);
         check_mul_mat(t, 2048, 64, 5, 2, 1);
+        check_mul_mat(t, 2048, 64, 17, 2, 1); /* many blocks through the AMX tiles (patch 0014) */
         check_mul_mat(t, per, 16, 9, 2, 1); /* one block per row */
+    }
+    /* patch 0014: on an AMX-INT8 build the batches of 8+ columns above went through the tiles */
+    const int amx_calls = ggml_rows16_amx_calls ? ggml_rows16_amx_calls() : -2;
+    printf("amx_int8=%d rows16.amx_calls=%d\n", ggml_cpu_has_amx_int8(), amx_calls);
+    if (ggml_cpu_has_amx_int8() && (expect_x86 || x86_avx2) && !results_only) {
+        cur_type = GGML_TYPE_Q1_0;
+        if (amx_calls == -2) {
+            FAIL("batches of 8+ columns do not take the AMX tiles on an AMX-INT8 build (patch 0014 missing)");
+        } else if (amx_calls == 0) {
+            FAIL("no batch of 8+ columns took the AMX tiles although they can run (patch 0014's dispatch)");
+        }
     }
     const enum ggml_type others[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
     for (int ti = 0; ti < 3; ti++) {
