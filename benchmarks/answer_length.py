@@ -27,39 +27,28 @@ from bonsai_launch.llamacpp import replay as rp
 
 def record(argv: list[str], prompts: list[suite.Prompt], n_predict: int, ctx: int) -> list[rp.Stream]:
     """The plain launch's own command line (chat template included) on a free port."""
-    import subprocess
+    import tempfile
 
-    import httpx
-
-    from bonsai_launch.server.process import free_port
+    from bonsai_launch.server import client
+    from bonsai_launch.server.process import ServerProcess, free_port
 
     port = free_port()
     cmd = list(argv)
     cmd[cmd.index("--port") + 1] = str(port)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     out = []
-    try:
-        with httpx.Client(timeout=600, trust_env=False) as http:
-            for _ in range(600):
-                try:
-                    if http.get(url + "/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                import time
-
-                time.sleep(0.1)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ServerProcess.spawn(cmd, env=None, log_path=Path(tmp) / "server.log", base_url=url)
+        try:
+            server.wait_ready(600)
             for p in prompts:
-                text = http.post(url + "/apply-template", json={"messages": p.chat_messages()}).json()["prompt"]
-                ids = http.post(url + "/tokenize", json={"content": text, "add_special": True, "parse_special": True})
-                ids = ids.json()["tokens"]
+                text = client.post_json(url, "/apply-template", {"messages": p.chat_messages()}, None)["prompt"]
+                ids = client.tokenize(url, text, prompt=True)
                 body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "return_tokens": True}
-                answer = http.post(url + "/completion", json=body).json()
+                answer = client.post_json(url, "/completion", body, None, timeout=600)
                 out.append(rp.Stream(tuple(ids), tuple(answer["tokens"]), n_predict, ctx))
-    finally:
-        proc.terminate()
-        proc.wait()
+        finally:
+            server.stop()
     return out
 
 
