@@ -116,9 +116,17 @@ def quantized_targets(
 
 
 def llama_bench(
-    bin_dir: Path, model: Path, threads: str, prompts: str, gen: int, reps: int, extra: tuple[str, ...] = ()
+    bin_dir: Path,
+    model: Path,
+    threads: str,
+    prompts: str,
+    gen: int,
+    reps: int,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[tuple[int, str], float]:
-    """{(threads, "tg"|"ppN"): tok/s}"""
+    """{(threads, "tg"|"ppN"): tok/s}; `env`: variables added to this run's environment
+    (GGML_ROWS16_AMX=0, for instance)."""
     cmd = [
         bin_dir / f"llama-bench{EXE}",
         *extra,
@@ -135,7 +143,9 @@ def llama_bench(
         "-o",
         "json",
     ]
-    rows = json.loads(run(cmd).stdout)
+    if env:
+        print("  with " + " ".join(f"{k}={v}" for k, v in env.items()), file=sys.stderr)
+    rows = json.loads(run(cmd, env={**os.environ, **env} if env else None).stdout)
     out = {}
     for r in rows:
         test = "tg" if r["n_gen"] > 0 else f"pp{r['n_prompt']}"

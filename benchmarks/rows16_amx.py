@@ -20,24 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_kernels import EXE, after_bin, models
+from cpu_kernels import after_bin, llama_bench, models
 
 SETTINGS = {"tiles": {}, "dpbusd": {"GGML_ROWS16_AMX": "0"}}
-
-
-def bench_once(bin_dir: Path, model: Path, threads: int, prompts: str, env: dict[str, str]) -> dict[str, float]:
-    cmd = [str(bin_dir / f"llama-bench{EXE}"), "-m", str(model), "-t", str(threads), "-p", prompts, "-n", "32"]
-    cmd += ["-r", "2", "-o", "json"]
-    print("$ " + " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + " ".join(cmd), file=sys.stderr)
-    rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, **env}).stdout)
-    return {("tg" if r["n_gen"] > 0 else f"pp{r['n_prompt']}"): float(r["avg_ts"]) for r in rows}
 
 
 def measure(bin_dir: Path, model: Path, threads: int, prompts: str, rounds: int) -> dict[str, dict[str, float]]:
@@ -46,7 +36,8 @@ def measure(bin_dir: Path, model: Path, threads: int, prompts: str, rounds: int)
     for i in range(rounds):
         order = list(SETTINGS) if i % 2 == 0 else list(reversed(SETTINGS))
         for name in order:
-            for test, ts in bench_once(bin_dir, model, threads, prompts, SETTINGS[name]).items():
+            measured = llama_bench(bin_dir, model, str(threads), prompts, 32, 2, env=SETTINGS[name])
+            for (_threads, test), ts in measured.items():
                 runs[name].setdefault(test, []).append(ts)
     return {name: {t: statistics.median(v) for t, v in tests.items()} for name, tests in runs.items()}
 
