@@ -297,3 +297,19 @@ def test_server_dies_on_first_request_when_a_layer_id_equals_the_layer_count(tmp
             srv.completion(n_predict=8)
         assert srv.process.wait(timeout=30) != 0
         assert "layer input tensor is null" in srv.log()
+
+
+def test_a_request_that_times_out_says_so_with_the_servers_log(tmp_path):
+    """A silent server (accepts, never answers) gives a TimeoutError carrying the log's tail: a
+    CI failure must show whether llama-server was computing and how fast, not only a socket trace."""
+    import socket
+
+    log = tmp_path / "server.log"
+    log.write_text("slot launch_slot_: id  0 | task 0 | processing task\n")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        server = tg.TinyServer(url=f"http://127.0.0.1:{port}", process=None, log_path=log, request_timeout=0.2)  # type: ignore[arg-type]
+        with pytest.raises(TimeoutError, match=r"(?s)POST /completion: no answer in 0.2 s.*task 0 \| processing task"):
+            server.completion([1, 2], n_predict=4)

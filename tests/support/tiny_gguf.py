@@ -331,8 +331,14 @@ class TinyServer:
         req = urllib.request.Request(
             f"{self.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(req, timeout=self.request_timeout) as resp:
-            return json.load(resp)
+        try:
+            with urllib.request.urlopen(req, timeout=self.request_timeout) as resp:
+                return json.load(resp)
+        except TimeoutError as e:
+            # the server's own account (was it computing, and how fast?) is what a failure needs
+            raise TimeoutError(
+                f"POST {path}: no answer in {self.request_timeout:g} s; llama-server's log ends:\n{self.log()[-3000:]}"
+            ) from e
 
     def completion(self, prompt: str = "hello world", n_predict: int = 8, **extra: object) -> dict:
         """POST /completion at temperature 0; the answer's `timings` has draft_n when speculating."""
