@@ -13,7 +13,8 @@ Weight modes (`mode=`), all deterministic at temperature 0:
   residual stream (ssm_out, attn_output, ffn_down) is zero, so the last hidden state is the
   last token's embedding and the model says last+1 whatever the context. Any other token is a
   wrong computation, never a near-tie (the margin is checked when writing). The other layer
-  weights are random, so a kernel that reads the wrong weights produces garbage.
+  weights are random, so a kernel that reads the wrong weights moves the logits (the candidates
+  behind the chosen token first; the margin keeps the chosen one).
 - "counter": the same head, with small random projections back into the stream
   (`layer_scale`): mostly last+1, sometimes not, depending on the context. A drafter that
   predicts last+1 is then accepted only partly, so rollbacks happen mid-block.
