@@ -79,14 +79,15 @@ def counter_head(embedding: int, vocab: int, seed: int) -> tuple[np.ndarray, np.
     embd = rng.standard_normal((vocab, embedding)).astype(np.float32)
     embd = embd.astype(np.float16).astype(np.float32)  # what the file will hold
     out = np.roll(embd, 1, axis=0)  # out[j] = embd[j-1]
-    scores = embd @ out.T
-    best = scores.argmax(axis=1)
-    expected = (np.arange(vocab) + 1) % vocab
-    if not (best == expected).all():
-        raise ValueError(f"seed {seed}: the counter head is not a counter for every token; pick another seed")
-    top2 = np.sort(scores, axis=1)[:, -2:]
-    if (top2[:, 1] - top2[:, 0]).min() < 0.25 * embedding:
-        raise ValueError(f"seed {seed}: the counter head's margin is too small; pick another seed")
+    rows = max(1, (1 << 26) // vocab)  # scores a block of rows at a time: 256 MiB, whatever the vocabulary
+    for start in range(0, vocab, rows):
+        scores = embd[start : start + rows] @ out.T
+        expected = (np.arange(start, start + len(scores)) + 1) % vocab
+        if not (scores.argmax(axis=1) == expected).all():
+            raise ValueError(f"seed {seed}: the counter head is not a counter for every token; pick another seed")
+        top2 = np.partition(scores, -2, axis=1)[:, -2:]
+        if (top2[:, 1] - top2[:, 0]).min() < 0.25 * embedding:
+            raise ValueError(f"seed {seed}: the counter head's margin is too small; pick another seed")
     return embd.astype(np.float16), out.astype(np.float16)
 
 

@@ -1,0 +1,93 @@
+"""The MTP draft head over the LM head's first rows (vendor/llama.cpp/patches/0015-*).
+
+On a CPU, a qwen35 MTP drafter ran the target's whole LM head once per drafted token (a
+248320-token head: 37% of a decode step each). Patch 0015 multiplies by the head's first
+LLAMA_DRAFT_HEAD_ROWS rows only (default 65536 where the CPU computes the head), and the other
+tokens get -inf logits, so they are never drafted. The target verifies every token as before.
+
+The tiny "pure" qwen35 with an MTP layer counts through its vocabulary (last+1, whatever the
+context), and its MTP layer predicts exactly that, so every draft is right: which drafts are
+accepted shows which rows the draft head had. Below the cut every draft is accepted; past it
+none is (the right token cannot be drafted); and the tokens are plain decoding's either way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tiny_gguf
+from bonsai_launch.models import tiny_hybrid
+
+pytestmark = pytest.mark.server
+
+N_PREDICT = 64
+SPEC = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+
+
+def generate(server: Path, model: Path, prompt: list[int], log: Path, *, spec: bool, rows: str | None) -> dict:
+    """tokens and the draft counts of one greedy request."""
+    env = {} if rows is None else {"LLAMA_DRAFT_HEAD_ROWS": rows}
+    args = ["-m", model, "-c", "1024", "-np", "1", "-t", "1", *(SPEC if spec else [])]
+    with tiny_gguf.serve(server, args, log, env=env) as s:
+        out = s.completion(prompt, n_predict=N_PREDICT, cache_prompt=False, return_tokens=True)
+    timings = out["timings"]
+    return {
+        "tokens": out["tokens"],
+        "drafted": timings.get("draft_n", 0),
+        "accepted": timings.get("draft_n_accepted", 0),
+    }
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory) -> Path:
+    return tiny_hybrid.write_hybrid_target(tmp_path_factory.mktemp("head") / "counter-mtp.gguf", mtp=True)
+
+
+def test_tokens_past_the_cut_are_never_drafted_and_the_answer_stays_plain(llama_server, counter, tmp_path):
+    below = tiny_hybrid.counter_prompt(10, 16)  # answers 26..89: inside the first 256 rows
+    past = tiny_hybrid.counter_prompt(300, 16)  # answers 316..379: past them
+    for name, prompt in (("below", below), ("past", past)):
+        plain = generate(llama_server, counter, prompt, tmp_path / f"{name}-plain.log", spec=False, rows=None)
+        assert plain["tokens"] == [(prompt[-1] + 1 + i) % 512 for i in range(N_PREDICT)], "the pure target counts"
+        cut = generate(llama_server, counter, prompt, tmp_path / f"{name}-256.log", spec=True, rows="256")
+        assert cut["tokens"] == plain["tokens"], f"{name}: speculation changed the answer"
+        assert cut["drafted"] > 0, f"{name}: nothing was drafted"
+        if name == "below":
+            assert cut["accepted"] == cut["drafted"], f"below the cut every draft is right: {cut}"
+        else:
+            assert cut["accepted"] == 0, f"past the cut no right draft can be made (without patch 0015 all are): {cut}"
+
+
+@pytest.mark.parametrize("rows", [None, "0", "512", "100000"])
+def test_the_whole_head_drafts_when_the_vocabulary_is_within_the_rows(llama_server, counter, tmp_path, rows):
+    """Unset (65536 on a CPU, more than this vocabulary of 512), 0 (the whole head) and any count
+    at or past the vocabulary leave the head whole: every draft past 255 is accepted too."""
+    past = tiny_hybrid.counter_prompt(300, 16)
+    got = generate(llama_server, counter, past, tmp_path / "whole.log", spec=True, rows=rows)
+    assert got["drafted"] > 0 and got["accepted"] == got["drafted"], got
+
+
+def test_the_cut_is_rounded_down_to_whole_row_groups(llama_server, counter, tmp_path):
+    """300 rows draft like 256 (a repacked weight keeps its rows in groups; multiples of 64 fit
+    them all): the answers 256..319 are all past the cut, none would be at 300."""
+    prompt = tiny_hybrid.counter_prompt(240, 16)  # answers 256..319
+    got = generate(llama_server, counter, prompt, tmp_path / "r.log", spec=True, rows="300")
+    assert got["drafted"] > 0 and got["accepted"] == 0, got
+
+
+def test_on_a_cpu_the_default_cut_is_65536_rows(llama_server, tmp_path):
+    """A vocabulary past 65536 on the CPU, its one answer token past 65535 (the "constant"
+    target, whose MTP layer drafts that token too): by default it is never drafted, and
+    LLAMA_DRAFT_HEAD_ROWS=0 gives the whole head back."""
+    vocab, token = 65536 + 512, 65536 + 100
+    model = tiny_hybrid.write_hybrid_target(
+        tmp_path / "big-vocab-mtp.gguf", mode="constant", constant_token=token, mtp=True, vocab=vocab
+    )
+    prompt = [1, 2, 3, 4]
+    default = generate(llama_server, model, prompt, tmp_path / "default.log", spec=True, rows=None)
+    whole = generate(llama_server, model, prompt, tmp_path / "whole.log", spec=True, rows="0")
+    assert default["tokens"] == whole["tokens"] == [token] * N_PREDICT
+    assert default["drafted"] > 0 and default["accepted"] == 0, default
+    assert whole["drafted"] > 0 and whole["accepted"] == whole["drafted"], whole
