@@ -88,8 +88,8 @@ def test_two_concurrent_sequences_match_one_slot_with_repacking_on(llama_server,
     target = tiny_hybrid.write_hybrid_target(tmp_path / "h.gguf", weight_type=weight_type)
     # No --no-repack: the AMX buffer is what is tested. One thread: the wrong offset is the same
     # whatever the thread count (checked both ways), and two threads meet at a spinning barrier
-    # after every op, so a machine busy elsewhere stretched this tiny hybrid's token from ~5 ms to
-    # ~600 ms (CI timed out at 60 s a request; two CPU hogs reproduce it).
+    # after every op, so a machine busy elsewhere stretched this tiny hybrid's token from ~0.2 ms
+    # to ~600 ms (CI timed out at 60 s a request; two CPU hogs reproduce it).
     base = ["-m", target, "-c", "1024", "-t", "1"]
     with tiny_gguf.serve(llama_server, [*base, "-np", "1"], tmp_path / "one.log") as s:
         one = [answer(s, p) for p in PROMPTS]
