@@ -91,3 +91,14 @@ def test_on_a_cpu_the_default_cut_is_65536_rows(llama_server, tmp_path):
     assert default["tokens"] == whole["tokens"] == [token] * N_PREDICT
     assert default["drafted"] > 0 and default["accepted"] == 0, default
     assert whole["drafted"] > 0 and whole["accepted"] == whole["drafted"], whole
+
+
+@pytest.mark.parametrize("rows", ["65k", "-256", "all"])
+def test_a_value_that_is_not_a_row_count_is_reported_and_the_default_kept(llama_server, counter, tmp_path, rows):
+    """ "65k" read as a number would be 65 rows (64 after rounding): every draft past 63 refused.
+    It is reported in the log, naming the variable and the value, and the default (here the
+    whole head of 512) drafts every answer."""
+    log = tmp_path / "bad.log"
+    got = generate(llama_server, counter, tiny_hybrid.counter_prompt(300, 16), log, spec=True, rows=rows)
+    assert got["drafted"] > 0 and got["accepted"] == got["drafted"], got
+    assert f"LLAMA_DRAFT_HEAD_ROWS={rows} is not a whole number of rows" in log.read_text()
