@@ -179,7 +179,13 @@ def test_dry_run_shows_the_router_command_and_its_preset(capsys, tmp_path):
     plan = json.loads(out)
     pair = next(m for m in plan["models"] if m["name"] == "pair")
     # the plan `bonsai start --model T --drafter D --speculative` makes: the drafter, n-max = its block size
-    assert pair["speculative"] == {"type": "draft-dspark", "n_max": 4, "drafter": str(d), "draft_ngl": 0}
+    assert pair["speculative"] == {
+        "type": "draft-dspark",
+        "n_max": 4,
+        "drafter": str(d),
+        "draft_ngl": 0,
+        "head_rows": None,  # draft-mtp's draft head rows: llama's default
+    }
     assert "[pair]\n" in plan["preset"] and f"spec-draft-model = {d}" in plan["preset"]
     assert next(m for m in plan["models"] if m["name"] == "plain")["speculative"] is None
     assert "--models-preset" in plan["argv"] and "-md" not in plan["argv"]

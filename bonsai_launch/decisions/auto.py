@@ -130,11 +130,16 @@ def apply_auto(selection, files, binary: Path | None, profile: str | None, condi
     None when the user's own model file is the subject (hints then name the file);
     `conditions` are the launch's speed-relevant server settings (identity.server_conditions)."""
     s = selection.settings
-    for key, env in (("spec_type", "BONSAI_SPEC_TYPE"), ("spec_nmax", "BONSAI_SPEC_NMAX")):
+    chosen = (
+        ("spec_type", "BONSAI_SPEC_TYPE"),
+        ("spec_nmax", "BONSAI_SPEC_NMAX"),
+        ("draft_head_rows", "BONSAI_DRAFT_HEAD_ROWS"),
+    )
+    for key, env in chosen:
         if s.is_explicit(key):
             raise BonsaiError(
                 f"{env}={s[key]} cannot be combined with BONSAI_SPECULATIVE=auto, which chooses the "
-                "speculative type and draft length from measurements",
+                "speculative type, draft length and draft head from measurements",
                 f"unset {env}, or limit what tuning tries: `bonsai tune --configs plain,<type>`",
             )
     found, info = find(files, binary, profile, conditions)
@@ -147,6 +152,7 @@ def apply_auto(selection, files, binary: Path | None, profile: str | None, condi
         # a block drafter's n-max is its block size; draft-mtp keeps the measured one
         n_max = None if choice.spec_type in ("draft-dspark", "draft-dflash") else choice.n_max
         values["spec_nmax"] = Resolved(n_max, "detected")
+        values["draft_head_rows"] = Resolved(choice.head_rows, "detected")
     else:
         values["speculative"] = Resolved(False, "detected")
     return dataclasses.replace(selection, settings=Settings(values)), info

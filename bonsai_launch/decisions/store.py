@@ -41,6 +41,7 @@ class Choice:
     ratio_max: float | None = None
     band: float | None = None  # the noise band the gain had to clear
     reason: str = ""
+    head_rows: int | None = None  # draft-mtp's draft head rows (None: llama's default; 0: the whole head)
 
     @property
     def speculative(self) -> bool:
@@ -52,6 +53,8 @@ class Choice:
         text = self.spec_type or ""
         if self.n_max is not None:
             text += f", n-max {self.n_max}"
+        if self.head_rows is not None:
+            text += ", whole draft head" if self.head_rows == 0 else f", draft head {self.head_rows} rows"
         if self.ratio is not None:
             text += f": {self.ratio:.2f}x plain"
             if self.ratio_min is not None and self.ratio_max is not None:
@@ -70,6 +73,7 @@ class Choice:
             "ratio_max": self.ratio_max,
             "band": self.band,
             "reason": self.reason,
+            "head_rows": self.head_rows,
         }
 
     @classmethod
@@ -84,6 +88,7 @@ class Choice:
             data.get("ratio_max"),
             data.get("band"),
             data.get("reason", ""),
+            data.get("head_rows"),
         )
 
 

@@ -20,6 +20,8 @@ from typing import Any
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp import spec_types
 from bonsai_launch.models.mtp import TUNE_N_MAX as MTP_N_MAX
+from bonsai_launch.models.mtp import WHOLE_HEAD
+from bonsai_launch.tune.draft_head import SUFFIX as WHOLE_HEAD_SUFFIX
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-map-k4v", "ngram-cache")
 # Draft lengths tried besides each type's default (ngram-mod 64, the map/simple types 48):
@@ -42,12 +44,14 @@ class Candidate:
     spec_type: str | None = None  # None: plain; several types joined by commas
     n_max: int | None = None  # None: the type's default (the drafter's block size for a drafter)
     with_drafter: bool = True  # launched with the drafter file (False: the model's own MTP layer)
+    head_rows: int | None = None  # draft-mtp's draft head rows (None: llama's default; 0: the whole head)
 
     @property
     def label(self) -> str:
         if self.spec_type is None:
             return "plain"
-        return self.spec_type + (f" n-max {self.n_max}" if self.n_max is not None and "/" in self.name else "")
+        label = self.spec_type + (f" n-max {self.n_max}" if self.n_max is not None and "/" in self.name else "")
+        return label + (", whole draft head" if self.head_rows == WHOLE_HEAD else "")
 
     @property
     def replayable(self) -> bool:
@@ -59,7 +63,8 @@ class Candidate:
         if self.spec_type is None:
             return {"speculative": False, "spec_type": None, "spec_nmax": None}
         block = spec_types.draft_model_part(self.spec_type) in BLOCK_DRAFTER_TYPES
-        return {"speculative": True, "spec_type": self.spec_type, "spec_nmax": None if block else self.n_max}
+        flags = {"speculative": True, "spec_type": self.spec_type, "spec_nmax": None if block else self.n_max}
+        return flags if self.head_rows is None else {**flags, "draft_head_rows": self.head_rows}
 
     @property
     def drafter_file(self) -> bool:
@@ -89,6 +94,7 @@ def all_candidates(
     mtp: str | None = None,
     shared_drafting: bool | None = None,
     replayable: bool = False,
+    head_cut: bool = False,
 ) -> list[Candidate]:
     """Every configuration worth measuring, most promising first. `spec_types` is what the
     binary lists (None: not probed, assume all); `drafter_type` is draft-dspark/draft-dflash
@@ -97,7 +103,9 @@ def all_candidates(
     the binary's --spec-type takes one type (None: not probed, taken to take a list).
     `replayable`: the draft-free candidates are screened by replaying a plain run's tokens
     (tune/screen.py), which costs no model time, so every type gets the shorter draft lengths
-    too, and the n-gram types combined are added."""
+    too, and the n-gram types combined are added. `head_cut`: the MTP layer drafts from the LM
+    head's first rows by default here (models/mtp.py), so each MTP length is also tried with the
+    whole head (tune/draft_head.py decides after the plain run whether that is worth a run)."""
     known = set(spec_types) if spec_types is not None else None
 
     def supported(*types: str) -> bool:
@@ -108,6 +116,11 @@ def all_candidates(
         out.append(Candidate(drafter_type, drafter_type, drafter_block))
     if mtp and supported("draft-mtp"):
         out += [Candidate(f"draft-mtp/n{n}", "draft-mtp", n, with_drafter=mtp == "file") for n in MTP_N_MAX]
+        if head_cut:
+            out += [
+                Candidate(f"draft-mtp/n{n}/{WHOLE_HEAD_SUFFIX}", "draft-mtp", n, mtp == "file", WHOLE_HEAD)
+                for n in MTP_N_MAX
+            ]
     lists = shared_drafting is not False
     if lists and mtp and supported("ngram-mod", "draft-mtp"):
         out += [combined(("ngram-mod", "draft-mtp"), n, with_drafter=mtp == "file") for n in COMBINED_MTP_N_MAX]

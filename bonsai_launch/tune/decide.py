@@ -46,6 +46,11 @@ def _config_choice_fields(config: dict[str, Any]) -> tuple[str | None, int | Non
     return spec.get("type"), spec.get("n_max")
 
 
+def _head_rows(config: dict[str, Any]) -> int | None:
+    """draft-mtp's draft head rows as the plan ran them (None: llama's default)."""
+    return (config.get("speculative") or {}).get("head_rows")
+
+
 def _median(comparison: dict) -> float:
     median = ((comparison.get("verdict") or {}).get("ratio") or {}).get("median")
     return float("inf") if median is None else median
@@ -126,6 +131,7 @@ def decide(doc: dict[str, Any], skipped: dict[str, str] | None = None) -> tuple[
             r["max"],
             comp["verdict"]["band"],
             reason,
+            _head_rows(configs[name]),
         )
 
     rows = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 
 from bonsai_launch.bench import prompts as suite
@@ -17,6 +18,7 @@ from bonsai_launch.bench import summary
 from bonsai_launch.bench.data import BenchData, ConfigSpec, Listener
 from bonsai_launch.decisions import estimate as est
 from bonsai_launch.llamacpp import replay as rp
+from bonsai_launch.tune import draft_head
 from bonsai_launch.tune import screen as tm
 
 MIN_BUDGET_S = 20.0
@@ -109,6 +111,8 @@ def rounds(
     screen: tm.Screen | None,
     binary: Path | None,
     prior: est.CostModel | None,
+    answers: Mapping[str, rp.Stream] | None = None,
+    named: frozenset[str] = frozenset(),
 ) -> None:
     """Screening (the draft-free candidates by replay, the others by one run each), then every
     finalist measured three times, paired with plain."""
@@ -125,6 +129,7 @@ def rounds(
         run_once = [s for s in others if s.name not in screen.replays]
     else:
         run_once = others
+    run_once = _without_needless_whole_head(run_once, answers or {}, named, skipped)
     for spec in run_once:
         if not clock.fits(1 + CONFIRM_ROUNDS * 2):
             skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
@@ -167,6 +172,23 @@ def rounds(
             f"budget grown from {clock.grown_from:.0f} s to {clock.budget_s:.0f} s so that the best two over all "
             "prompts (the choice and its main competitor) got their three runs each"
         )
+
+
+def _without_needless_whole_head(
+    specs: list[ConfigSpec], answers: Mapping[str, rp.Stream], named: frozenset[str], skipped: dict[str, str]
+) -> list[ConfigSpec]:
+    """The whole-draft-head variants only where plain's answers (their tokens, by prompt) have
+    enough tokens past the cut to lose by it (tune/draft_head.py), or where --configs names them."""
+    why = draft_head.skip_why(answers)
+    if why is None:
+        return specs
+    out = []
+    for spec in specs:
+        if draft_head.is_whole_head(spec.flags) and spec.name not in named:
+            skipped[spec.name] = why
+        else:
+            out.append(spec)
+    return out
 
 
 def _run_s(spec: ConfigSpec, finalists: list[ConfigSpec], clock: Clock) -> float:

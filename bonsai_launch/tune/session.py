@@ -38,6 +38,7 @@ from bonsai_launch.decisions.identity import (
 from bonsai_launch.decisions.store import Decision, save
 from bonsai_launch.llamacpp import replay as rp
 from bonsai_launch.server.client import HTTPX_DEFAULT_TIMEOUT, session
+from bonsai_launch.tune import draft_head
 from bonsai_launch.tune import screen as tm
 from bonsai_launch.tune.decide import decide
 from bonsai_launch.tune.rounds import CONFIRM_ROUNDS, Clock, OutOfTime, rounds
@@ -187,6 +188,8 @@ def run_tune(
     listener.total(len(prompts) * (len(specs) + CONFIRM_ROUNDS * (1 + options.finalists)))
     meta = {c.name: {"spec_type": c.spec_type, "n_max": c.n_max, "label": c.label} for c in subj.candidates}
     screen = tm.Screen({}, tm.replayable(specs), meta) if replay_why is None else None
+    whole_head = any(draft_head.is_whole_head(s.flags) for s in others)
+    answers: dict[str, rp.Stream] = screen.streams if screen is not None else {}  # plain's tokens
     prior = tm.prior_cost(subj.key.machine, subj.key.build, subj.key.model_sha256) if screen else None
 
     def measure(spec: ConfigSpec, repeat: int) -> None:
@@ -207,10 +210,11 @@ def run_tune(
                 requests.run_suite(
                     http, endpoint, spec, bench_options, [prompt], options.temperature, repeat, data, listener
                 )
-            if spec.baseline and repeat == 0 and screen is not None and screen.args:  # the tokens to replay
+            # the tokens to replay, and to count those past the draft head's cut (tune/draft_head.py)
+            if spec.baseline and repeat == 0 and ((screen is not None and screen.args) or whole_head):
                 n_ctx = spec.plan.ctx // max(1, options.clients)
                 new = data.requests[done_before:]
-                screen.streams.update(streams.record(endpoint, prompts, new, bench_options.max_tokens, n_ctx))
+                answers.update(streams.record(endpoint, prompts, new, bench_options.max_tokens, n_ctx))
         clock.runs.append(time.monotonic() - t0)
         clock.times[spec.name] = clock.runs[-1]
         measured[spec.name] += 1
@@ -238,6 +242,8 @@ def run_tune(
             screen,
             request.binary,
             prior,
+            answers,
+            frozenset(options.configs or ()),
         )
     except OutOfTime as stopped:
         notes.append(

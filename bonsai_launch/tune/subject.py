@@ -65,7 +65,7 @@ def subject(
     """Resolve the files and the candidates; hash what the decision's key needs."""
     from bonsai_launch.llamacpp.binaries import probe
     from bonsai_launch.models.gguf import check_pair, inspect_gguf
-    from bonsai_launch.models.mtp import has_usable_mtp, mtp_pair_problems
+    from bonsai_launch.models.mtp import draft_head_is_cut, has_usable_mtp, mtp_pair_problems
     from bonsai_launch.server.inputs import explicit_model, model_files, option_table, select
     from bonsai_launch.server.passthrough import fold_settings
     from bonsai_launch.server.passthrough import parse as parse_passthrough
@@ -106,7 +106,14 @@ def subject(
     own = not explicit_model(selection, request.model) or selection.names_model  # the profile's model, or named by it
     profile_type = selection.profile.draft_free_type if own else None
     found = cands.all_candidates(
-        caps.spec_types or None, drafter_type, block, profile_type, mtp, caps.shared_drafting, replayable
+        caps.spec_types or None,
+        drafter_type,
+        block,
+        profile_type,
+        mtp,
+        caps.shared_drafting,
+        replayable,
+        head_cut=draft_head_is_cut(target, head_on_cpu(caps.backend, selection.settings.get("ngl"), target.layers)),
     )
     if configs:
         found = cands.restrict(found, configs)
@@ -121,6 +128,14 @@ def subject(
     )
     profile = selection.profile.name if own else None
     return Subject(profile, files.model, drafter_path, key, tuple(found), unusable)
+
+
+def head_on_cpu(backend: str, ngl: int | None, layers: int | None) -> bool:
+    """Whether the CPU computes the LM head: a CPU build, or GPU layers that stop short of the
+    output layer (llama.cpp offloads it only with more GPU layers than the model's blocks)."""
+    if backend == "cpu":
+        return True
+    return ngl is not None and (ngl == 0 or (layers is not None and ngl <= layers))
 
 
 def plan_candidates(

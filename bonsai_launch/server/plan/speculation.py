@@ -5,14 +5,16 @@ lookups and at most one draft model); what the binary must support for each."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp import spec_types
 from bonsai_launch.llamacpp.capabilities import Capabilities, require_flag
 from bonsai_launch.models.gguf import GGUFInfo, check_pair
 from bonsai_launch.models.mtp import DEFAULT_N_MAX as MTP_DEFAULT_N_MAX
-from bonsai_launch.models.mtp import has_usable_mtp, mtp_pair_problems, mtp_problems
+from bonsai_launch.models.mtp import DRAFT_HEAD_ARCHS, DRAFT_HEAD_ENV, has_usable_mtp, mtp_pair_problems, mtp_problems
 from bonsai_launch.server import slots as slot_rules
-from bonsai_launch.server.plan.types import ArgvBuilder, PlanInputs, SpecPlan
+from bonsai_launch.server.plan.types import ArgvBuilder, PlanInputs, Reason, SpecPlan
 
 
 def require_spec_type(caps: Capabilities | None, spec_type: str) -> None:
@@ -33,6 +35,34 @@ def require_log_snr(caps: Capabilities | None, drafter: GGUFInfo) -> None:
 
 
 def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan | None:
+    """The speculative part of the plan (None: plain), with draft-mtp's head rows."""
+    return _draft_head(inputs, _speculation(inputs, ngl, b), b)
+
+
+def _draft_head(inputs: PlanInputs, spec: SpecPlan | None, b: ArgvBuilder) -> SpecPlan | None:
+    """BONSAI_DRAFT_HEAD_ROWS: how many of the LM head's first rows a qwen35 MTP layer drafts
+    from (patch 0015 reads LLAMA_DRAFT_HEAD_ROWS; compose puts it in the process environment).
+    Unset, llama's own default holds: 65536 rows where the CPU computes the head."""
+    s = inputs.settings
+    rows = s.get("draft_head_rows")
+    if rows is None:
+        return spec
+    setting = f"BONSAI_DRAFT_HEAD_ROWS={rows} ({s.source('draft_head_rows')})"
+    if spec is None or "draft-mtp" not in spec_types.parts(spec.spec_type):
+        b.warnings.append(f"{setting} has no effect: only draft-mtp drafts from the head's first rows")
+        return spec
+    if inputs.model.architecture not in DRAFT_HEAD_ARCHS:
+        b.warnings.append(
+            f"{setting} has no effect on {inputs.model.architecture}: only the MTP layers of "
+            f"{' and '.join(sorted(DRAFT_HEAD_ARCHS))} models draft from the head's first rows"
+        )
+        return spec
+    what = "the whole LM head" if rows == 0 else f"the LM head's first {rows} rows (rounded down to 64)"
+    b.reasons.append(Reason(DRAFT_HEAD_ENV, str(rows), f"{setting}: the MTP layer drafts from {what}"))
+    return dataclasses.replace(spec, head_rows=rows)
+
+
+def _speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan | None:
     s = inputs.settings
     if not s["speculative"]:
         for key, env in (("spec_type", "BONSAI_SPEC_TYPE"), ("spec_nmax", "BONSAI_SPEC_NMAX")):

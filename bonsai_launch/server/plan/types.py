@@ -34,6 +34,7 @@ class SpecPlan:
     n_max: int | None
     drafter: str | None = None
     draft_ngl: int | None = None
+    head_rows: int | None = None  # draft-mtp's LLAMA_DRAFT_HEAD_ROWS (None: llama's default; 0: the whole head)
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,13 @@ class LaunchPlan:
 def spec_json(spec: SpecPlan | None) -> dict[str, Any] | None:
     if spec is None:
         return None
-    return {"type": spec.spec_type, "n_max": spec.n_max, "drafter": spec.drafter, "draft_ngl": spec.draft_ngl}
+    return {
+        "type": spec.spec_type,
+        "n_max": spec.n_max,
+        "drafter": spec.drafter,
+        "draft_ngl": spec.draft_ngl,
+        "head_rows": spec.head_rows,
+    }
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,269 @@
+"""BONSAI_DRAFT_HEAD_ROWS and `bonsai tune` trying draft-mtp with the whole LM head.
+
+Patch 0015 has a qwen35 MTP layer draft from the LM head's first 65536 rows where the CPU
+computes the head (tests/test_draft_head_rows.py). That pays on text whose tokens lie inside the
+cut (English, code) and costs on text with many past it (Chinese, Japanese, Korean, Russian:
+about 30%). So the setting carries LLAMA_DRAFT_HEAD_ROWS into the plan, tune measures each MTP
+length with the whole head too when plain's answers have enough tokens past the cut, and
+BONSAI_SPECULATIVE=auto runs the head the decision was measured with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bonsai_launch.bench.data import ConfigSpec
+from bonsai_launch.core.errors import BonsaiError
+from bonsai_launch.decisions import store
+from bonsai_launch.decisions.store import Choice
+from bonsai_launch.llamacpp.replay import Stream
+from bonsai_launch.models.mtp import DRAFT_HEAD_ENV, draft_head_is_cut
+from bonsai_launch.server.plan.router import shared_draft_head
+from bonsai_launch.tune import candidates as cands
+from bonsai_launch.tune import draft_head
+from bonsai_launch.tune.decide import decide
+from bonsai_launch.tune.rounds import _without_needless_whole_head
+from bonsai_launch.tune.subject import head_on_cpu
+from test_mtp_plan import mtp_target
+from test_plan import arg, plan_for, target
+
+ON = {"BONSAI_SPECULATIVE": "1"}
+
+
+def mtp_plan(env: dict[str, str], model=None):
+    return plan_for(env={**ON, **env}, with_drafter=False, model=model or mtp_target())
+
+
+# -- the setting in the plan --------------------------------------------------------------------
+
+
+def test_the_setting_reaches_llama_server_as_llama_draft_head_rows_with_its_reason():
+    plan = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "0"})
+    assert plan.env[DRAFT_HEAD_ENV] == "0" and plan.speculative.head_rows == 0
+    reason = next(r for r in plan.reasons if r.flag == DRAFT_HEAD_ENV)
+    assert "BONSAI_DRAFT_HEAD_ROWS=0 (env)" in reason.why and "whole LM head" in reason.why
+    cut = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "32768"})
+    assert cut.env[DRAFT_HEAD_ENV] == "32768" and any("first 32768 rows" in r.why for r in cut.reasons)
+
+
+def test_unset_the_plan_leaves_llamas_default():
+    plan = mtp_plan({})
+    assert DRAFT_HEAD_ENV not in plan.env and plan.speculative.head_rows is None
+    assert not any(r.flag == DRAFT_HEAD_ENV for r in plan.reasons)
+
+
+@pytest.mark.parametrize("value", ["65k", "-256", "all", "1.5"])
+def test_a_value_that_is_not_a_row_count_is_refused_in_one_line(value):
+    with pytest.raises(BonsaiError) as err:
+        mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": value})
+    assert "BONSAI_DRAFT_HEAD_ROWS" in str(err.value) and value in str(err.value)
+
+
+def test_without_draft_mtp_or_on_another_architecture_it_warns_that_it_does_nothing():
+    dspark = plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "0"})  # the profile's DSpark drafter
+    assert arg(dspark, "--spec-type") == "draft-dspark" and DRAFT_HEAD_ENV not in dspark.env
+    assert any("only draft-mtp drafts from the head's first rows" in w for w in dspark.warnings)
+    plain = plan_for(env={"BONSAI_DRAFT_HEAD_ROWS": "0"}, with_drafter=False)
+    assert DRAFT_HEAD_ENV not in plain.env and any("has no effect" in w for w in plain.warnings)
+    glm = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "0"}, model=mtp_target(arch="glm4moe", name="glm.gguf"))
+    assert arg(glm, "--spec-type") == "draft-mtp" and DRAFT_HEAD_ENV not in glm.env
+    assert any("has no effect on glm4moe" in w for w in glm.warnings)
+
+
+def test_a_router_keeps_one_value_for_all_its_draft_mtp_models():
+    whole = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "0"}).served
+    default = dataclasses.replace(mtp_plan({}).served, name="other")
+    kept = shared_draft_head([("a", whole), ("b", dataclasses.replace(whole, name="twin"))])
+    assert all(p.env.get(DRAFT_HEAD_ENV) == "0" for _, p in kept)
+    mixed = shared_draft_head([("a", whole), ("b", default)])
+    first = mixed[0][1]
+    assert DRAFT_HEAD_ENV not in first.env and first.speculative.head_rows is None
+    assert not any(r.flag == DRAFT_HEAD_ENV for r in first.reasons)
+    assert any("ask for different draft head rows" in w for w in first.warnings)
+
+
+# -- when the cut applies -----------------------------------------------------------------------
+
+
+def test_the_cut_applies_to_qwen35_vocabularies_past_65536_with_the_head_on_the_cpu():
+    assert draft_head_is_cut(target(), head_on_cpu=True)  # qwen35, 248320 tokens
+    assert not draft_head_is_cut(target(), head_on_cpu=False)
+    assert not draft_head_is_cut(target(vocab=65536), head_on_cpu=True)
+    assert not draft_head_is_cut(target(arch="qwen3"), head_on_cpu=True)
+
+
+@pytest.mark.parametrize(
+    "backend,ngl,layers,expected",
+    [("cpu", None, 24, True), ("cuda", None, 24, False), ("cuda", 0, 24, True), ("cuda", 24, 24, True),
+     ("cuda", 25, 24, False), ("vulkan", 99, None, False)],
+)  # fmt: skip
+def test_the_head_is_on_the_cpu_unless_every_layer_and_the_output_are_offloaded(backend, ngl, layers, expected):
+    assert head_on_cpu(backend, ngl, layers) is expected
+
+
+# -- tune's candidates and their screening ------------------------------------------------------
+
+
+def test_each_mtp_length_gets_a_whole_head_twin_where_the_head_is_cut():
+    found = cands.all_candidates(None, mtp="model", head_cut=True)
+    whole = [c for c in found if c.head_rows == 0]
+    assert [c.name for c in whole] == ["draft-mtp/n1/whole-head", "draft-mtp/n2/whole-head", "draft-mtp/n3/whole-head"]
+    assert whole[1].label == "draft-mtp n-max 2, whole draft head"
+    assert whole[1].flags() == {"speculative": True, "spec_type": "draft-mtp", "spec_nmax": 2, "draft_head_rows": 0}
+    assert "draft_head_rows" not in next(c for c in found if c.name == "draft-mtp/n2").flags()
+    assert not any(c.head_rows is not None for c in cands.all_candidates(None, mtp="model"))
+    # `--configs draft-mtp` names every MTP configuration; one may be named alone
+    assert len(cands.restrict(found, ["draft-mtp"])) == 1 + 6
+    assert [c.name for c in cands.restrict(found, ["draft-mtp/n2/whole-head"])] == ["plain", "draft-mtp/n2/whole-head"]
+
+
+def stream(*generated: int) -> Stream:
+    return Stream((1, 2, 3), tuple(generated))
+
+
+def test_the_share_of_plains_answer_tokens_past_the_cut():
+    assert draft_head.share_past({"a": stream(5, 70000), "b": stream(65535, 65536)}) == 0.5
+    assert draft_head.share_past({}) is None and draft_head.share_past({"a": stream()}) is None
+
+
+def spec(name: str, rows: int | None = None) -> ConfigSpec:
+    flags = {"speculative": True, "spec_type": "draft-mtp"} | ({} if rows is None else {"draft_head_rows": rows})
+    return ConfigSpec(name, False, "draft-mtp", flags)
+
+
+def test_whole_head_runs_are_left_out_only_when_plains_answers_stay_inside_the_cut():
+    specs = [spec("draft-mtp/n2"), spec("draft-mtp/n2/whole-head", 0)]
+    english = {"a": stream(*([100] * 99 + [70000]))}  # 1% past the cut
+    skipped: dict[str, str] = {}
+    assert _without_needless_whole_head(specs, english, frozenset(), skipped) == specs[:1]
+    assert "1.0% of plain's answer tokens lie past the draft head's first 65536 rows" in skipped[specs[1].name]
+    chinese = {"a": stream(*([100] * 7 + [100000] * 3))}  # 30% past it
+    assert _without_needless_whole_head(specs, chinese, frozenset(), {}) == specs
+    assert _without_needless_whole_head(specs, {}, frozenset(), {}) == specs  # no answers: measured
+    named = frozenset({"draft-mtp/n2/whole-head"})  # asked for by name: measured whatever the answers
+    assert _without_needless_whole_head(specs, english, named, {}) == specs
+
+
+# -- the decision and auto ----------------------------------------------------------------------
+
+
+def test_the_decision_keeps_the_head_it_was_measured_with():
+    choice = Choice("draft-mtp/n2/whole-head", "draft-mtp n-max 2, whole draft head", "draft-mtp", 2, 1.4, head_rows=0)
+    assert Choice.from_json(choice.to_json()) == choice
+    assert "whole draft head" in choice.describe()
+    old = {k: v for k, v in choice.to_json().items() if k != "head_rows"}  # stored before the field existed
+    assert Choice.from_json(old).head_rows is None
+
+
+def bench_doc(head_rows: int | None) -> dict:
+    """A bench summary where draft-mtp/n2 (run with `head_rows`) is 1.5x plain beyond noise."""
+    verdict = {"kind": "faster", "ratio": {"median": 1.5, "min": 1.4, "max": 1.6, "n": 3}, "band": 0.1, "reason": "x"}
+    return {
+        "baseline": "plain",
+        "options": {"temps": [0.0]},
+        "configs": [
+            {"name": "plain", "label": "plain", "speculative": None},
+            {
+                "name": "draft-mtp/n2/whole-head",
+                "label": "draft-mtp n-max 2, whole draft head",
+                "speculative": {"type": "draft-mtp", "n_max": 2, "head_rows": head_rows},
+            },
+        ],
+        "comparisons": [
+            {"config": "draft-mtp/n2/whole-head", "category": "all", "temperature": 0.0, "verdict": verdict}
+        ],
+        "results": [{"config": "draft-mtp/n2/whole-head", "temperature": 0.0, "category": "all", "accepted": 10}],
+    }
+
+
+def test_decide_takes_the_head_rows_from_the_plan_that_ran():
+    choice, _rows = decide(bench_doc(0))
+    assert choice.config == "draft-mtp/n2/whole-head" and choice.head_rows == 0 and choice.n_max == 2
+    assert decide(bench_doc(None))[0].head_rows is None
+
+
+def test_auto_runs_the_decisions_head_and_refuses_an_explicit_one(llama_server, tmp_path, capsys, monkeypatch):
+    from bonsai_launch.decisions.auto import launch_key
+    from bonsai_launch.decisions.identity import TuneKey
+    from bonsai_launch.models import tiny_hybrid
+    from bonsai_launch.server.inputs import model_files, select
+    from test_tune import _dry
+
+    monkeypatch.setenv("BONSAI_LLAMA_SERVER", str(llama_server))
+    model = tiny_hybrid.write_hybrid_target(tmp_path / "hybrid-mtp.gguf", mtp=True)
+    files = model_files(select({}), str(model), None)
+    k, why = launch_key(files, llama_server)
+    assert why is None
+    choice = Choice("draft-mtp/n2/whole-head", "draft-mtp n-max 2, whole draft head", "draft-mtp", 2, 1.4, head_rows=0)
+    key = TuneKey(k.machine, k.build, k.model_sha256, None, "p" * 64)
+    store.save(store.Decision(key, choice, ({"config": "plain"},), "2026-12-06T08:00:00Z", "tune", str(model)))
+
+    code, plan = _dry(capsys, "--model", str(model), "--speculative", "auto")
+    assert code == 0 and plan["tuning"]["status"] == "found", plan
+    assert plan["speculative"]["type"] == "draft-mtp" and plan["speculative"]["head_rows"] == 0
+    assert any(r["flag"] == DRAFT_HEAD_ENV and r["value"] == "0" for r in plan["reasons"])
+    assert DRAFT_HEAD_ENV in plan["env"]
+
+    monkeypatch.setenv("BONSAI_DRAFT_HEAD_ROWS", "0")
+    code, err = _dry(capsys, "--model", str(model), "--speculative", "auto")
+    assert code == 2 and "BONSAI_DRAFT_HEAD_ROWS=0 cannot be combined with BONSAI_SPECULATIVE=auto" in err
+
+
+@pytest.mark.parametrize(
+    "answers,measured",
+    [
+        ({"a": stream(*([100] * 99 + [70000]))}, ["plain", "draft-mtp/n2"]),  # English: 1% past the cut
+        ({"a": stream(*([100] * 7 + [100000] * 3))}, ["plain", "draft-mtp/n2", "draft-mtp/n2/whole-head"]),
+    ],
+)
+def test_a_tuning_session_runs_the_whole_head_only_after_plains_answers_ask_for_it(answers, measured):
+    """The rounds (tune/rounds.py) with a stand-in for the server runs: screening runs each MTP
+    configuration once, except a whole-head twin plain's answers give no reason to try."""
+    from bonsai_launch.bench.data import BenchData, BenchOptions, SilentListener
+    from bonsai_launch.tune.rounds import Clock, rounds
+
+    plain = ConfigSpec("plain", True, None, {"speculative": False})
+    others = [spec("draft-mtp/n2"), spec("draft-mtp/n2/whole-head", 0)]
+    clock = Clock(600.0)
+    ran: list[str] = []
+
+    def measure(config: ConfigSpec, repeat: int) -> None:
+        ran.append(config.name)
+        clock.runs.append(0.01)
+        clock.times[config.name] = 0.01
+
+    data = BenchData("launch", BenchOptions(), [plain, *others], [])
+    skipped: dict[str, str] = {}
+    rounds(plain, others, measure, clock, data, skipped, [], 8, 2, [], SilentListener(), None, None, None, answers)
+    assert ran == measured, skipped
+    assert ("draft-mtp/n2/whole-head" in skipped) is ("draft-mtp/n2/whole-head" not in measured)
+
+
+@pytest.mark.server
+def test_bonsai_start_carries_the_setting_to_llama_server(llama_server, tmp_path):
+    """The real server: a 66048-token qwen35 whose one answer token (65636) is past the default
+    cut. Started by bonsai with draft-mtp, its drafts are all refused by default and all accepted
+    with BONSAI_DRAFT_HEAD_ROWS=0 (the whole head): the setting reached patch 0015."""
+    from bonsai_launch.models import tiny_hybrid
+    from bonsai_launch.server.process import free_port
+    from start_helpers import bonsai, bonsai_env, json_out, stop_all
+
+    model = tiny_hybrid.write_hybrid_target(
+        tmp_path / "big-vocab-mtp.gguf", mode="constant", constant_token=65536 + 100, mtp=True, vocab=65536 + 512
+    )
+    seen = {}
+    try:
+        for rows in (None, "0"):
+            env = bonsai_env(llama_server, BONSAI_SPECULATIVE="1", **({"BONSAI_DRAFT_HEAD_ROWS": rows} if rows else {}))
+            args = ["start", "--model", str(model), "--port", free_port(), "--ctx", "2048", "--json", "--detach"]
+            data = json_out(bonsai([*args, "--", "-t", "1"], env=env))
+            seen[rows] = data["speculative"]
+            stop_all()
+    finally:
+        stop_all()
+    default, whole = seen[None], seen["0"]
+    assert default["type"] == whole["type"] == "draft-mtp", seen
+    assert default["drafted"] > 0 and default["accepted"] == 0, default
+    assert whole["drafted"] > 0 and whole["accepted"] == whole["drafted"], whole
