@@ -211,34 +211,56 @@ def test_auto_runs_the_decisions_head_and_refuses_an_explicit_one(llama_server, 
     assert code == 2 and "BONSAI_DRAFT_HEAD_ROWS=0 cannot be combined with BONSAI_SPECULATIVE=auto" in err
 
 
+def mtp_spec(n: int, whole: bool = False) -> ConfigSpec:
+    flags = {"speculative": True, "spec_type": "draft-mtp", "spec_nmax": n} | ({"draft_head_rows": 0} if whole else {})
+    return ConfigSpec(f"draft-mtp/n{n}" + ("/whole-head" if whole else ""), False, "draft-mtp", flags)
+
+
+ENGLISH = {"a": stream(*([100] * 99 + [70000]))}  # 1% of the answer tokens past the cut
+CHINESE = {"a": stream(*([100] * 7 + [100000] * 3))}  # 30%
+
+
 @pytest.mark.parametrize(
-    "answers,measured",
+    "answers,named,measured",
     [
-        ({"a": stream(*([100] * 99 + [70000]))}, ["plain", "draft-mtp/n2"]),  # English: 1% past the cut
-        ({"a": stream(*([100] * 7 + [100000] * 3))}, ["plain", "draft-mtp/n2", "draft-mtp/n2/whole-head"]),
+        (ENGLISH, (), ["plain", "draft-mtp/n1", "draft-mtp/n2"]),
+        (CHINESE, (), ["plain", "draft-mtp/n1", "draft-mtp/n2", "draft-mtp/n2/whole-head"]),
+        ({}, (), ["plain", "draft-mtp/n1", "draft-mtp/n2", "draft-mtp/n2/whole-head"]),  # no answers: measured
+        (ENGLISH, ("draft-mtp/n1/whole-head",), ["plain", "draft-mtp/n1", "draft-mtp/n2", "draft-mtp/n1/whole-head"]),
     ],
 )
-def test_a_tuning_session_runs_the_whole_head_only_after_plains_answers_ask_for_it(answers, measured):
-    """The rounds (tune/rounds.py) with a stand-in for the server runs: screening runs each MTP
-    configuration once, except a whole-head twin plain's answers give no reason to try."""
+def test_a_tuning_session_screens_the_whole_head_at_the_best_length_when_plains_answers_ask_for_it(
+    answers, named, measured, monkeypatch
+):
+    """The rounds (tune/rounds.py) with a stand-in for the server runs, where n-max 2 screens
+    best with the cut: its whole-head twin gets one screening run when plain's answers reach past
+    the cut (or say nothing), none on English-like answers, and a twin named in --configs runs."""
     from bonsai_launch.bench.data import BenchData, BenchOptions, SilentListener
-    from bonsai_launch.tune.rounds import Clock, rounds
+    from bonsai_launch.tune import rounds as rd
 
     plain = ConfigSpec("plain", True, None, {"speculative": False})
-    others = [spec("draft-mtp/n2"), spec("draft-mtp/n2/whole-head", 0)]
-    clock = Clock(600.0)
+    others = [mtp_spec(1), mtp_spec(2), mtp_spec(1, whole=True), mtp_spec(2, whole=True)]
+    clock = rd.Clock(None)
     ran: list[str] = []
 
     def measure(config: ConfigSpec, repeat: int) -> None:
-        ran.append(config.name)
-        clock.runs.append(0.01)
-        clock.times[config.name] = 0.01
+        if repeat == 0:
+            ran.append(config.name)
+        clock.runs.append(10.0)
+        clock.times[config.name] = 10.0
 
+    monkeypatch.setattr(rd, "_screening_ratios", lambda data, base: {"draft-mtp/n1": 1.2, "draft-mtp/n2": 1.5})
     data = BenchData("launch", BenchOptions(), [plain, *others], [])
     skipped: dict[str, str] = {}
-    rounds(plain, others, measure, clock, data, skipped, [], 8, 2, [], SilentListener(), None, None, None, answers)
-    assert ran == measured, skipped
-    assert ("draft-mtp/n2/whole-head" in skipped) is ("draft-mtp/n2/whole-head" not in measured)
+    notes: list[str] = []
+    rd.rounds(plain, others, measure, clock, data, skipped, notes, 8, 2, [], SilentListener(), None, None, None,
+              answers, frozenset(named))  # fmt: skip
+    assert ran == measured, (skipped, notes)
+    for name in {s.name for s in others} - set(ran):
+        assert name in skipped
+    if "draft-mtp/n2/whole-head" in ran:  # the default budget made room for it
+        assert any("one more plain run's time" in n for n in notes), notes
+        assert "best MTP length with the cut only" in skipped["draft-mtp/n1/whole-head"]
 
 
 @pytest.mark.server

@@ -43,3 +43,9 @@ def skip_why(streams: Mapping[str, Stream]) -> str | None:
         f"(under {MIN_SHARE_PAST:.0%}): the cut loses at most that share of drafts, less than the whole head "
         "costs; name it in --configs to measure it anyway"
     )
+
+
+def evidence(streams: Mapping[str, Stream]) -> dict[str, object]:
+    """What a decision records of the check: the cut, and the share of plain's answer tokens past it."""
+    share = share_past(streams)
+    return {"rows": DRAFT_HEAD_DEFAULT_ROWS, "share_past": None if share is None else round(share, 4)}

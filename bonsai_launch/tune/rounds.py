@@ -130,11 +130,26 @@ def rounds(
     else:
         run_once = others
     run_once = _without_needless_whole_head(run_once, answers or {}, named, skipped)
+    twins = [s for s in run_once if draft_head.is_whole_head(s.flags) and s.name not in named]
+    run_once = [s for s in run_once if s not in twins]
+    if twins and default_budget and clock.budget_s is not None:  # the cut's cost is real on this text
+        clock.budget_s += clock.runs[0]
+        notes.append(
+            f"budget {clock.budget_s:.0f} s: one more plain run's time, for one run with the whole draft head "
+            "(plain's answers reach past the head's cut)"
+        )
     for spec in run_once:
         if not clock.fits(1 + CONFIRM_ROUNDS * 2):
             skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
             continue
         measure(spec, 0)
+    twin = _whole_head_twin(twins, run_once, data, plain, skipped)
+    if twin is not None:
+        if clock.fits(1 + CONFIRM_ROUNDS * 2):
+            measure(twin, 0)
+            run_once.append(twin)
+        else:
+            skipped[twin.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
     ratios = _screening_ratios(data, plain.name)
     by_run = [
         s
@@ -189,6 +204,27 @@ def _without_needless_whole_head(
         else:
             out.append(spec)
     return out
+
+
+def _whole_head_twin(
+    twins: list[ConfigSpec], screened: list[ConfigSpec], data: BenchData, plain: ConfigSpec, skipped: dict[str, str]
+) -> ConfigSpec | None:
+    """The whole-head twin worth one screening run: that of the MTP length that screened best
+    with the cut (the head's rows change each draft's cost and the share of tokens it can
+    draft, so the best length hardly moves); the other twins are left out, with why."""
+    if not twins:
+        return None
+    ratios = _screening_ratios(data, plain.name)
+    cut = [
+        s for s in screened if s.spec_type == "draft-mtp" and s.name in ratios and not draft_head.is_whole_head(s.flags)
+    ]
+    best = max(cut, key=lambda s: ratios[s.name], default=None)
+    n_max = best.flags.get("spec_nmax") if best is not None else twins[0].flags.get("spec_nmax")
+    twin = next((t for t in twins if t.flags.get("spec_nmax") == n_max), twins[0])
+    for other in twins:
+        if other is not twin:
+            skipped[other.name] = f"the whole head was screened at the best MTP length with the cut only ({twin.name})"
+    return twin
 
 
 def _run_s(spec: ConfigSpec, finalists: list[ConfigSpec], clock: Clock) -> float:

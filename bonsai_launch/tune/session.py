@@ -282,6 +282,8 @@ def run_tune(
             "temperature": options.temperature,
             "replay": screen.to_json() if screen is not None and screen.replays else {"unavailable": replay_why},
             "clients": options.clients,
+            # where the MTP layer drafts from the head's first rows: how much of plain's answers lies past them
+            "draft_head": draft_head.evidence(answers) if whole_head else None,
             "runs": dict(measured),
             "notes": notes,
             "conditions": {
