@@ -48,6 +48,13 @@ def test_the_setting_reaches_llama_server_as_llama_draft_head_rows_with_its_reas
     assert cut.env[DRAFT_HEAD_ENV] == "32768" and any("first 32768 rows" in r.why for r in cut.reasons)
 
 
+def test_the_switch_is_shown_and_a_secret_beside_it_stays_masked():
+    from bonsai_launch.server.plan.types import shown_env
+
+    env = {DRAFT_HEAD_ENV: "0", "LLAMA_API_KEY": "s3cret", "HF_TOKEN": "t"}
+    assert shown_env(env, "***") == {DRAFT_HEAD_ENV: "0", "LLAMA_API_KEY": "***", "HF_TOKEN": "***"}
+
+
 def test_unset_the_plan_leaves_llamas_default():
     plan = mtp_plan({})
     assert DRAFT_HEAD_ENV not in plan.env and plan.speculative.head_rows is None
@@ -204,7 +211,7 @@ def test_auto_runs_the_decisions_head_and_refuses_an_explicit_one(llama_server, 
     assert code == 0 and plan["tuning"]["status"] == "found", plan
     assert plan["speculative"]["type"] == "draft-mtp" and plan["speculative"]["head_rows"] == 0
     assert any(r["flag"] == DRAFT_HEAD_ENV and r["value"] == "0" for r in plan["reasons"])
-    assert DRAFT_HEAD_ENV in plan["env"]
+    assert plan["env"][DRAFT_HEAD_ENV] == "0"  # a switch, shown; secrets stay masked (test_plan.py)
 
     monkeypatch.setenv("BONSAI_DRAFT_HEAD_ROWS", "0")
     code, err = _dry(capsys, "--model", str(model), "--speculative", "auto")

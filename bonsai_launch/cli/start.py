@@ -80,6 +80,7 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
     from bonsai_launch.llamacpp.choice import choose_server
     from bonsai_launch.llamacpp.flavours import FORK, FORK_BUILD_COMMAND
     from bonsai_launch.server.inputs import gather_plan, select
+    from bonsai_launch.server.plan.types import shown_env
 
     selection = select(flags)
     choice = choose_server(selection.settings, selection.flavour)
@@ -114,7 +115,7 @@ def show_dry_run(flags, model, drafter, passthrough, shell_format: str, json_out
         sys.stderr.write("# memory: " + plan.memory["summary"] + "\n")
     if plan.tuning and plan.tuning.get("status") == "found":  # otherwise already a warning above
         sys.stderr.write(plan.tuning["message"] + "\n")
-    print(render_command(plan.argv, shell_format, {k: "<hidden>" for k in plan.env}))
+    print(render_command(plan.argv, shell_format, shown_env(plan.env, "<hidden>")))
 
 
 def effective_values(plan) -> str:

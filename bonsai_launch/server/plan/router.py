@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bonsai_launch.core.errors import BonsaiError
-from bonsai_launch.server.plan.types import ModelPlan, ServerPlan, spec_json
+from bonsai_launch.server.plan.types import ModelPlan, ServerPlan, shown_env, spec_json
 
 if TYPE_CHECKING:
     from bonsai_launch.llamacpp.options import OptionTable
@@ -136,7 +136,7 @@ class RouterPlan:
             "name": self.name,
             "argv": list(self.argv),
             "command": shlex.join(self.argv),
-            "env": {k: "***" for k in self.env if k != "LLAMA_CACHE"},
+            "env": shown_env({k: v for k, v in self.env.items() if k != "LLAMA_CACHE"}, "***"),
             "host": self.host,
             "port": self.port,
             "url": self.base_url,

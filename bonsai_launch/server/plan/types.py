@@ -21,6 +21,16 @@ from bonsai_launch.server.passthrough import Passthrough
 from bonsai_launch.server.slots import SlotsPlan
 
 
+def shown_env(env: Mapping[str, str], mask: str) -> dict[str, str]:
+    """The process environment as bonsai shows it: switches with their values, everything else
+    (the API key, tokens from the arguments after --) as `mask`. Unknown names stay masked."""
+    from bonsai_launch.models.mtp import DRAFT_HEAD_ENV
+    from bonsai_launch.server.prompt_sample import SLOTS_DEBUG_ENV
+
+    switches = (DRAFT_HEAD_ENV, SLOTS_DEBUG_ENV)
+    return {k: v if k in switches else mask for k, v in env.items()}
+
+
 @dataclass(frozen=True)
 class Reason:
     flag: str
@@ -161,7 +171,7 @@ class LaunchPlan:
         return {
             "argv": list(self.argv),
             "command": shlex.join(self.argv),
-            "env": {k: "***" for k in self.env},  # secrets (the key, tokens); a switch is named in the reasons
+            "env": shown_env(self.env, "***"),  # secrets (the key, tokens) masked; each is named in the reasons
             "reasons": [{"flag": r.flag, "value": r.value, "why": r.why} for r in self.reasons],
             "warnings": list(self.warnings),
             "profile": self.profile,
