@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tiny_gguf
@@ -102,3 +103,67 @@ def test_a_value_that_is_not_a_row_count_is_reported_and_the_default_kept(llama_
     got = generate(llama_server, counter, tiny_hybrid.counter_prompt(300, 16), log, spec=True, rows=rows)
     assert got["drafted"] > 0 and got["accepted"] == got["drafted"], got
     assert f"LLAMA_DRAFT_HEAD_ROWS={rows} is not a whole number of rows" in log.read_text()
+
+
+# -- patch 0016: a DSpark drafter's borrowed head --------------------------------------------------
+
+DSPARK = ["--spec-type", "draft-dspark", "--spec-draft-n-max", "4"]
+
+
+def dspark_generate(server: Path, target: Path, drafter: Path | None, log: Path, rows: str | None) -> dict:
+    """tokens and the draft counts of one greedy request, plain when `drafter` is None."""
+    env = {} if rows is None else {"LLAMA_DRAFT_HEAD_ROWS": rows}
+    spec = ["-md", drafter, *DSPARK] if drafter is not None else []
+    args = ["-m", target, *spec, "-c", "1024", "-np", "1", "-t", "1"]
+    with tiny_gguf.serve(server, args, log, env=env) as s:
+        out = s.completion([1, 2, 3, 4], n_predict=N_PREDICT, cache_prompt=False, return_tokens=True)
+    timings = out["timings"]
+    return {
+        "tokens": out["tokens"],
+        "drafted": timings.get("draft_n", 0),
+        "accepted": timings.get("draft_n_accepted", 0),
+    }
+
+
+def markov_toward(token: int, vocab: int = 512, rank: int = 8) -> dict:
+    """Markov weights whose bias lifts `token` far above every other, whatever came before."""
+    w2 = np.zeros((vocab, rank), dtype=np.float32)
+    w2[token, :] = 1000.0
+    return {"markov_w1.weight": np.ones((vocab, rank), dtype=np.float32), "markov_w2.weight": w2}
+
+
+@pytest.mark.parametrize("answer", [100, 300])
+def test_a_borrowed_dspark_head_drafts_only_below_the_cut(llama_server, tmp_path, answer):
+    """A drafter borrowing a constant target's head drafts the target's token: with 256 rows of
+    512 it is accepted below the cut and never past it, the answer stays plain decoding's, and
+    the default (65536 rows, more than this vocabulary) keeps the whole head."""
+    target = tiny_gguf.write_target(tmp_path / "t.gguf", constant_token=answer)
+    drafter = tiny_gguf.write_dspark_drafter(tmp_path / "d.gguf", constant_token=7, borrow_head=True)
+    plain = dspark_generate(llama_server, target, None, tmp_path / "plain.log", None)
+    cut = dspark_generate(llama_server, target, drafter, tmp_path / "cut.log", "256")
+    whole = dspark_generate(llama_server, target, drafter, tmp_path / "whole.log", None)
+    assert cut["tokens"] == whole["tokens"] == plain["tokens"] == [answer] * N_PREDICT
+    assert cut["drafted"] > 0 and whole["drafted"] > 0
+    assert whole["accepted"] == whole["drafted"], whole
+    if answer < 256:
+        assert cut["accepted"] == cut["drafted"], cut
+    else:
+        assert cut["accepted"] == 0, f"past the cut no right draft can be made (without patch 0016 all are): {cut}"
+
+
+def test_the_markov_bias_is_cut_with_the_head(llama_server, tmp_path):
+    """The Markov head's bias covers the cut head's rows only: a bias toward token 300 wins with
+    the whole head (a wrong draft: the target says 100) and is gone with 256 rows (the head's
+    own, right, draft). A bias toward 200, inside the cut, wins either way."""
+    target = tiny_gguf.write_target(tmp_path / "t.gguf", constant_token=100)
+    got = {}
+    for toward in (300, 200):
+        drafter = tiny_gguf.write_dspark_drafter(
+            tmp_path / f"d{toward}.gguf", constant_token=7, borrow_head=True, tensor_overrides=markov_toward(toward)
+        )
+        for rows in ("0", "256"):
+            got[toward, rows] = dspark_generate(llama_server, target, drafter, tmp_path / f"{toward}-{rows}.log", rows)
+    assert all(g["drafted"] > 0 and g["tokens"] == [100] * N_PREDICT for g in got.values()), got
+    assert got[300, "0"]["accepted"] == 0, got  # the bias's token past the cut wins over the head's
+    assert got[300, "256"]["accepted"] == got[300, "256"]["drafted"], got  # its row is cut away
+    assert got[200, "0"]["accepted"] == got[200, "256"]["accepted"] == 0, got

@@ -19,7 +19,8 @@ from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.decisions import store
 from bonsai_launch.decisions.store import Choice
 from bonsai_launch.llamacpp.replay import Stream
-from bonsai_launch.models.mtp import DRAFT_HEAD_ENV, draft_head_is_cut
+from bonsai_launch.models.draft_head import ENV as DRAFT_HEAD_ENV
+from bonsai_launch.models.draft_head import drafter_head_is_cut, mtp_head_is_cut
 from bonsai_launch.server.plan.router import shared_draft_head
 from bonsai_launch.tune import candidates as cands
 from bonsai_launch.tune import draft_head
@@ -27,7 +28,7 @@ from bonsai_launch.tune.decide import decide
 from bonsai_launch.tune.rounds import _without_needless_whole_head
 from bonsai_launch.tune.subject import head_on_cpu
 from test_mtp_plan import mtp_target
-from test_plan import arg, plan_for, target
+from test_plan import arg, drafter, plan_for, target
 
 ON = {"BONSAI_SPECULATIVE": "1"}
 
@@ -71,12 +72,27 @@ def test_a_value_that_is_not_a_row_count_is_refused_in_one_line(value):
 def test_without_draft_mtp_or_on_another_architecture_it_warns_that_it_does_nothing():
     dspark = plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "0"})  # the profile's DSpark drafter
     assert arg(dspark, "--spec-type") == "draft-dspark" and DRAFT_HEAD_ENV not in dspark.env
-    assert any("only draft-mtp drafts from the head's first rows" in w for w in dspark.warnings)
+    assert any("the drafter has a head of its own" in w for w in dspark.warnings)
     plain = plan_for(env={"BONSAI_DRAFT_HEAD_ROWS": "0"}, with_drafter=False)
     assert DRAFT_HEAD_ENV not in plain.env and any("has no effect" in w for w in plain.warnings)
     glm = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "0"}, model=mtp_target(arch="glm4moe", name="glm.gguf"))
     assert arg(glm, "--spec-type") == "draft-mtp" and DRAFT_HEAD_ENV not in glm.env
     assert any("has no effect on glm4moe" in w for w in glm.warnings)
+
+
+def borrowing(info=None):
+    """A DSpark drafter with no head of its own (it reads the target's, as the published ones do)."""
+    info = info or drafter()
+    return dataclasses.replace(info, drafter=dataclasses.replace(info.drafter, borrows_head=True))
+
+
+def test_a_dspark_drafter_borrowing_the_head_takes_the_setting_one_with_its_own_head_does_not():
+    plan = plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "0"}, draft=borrowing())
+    assert arg(plan, "--spec-type") == "draft-dspark" and plan.env[DRAFT_HEAD_ENV] == "0"
+    assert plan.speculative.head_rows == 0
+    assert any(r.flag == DRAFT_HEAD_ENV and "the drafter drafts from the whole LM head" in r.why for r in plan.reasons)
+    own = plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "0"}, draft=drafter())
+    assert DRAFT_HEAD_ENV not in own.env and own.speculative.head_rows is None
 
 
 def test_a_router_keeps_one_value_for_all_its_draft_mtp_models():
@@ -95,10 +111,19 @@ def test_a_router_keeps_one_value_for_all_its_draft_mtp_models():
 
 
 def test_the_cut_applies_to_qwen35_vocabularies_past_65536_with_the_head_on_the_cpu():
-    assert draft_head_is_cut(target(), head_on_cpu=True)  # qwen35, 248320 tokens
-    assert not draft_head_is_cut(target(), head_on_cpu=False)
-    assert not draft_head_is_cut(target(vocab=65536), head_on_cpu=True)
-    assert not draft_head_is_cut(target(arch="qwen3"), head_on_cpu=True)
+    assert mtp_head_is_cut(target(), head_on_cpu=True)  # qwen35, 248320 tokens
+    assert not mtp_head_is_cut(target(), head_on_cpu=False)
+    assert not mtp_head_is_cut(target(vocab=65536), head_on_cpu=True)
+    assert not mtp_head_is_cut(target(arch="qwen3"), head_on_cpu=True)
+
+
+def test_a_borrowed_drafter_head_is_cut_on_any_target_past_65536_tokens_on_the_cpu():
+    dense = target(arch="qwen3", vocab=151936)
+    assert drafter_head_is_cut(dense, borrowing(), head_on_cpu=True)
+    assert not drafter_head_is_cut(dense, borrowing(), head_on_cpu=False)
+    assert not drafter_head_is_cut(dense, drafter(), head_on_cpu=True)  # its own head
+    assert not drafter_head_is_cut(target(vocab=32000), borrowing(), head_on_cpu=True)
+    assert not drafter_head_is_cut(dense, None, head_on_cpu=True)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +139,7 @@ def test_the_head_is_on_the_cpu_unless_every_layer_and_the_output_are_offloaded(
 
 
 def test_each_mtp_length_gets_a_whole_head_twin_where_the_head_is_cut():
-    found = cands.all_candidates(None, mtp="model", head_cut=True)
+    found = cands.all_candidates(None, mtp="model", mtp_head_cut=True)
     whole = [c for c in found if c.head_rows == 0]
     assert [c.name for c in whole] == ["draft-mtp/n1/whole-head", "draft-mtp/n2/whole-head", "draft-mtp/n3/whole-head"]
     assert whole[1].label == "draft-mtp n-max 2, whole draft head"
@@ -124,6 +149,16 @@ def test_each_mtp_length_gets_a_whole_head_twin_where_the_head_is_cut():
     # `--configs draft-mtp` names every MTP configuration; one may be named alone
     assert len(cands.restrict(found, ["draft-mtp"])) == 1 + 6
     assert [c.name for c in cands.restrict(found, ["draft-mtp/n2/whole-head"])] == ["plain", "draft-mtp/n2/whole-head"]
+
+
+def test_a_borrowing_drafter_gets_one_whole_head_twin():
+    found = cands.all_candidates(None, "draft-dspark", 4, drafter_head_cut=True)
+    twin = next(c for c in found if c.head_rows == 0)
+    assert twin.name == "draft-dspark/whole-head" and twin.drafter_file
+    assert twin.flags() == {"speculative": True, "spec_type": "draft-dspark", "spec_nmax": None, "draft_head_rows": 0}
+    assert draft_head.cut_sibling(twin.name) == "draft-dspark"
+    # `--configs drafter` still means the drafter as it runs by default
+    assert [c.name for c in cands.restrict(found, ["drafter"])] == ["plain", "draft-dspark"]
 
 
 def stream(*generated: int) -> Stream:
@@ -267,7 +302,7 @@ def test_a_tuning_session_screens_the_whole_head_at_the_best_length_when_plains_
         assert name in skipped
     if "draft-mtp/n2/whole-head" in ran:  # the default budget made room for it
         assert any("one more plain run's time" in n for n in notes), notes
-        assert "best MTP length with the cut only" in skipped["draft-mtp/n1/whole-head"]
+        assert "best configuration with the cut only" in skipped["draft-mtp/n1/whole-head"]
 
 
 @pytest.mark.server

@@ -269,8 +269,9 @@ SETTINGS: tuple[Setting, ...] = (
         "BONSAI_DRAFT_HEAD_ROWS",
         "draft_head_rows",
         "int",
-        "draft-mtp on a qwen35 model (Bonsai 2) with bonsai's build: how many of the LM head's first rows the "
-        "MTP layer drafts from (LLAMA_DRAFT_HEAD_ROWS, patch 0015); 0 is the whole head. Unset: 65536 where the "
+        "With bonsai's build, how many of the LM head's first rows a draft model drafts from: draft-mtp on a "
+        "qwen35 model (Bonsai 2), or a DSpark/DFlash drafter that borrows the target's head "
+        "(LLAMA_DRAFT_HEAD_ROWS, patches 0015-0016); 0 is the whole head. Unset: 65536 where the "
         "CPU computes the head, the whole head on a GPU. A token past the cut is never drafted (answers are "
         "unchanged): text in Latin script and code keep 94-98% of their tokens in the first 65536 ids, Chinese, "
         "Japanese, Korean and Russian about 70%, so 0 can be faster there; `bonsai tune` measures both.",

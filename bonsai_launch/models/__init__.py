@@ -2,6 +2,7 @@
 
 gguf.py      what the launcher needs from a GGUF header; whether a drafter fits its target
 mtp.py       multi-token-prediction layers: does a file carry ones llama-server's draft-mtp can run
+draft_head.py  which LM head rows a drafter drafts from on a CPU (patches 0015-0016): where the cut applies
 gguf_cache.py  header facts cached by path, size and mtime (a vocabulary walk costs ~0.1 s)
 bonsai2_file.py  what a Bonsai 2 file needs (fold, codec) and the layouts that would answer gibberish
 codec_types.py   the Bonsai 2 weight types: ids, block sizes, names (no numpy: every start reads them)

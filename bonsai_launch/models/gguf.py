@@ -45,6 +45,7 @@ class DrafterInfo:
     log_snr_min: float | None = None  # dflash.min_log_snr
     log_snr_max: float | None = None  # dflash.max_log_snr
     log_snr_tensors: tuple[str, ...] = ()  # which of LOG_SNR_TENSORS the file holds
+    borrows_head: bool = False  # no head of its own (no output/token_embd, no reduced vocabulary): the target's
 
     def log_snr_problems(self, name: str) -> list[str]:
         """Why our patched llama-server would refuse this drafter's log-SNR part (empty if none)."""
@@ -183,6 +184,7 @@ class GGUFInfo:
                 "log_snr_min": self.drafter.log_snr_min,
                 "log_snr_max": self.drafter.log_snr_max,
                 "log_snr_tensors": list(self.drafter.log_snr_tensors),
+                "borrows_head": self.drafter.borrows_head,
             }
         )
         return out
@@ -335,6 +337,7 @@ def _parse(path: Path, size: int, buf: mmap.mmap) -> GGUFInfo:
             log_snr_min=float(snr_min) if isinstance(snr_min, (int, float)) else None,
             log_snr_max=float(snr_max) if isinstance(snr_max, (int, float)) else None,
             log_snr_tensors=tuple(t for t in LOG_SNR_TENSORS if t in tensor_names or f"dspark.{t}" in tensor_names),
+            borrows_head=not {"output.weight", "token_embd.weight", "d2t"} & tensor_names,
         )
 
     tokenizer_model = kv.get("tokenizer.ggml.model")

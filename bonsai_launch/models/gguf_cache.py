@@ -10,8 +10,9 @@ from typing import Any
 # ~0.1 s, and `bonsai start` reads the target and the drafter on every launch. Only successful
 # reads are cached; any change to the file (a truncation, a new download) misses the cache.
 CACHE_VERSION = (
-    6  # 2: DrafterInfo gained the log-SNR fields; 3: the MTP fields; 4: Bonsai 2 fields; 5: core/json_cache's layout;
-    # 6: tensor bytes per type and the hybrid's attention interval (the weight path and the KV size)
+    7  # 2: DrafterInfo gained the log-SNR fields; 3: the MTP fields; 4: Bonsai 2 fields; 5: core/json_cache's layout;
+    # 6: tensor bytes per type and the hybrid's attention interval (the weight path and the KV size);
+    # 7: DrafterInfo.borrows_head (patch 0016 cuts a borrowed head)
 )
 
 

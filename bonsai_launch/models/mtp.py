@@ -48,20 +48,6 @@ REQUIRED_TENSORS = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.w
 DEFAULT_N_MAX = 1  # the community's measured choice for Bonsai 2 (n-max 2 was slower on one card)
 TUNE_N_MAX = (1, 2, 3)  # what `bonsai tune` measures: n-max must be measured, 1-3
 
-# The draft head (bonsai's patch 0015, vendor/llama.cpp/patches/0015-*): a qwen35/qwen35moe MTP
-# layer drafts from the LM head's first LLAMA_DRAFT_HEAD_ROWS rows only, 65536 by default where
-# the CPU computes the head (the whole head on a GPU); 0 is the whole head. Tokens past the cut
-# are never drafted (the verify still decides every token, so answers are unchanged).
-DRAFT_HEAD_ENV = "LLAMA_DRAFT_HEAD_ROWS"
-DRAFT_HEAD_ARCHS = frozenset({"qwen35", "qwen35moe"})
-DRAFT_HEAD_DEFAULT_ROWS = 65536
-WHOLE_HEAD = 0
-
-
-def draft_head_is_cut(info: GGUFInfo, head_on_cpu: bool) -> bool:
-    """Whether draft-mtp on this model drafts from fewer rows than its vocabulary by default."""
-    return head_on_cpu and info.architecture in DRAFT_HEAD_ARCHS and (info.vocab_size or 0) > DRAFT_HEAD_DEFAULT_ROWS
-
 
 def mtp_problems(info: GGUFInfo) -> list[str]:
     """Why llama-server's draft-mtp cannot run this file's MTP layers (empty when it can)."""

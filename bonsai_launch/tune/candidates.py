@@ -19,8 +19,8 @@ from typing import Any
 
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp import spec_types
+from bonsai_launch.models.draft_head import WHOLE_HEAD
 from bonsai_launch.models.mtp import TUNE_N_MAX as MTP_N_MAX
-from bonsai_launch.models.mtp import WHOLE_HEAD
 from bonsai_launch.tune.draft_head import SUFFIX as WHOLE_HEAD_SUFFIX
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-map-k4v", "ngram-cache")
@@ -94,7 +94,8 @@ def all_candidates(
     mtp: str | None = None,
     shared_drafting: bool | None = None,
     replayable: bool = False,
-    head_cut: bool = False,
+    mtp_head_cut: bool = False,
+    drafter_head_cut: bool = False,
 ) -> list[Candidate]:
     """Every configuration worth measuring, most promising first. `spec_types` is what the
     binary lists (None: not probed, assume all); `drafter_type` is draft-dspark/draft-dflash
@@ -103,9 +104,10 @@ def all_candidates(
     the binary's --spec-type takes one type (None: not probed, taken to take a list).
     `replayable`: the draft-free candidates are screened by replaying a plain run's tokens
     (tune/screen.py), which costs no model time, so every type gets the shorter draft lengths
-    too, and the n-gram types combined are added. `head_cut`: the MTP layer drafts from the LM
-    head's first rows by default here (models/mtp.py), so each MTP length is also tried with the
-    whole head (tune/draft_head.py decides after the plain run whether that is worth a run)."""
+    too, and the n-gram types combined are added. `mtp_head_cut`, `drafter_head_cut`: the MTP
+    layer, or the drafter, drafts from the LM head's first rows by default here
+    (models/draft_head.py), so it is also tried with the whole head: a `/whole-head` twin
+    (tune/draft_head.py decides after the plain run whether one is worth a run)."""
     known = set(spec_types) if spec_types is not None else None
 
     def supported(*types: str) -> bool:
@@ -114,9 +116,13 @@ def all_candidates(
     out = [PLAIN]
     if drafter_type and supported(drafter_type):
         out.append(Candidate(drafter_type, drafter_type, drafter_block))
+        if drafter_head_cut:
+            out.append(
+                Candidate(f"{drafter_type}/{WHOLE_HEAD_SUFFIX}", drafter_type, drafter_block, head_rows=WHOLE_HEAD)
+            )
     if mtp and supported("draft-mtp"):
         out += [Candidate(f"draft-mtp/n{n}", "draft-mtp", n, with_drafter=mtp == "file") for n in MTP_N_MAX]
-        if head_cut:
+        if mtp_head_cut:
             out += [
                 Candidate(f"draft-mtp/n{n}/{WHOLE_HEAD_SUFFIX}", "draft-mtp", n, mtp == "file", WHOLE_HEAD)
                 for n in MTP_N_MAX

@@ -1,8 +1,9 @@
-"""Whether `bonsai tune` measures draft-mtp with the whole LM head as well as with its first rows.
+"""Whether `bonsai tune` measures a draft model with the whole LM head as well as its first rows.
 
-Where the CPU computes a qwen35 model's head, patch 0015 has the MTP layer draft from its first
-65536 rows only (models/mtp.py): a drafted token then costs a fraction of a step, but a token past
-the cut is never drafted. Which pays depends on the user's text: 2% of English or code tokens lie
+Where the CPU computes the head, patches 0015-0016 have a qwen35 MTP layer, and a DSpark/DFlash
+drafter that borrows the target's head, draft from its first 65536 rows only
+(models/draft_head.py): a drafted token then costs less, but a token past the cut is never
+drafted. Which pays depends on the user's text: 2% of English or code tokens lie
 past the cut, 30% of Chinese, Japanese, Korean or Russian ones (docs/benchmarks.md). The plain
 run's answers say it for the tuned prompts, at no model time: below MIN_SHARE_PAST the cut can
 lose at most that share of the drafts, less than the whole head's extra rows cost on any Bonsai 2
@@ -16,10 +17,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bonsai_launch.llamacpp.replay import Stream
-from bonsai_launch.models.mtp import DRAFT_HEAD_DEFAULT_ROWS, WHOLE_HEAD
+from bonsai_launch.models.draft_head import DEFAULT_ROWS as DRAFT_HEAD_DEFAULT_ROWS
+from bonsai_launch.models.draft_head import WHOLE_HEAD
 
 MIN_SHARE_PAST = 0.02
 SUFFIX = "whole-head"  # the candidates' names: draft-mtp/n2/whole-head
+
+
+def cut_sibling(name: str) -> str:
+    """The configuration a whole-head twin doubles: draft-mtp/n2/whole-head -> draft-mtp/n2."""
+    return name.removesuffix(f"/{SUFFIX}")
 
 
 def share_past(streams: Mapping[str, Stream], rows: int = DRAFT_HEAD_DEFAULT_ROWS) -> float | None:

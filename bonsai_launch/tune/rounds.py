@@ -209,21 +209,22 @@ def _without_needless_whole_head(
 def _whole_head_twin(
     twins: list[ConfigSpec], screened: list[ConfigSpec], data: BenchData, plain: ConfigSpec, skipped: dict[str, str]
 ) -> ConfigSpec | None:
-    """The whole-head twin worth one screening run: that of the MTP length that screened best
-    with the cut (the head's rows change each draft's cost and the share of tokens it can
-    draft, so the best length hardly moves); the other twins are left out, with why."""
+    """The whole-head twin worth one screening run: that of the configuration (MTP length or
+    drafter) that screened best with the cut. The head's rows change each draft's cost and the
+    share of tokens it can draft; a run per twin would cost more than the choice it could change.
+    The other twins are left out, with why."""
     if not twins:
         return None
     ratios = _screening_ratios(data, plain.name)
-    cut = [
-        s for s in screened if s.spec_type == "draft-mtp" and s.name in ratios and not draft_head.is_whole_head(s.flags)
-    ]
-    best = max(cut, key=lambda s: ratios[s.name], default=None)
-    n_max = best.flags.get("spec_nmax") if best is not None else twins[0].flags.get("spec_nmax")
-    twin = next((t for t in twins if t.flags.get("spec_nmax") == n_max), twins[0])
+    sibling = {t.name: draft_head.cut_sibling(t.name) for t in twins}
+    measured = {s.name for s in screened} & set(ratios)
+    ranked = sorted((t for t in twins if sibling[t.name] in measured), key=lambda t: ratios[sibling[t.name]])
+    twin = ranked[-1] if ranked else twins[0]
     for other in twins:
         if other is not twin:
-            skipped[other.name] = f"the whole head was screened at the best MTP length with the cut only ({twin.name})"
+            skipped[other.name] = (
+                f"the whole head was screened with the best configuration with the cut only ({twin.name})"
+            )
     return twin
 
 

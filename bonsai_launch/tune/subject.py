@@ -64,8 +64,9 @@ def subject(
 ) -> Subject:
     """Resolve the files and the candidates; hash what the decision's key needs."""
     from bonsai_launch.llamacpp.binaries import probe
+    from bonsai_launch.models import draft_head
     from bonsai_launch.models.gguf import check_pair, inspect_gguf
-    from bonsai_launch.models.mtp import draft_head_is_cut, has_usable_mtp, mtp_pair_problems
+    from bonsai_launch.models.mtp import has_usable_mtp, mtp_pair_problems
     from bonsai_launch.server.inputs import explicit_model, model_files, option_table, select
     from bonsai_launch.server.passthrough import fold_settings
     from bonsai_launch.server.passthrough import parse as parse_passthrough
@@ -88,8 +89,9 @@ def subject(
         unusable["drafter"] = files.drafter_unavailable
     target = inspect_gguf(files.model)
     mtp = "model" if has_usable_mtp(target) else None
+    drafter_info = None
     if drafter_path is not None:
-        drafter = inspect_gguf(drafter_path)
+        drafter = drafter_info = inspect_gguf(drafter_path)
         problems = check_pair(target, drafter)
         if drafter.drafter is None and drafter.nextn_layers:  # an MTP file: draft-mtp runs it
             mtp_problems = mtp_pair_problems(target, drafter)
@@ -105,6 +107,7 @@ def subject(
     caps = probe(request.binary)
     own = not explicit_model(selection, request.model) or selection.names_model  # the profile's model, or named by it
     profile_type = selection.profile.draft_free_type if own else None
+    on_cpu = head_on_cpu(caps.backend, selection.settings.get("ngl"), target.layers)
     found = cands.all_candidates(
         caps.spec_types or None,
         drafter_type,
@@ -113,7 +116,8 @@ def subject(
         mtp,
         caps.shared_drafting,
         replayable,
-        head_cut=draft_head_is_cut(target, head_on_cpu(caps.backend, selection.settings.get("ngl"), target.layers)),
+        mtp_head_cut=draft_head.mtp_head_is_cut(target, on_cpu),
+        drafter_head_cut=drafter_type is not None and draft_head.drafter_head_is_cut(target, drafter_info, on_cpu),
     )
     if configs:
         found = cands.restrict(found, configs)

@@ -104,7 +104,7 @@ def plan_model(inputs: PlanInputs, process_reasons: tuple[Reason, ...] = ()) -> 
 
     spec = plan_speculation(inputs, ngl, b)
     if spec is not None and spec.head_rows is not None:
-        from bonsai_launch.models.mtp import DRAFT_HEAD_ENV
+        from bonsai_launch.models.draft_head import ENV as DRAFT_HEAD_ENV
 
         env[DRAFT_HEAD_ENV] = str(spec.head_rows)  # read by patch 0015; the reason is speculation's
     # -np after -- is folded into BONSAI_PARALLEL's setting (source "passthrough").

@@ -10,9 +10,10 @@ import dataclasses
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp import spec_types
 from bonsai_launch.llamacpp.capabilities import Capabilities, require_flag
+from bonsai_launch.models import draft_head
 from bonsai_launch.models.gguf import GGUFInfo, check_pair
 from bonsai_launch.models.mtp import DEFAULT_N_MAX as MTP_DEFAULT_N_MAX
-from bonsai_launch.models.mtp import DRAFT_HEAD_ARCHS, DRAFT_HEAD_ENV, has_usable_mtp, mtp_pair_problems, mtp_problems
+from bonsai_launch.models.mtp import has_usable_mtp, mtp_pair_problems, mtp_problems
 from bonsai_launch.server import slots as slot_rules
 from bonsai_launch.server.plan.types import ArgvBuilder, PlanInputs, Reason, SpecPlan
 
@@ -40,25 +41,34 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
 
 
 def _draft_head(inputs: PlanInputs, spec: SpecPlan | None, b: ArgvBuilder) -> SpecPlan | None:
-    """BONSAI_DRAFT_HEAD_ROWS: how many of the LM head's first rows a qwen35 MTP layer drafts
-    from (patch 0015 reads LLAMA_DRAFT_HEAD_ROWS; compose puts it in the process environment).
-    Unset, llama's own default holds: 65536 rows where the CPU computes the head."""
+    """BONSAI_DRAFT_HEAD_ROWS: how many of the LM head's first rows the draft model drafts from
+    (patches 0015-0016 read LLAMA_DRAFT_HEAD_ROWS; compose puts it in the process environment):
+    a qwen35 MTP layer, or a DSpark/DFlash drafter that borrows the target's head. Unset,
+    llama's own default holds: 65536 rows where the CPU computes the head."""
     s = inputs.settings
     rows = s.get("draft_head_rows")
     if rows is None:
         return spec
     setting = f"BONSAI_DRAFT_HEAD_ROWS={rows} ({s.source('draft_head_rows')})"
-    if spec is None or "draft-mtp" not in spec_types.parts(spec.spec_type):
-        b.warnings.append(f"{setting} has no effect: only draft-mtp drafts from the head's first rows")
-        return spec
-    if inputs.model.architecture not in DRAFT_HEAD_ARCHS:
+    model = spec_types.draft_model_part(spec.spec_type) if spec is not None else None
+    if spec is None or model not in ("draft-mtp", "draft-dspark", "draft-dflash"):
         b.warnings.append(
-            f"{setting} has no effect on {inputs.model.architecture}: only the MTP layers of "
-            f"{' and '.join(sorted(DRAFT_HEAD_ARCHS))} models draft from the head's first rows"
+            f"{setting} has no effect: only draft-mtp and a DSpark/DFlash drafter draft from the head's first rows"
         )
         return spec
+    if model == "draft-mtp" and inputs.model.architecture not in draft_head.MTP_ARCHS:
+        b.warnings.append(
+            f"{setting} has no effect on {inputs.model.architecture}: only the MTP layers of "
+            f"{' and '.join(sorted(draft_head.MTP_ARCHS))} models draft from the head's first rows"
+        )
+        return spec
+    drafter = inputs.drafter.drafter if inputs.drafter is not None else None
+    if model != "draft-mtp" and (drafter is None or not drafter.borrows_head):
+        b.warnings.append(f"{setting} has no effect: the drafter has a head of its own; only a borrowed one is cut")
+        return spec
+    who = "the MTP layer" if model == "draft-mtp" else "the drafter"
     what = "the whole LM head" if rows == 0 else f"the LM head's first {rows} rows (rounded down to 64)"
-    b.reasons.append(Reason(DRAFT_HEAD_ENV, str(rows), f"{setting}: the MTP layer drafts from {what}"))
+    b.reasons.append(Reason(draft_head.ENV, str(rows), f"{setting}: {who} drafts from {what}"))
     return dataclasses.replace(spec, head_rows=rows)
 
 

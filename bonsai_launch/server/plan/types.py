@@ -24,7 +24,7 @@ from bonsai_launch.server.slots import SlotsPlan
 def shown_env(env: Mapping[str, str], mask: str) -> dict[str, str]:
     """The process environment as bonsai shows it: switches with their values, everything else
     (the API key, tokens from the arguments after --) as `mask`. Unknown names stay masked."""
-    from bonsai_launch.models.mtp import DRAFT_HEAD_ENV
+    from bonsai_launch.models.draft_head import ENV as DRAFT_HEAD_ENV
     from bonsai_launch.server.prompt_sample import SLOTS_DEBUG_ENV
 
     switches = (DRAFT_HEAD_ENV, SLOTS_DEBUG_ENV)

@@ -1,0 +1,30 @@
+"""The draft head: which LM head rows a drafter drafts from (bonsai's patches 0015 and 0016).
+
+Where the CPU computes the head, a qwen35/qwen35moe MTP layer (0015) and a DSpark/DFlash drafter
+that borrows the target's head (0016, as the published drafters do) multiply by the head's first
+LLAMA_DRAFT_HEAD_ROWS rows only: 65536 by default, the whole head on a GPU; 0 is the whole head.
+A BPE vocabulary's first ids are its most frequent pieces, so the cut keeps most drafts of
+English and code and fewer of other scripts; a token past it is never drafted, and the verify
+still decides every token, so answers are unchanged (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from bonsai_launch.models.gguf import GGUFInfo
+
+ENV = "LLAMA_DRAFT_HEAD_ROWS"
+MTP_ARCHS = frozenset({"qwen35", "qwen35moe"})  # whose MTP graph takes the cut (patch 0015)
+DEFAULT_ROWS = 65536
+WHOLE_HEAD = 0
+
+
+def mtp_head_is_cut(target: GGUFInfo, head_on_cpu: bool) -> bool:
+    """Whether draft-mtp on this model drafts from fewer rows than its vocabulary by default."""
+    return head_on_cpu and target.architecture in MTP_ARCHS and (target.vocab_size or 0) > DEFAULT_ROWS
+
+
+def drafter_head_is_cut(target: GGUFInfo, drafter: GGUFInfo | None, head_on_cpu: bool) -> bool:
+    """Whether a DSpark/DFlash drafter drafts from fewer rows than the vocabulary by default: it
+    borrows the target's head (a drafter with a head of its own is not cut)."""
+    borrows = drafter is not None and drafter.drafter is not None and drafter.drafter.borrows_head
+    return head_on_cpu and borrows and (target.vocab_size or 0) > DEFAULT_ROWS
