@@ -6,10 +6,11 @@ drafter that borrows the target's head, draft from its first 65536 rows only
 drafted. Which pays depends on the user's text: 2% of English or code tokens lie
 past the cut, 30% of Chinese, Japanese, Korean or Russian ones (docs/benchmarks.md). The plain
 run's answers say it for the tuned prompts, at no model time: below MIN_SHARE_PAST the cut can
-lose at most that share of the drafts, less than the whole head's extra rows cost on any Bonsai 2
-size (the 74% of the head past the cut cost 0.14 of a step per drafted token on the 2B, measured;
-on the 27B, 248320 x 5120 of 27B weights, about 0.035, estimated by its share of the weights), so
-the whole-head runs are left out and the budget goes to the rest.
+lose at most that share of the drafts, less than the whole head's extra rows cost. Those rows
+cost 0.14 of a step per drafted token on the Bonsai 2 2B (measured), about 0.035 on the 27B
+(248320 x 5120 of 27B weights: estimated by their share) and 0.31 of a step a cycle of four
+drafts on the dense DSpark pair (measured). So the whole-head runs are left out and the budget
+goes to the rest.
 """
 
 from __future__ import annotations
