@@ -41,7 +41,7 @@ class Choice:
     ratio_max: float | None = None
     band: float | None = None  # the noise band the gain had to clear
     reason: str = ""
-    head_rows: int | None = None  # draft-mtp's draft head rows (None: llama's default; 0: the whole head)
+    head_rows: int | None = None  # the draft model's head rows (None: llama's default; 0: the whole head)
 
     @property
     def speculative(self) -> bool:

@@ -44,7 +44,7 @@ class Candidate:
     spec_type: str | None = None  # None: plain; several types joined by commas
     n_max: int | None = None  # None: the type's default (the drafter's block size for a drafter)
     with_drafter: bool = True  # launched with the drafter file (False: the model's own MTP layer)
-    head_rows: int | None = None  # draft-mtp's draft head rows (None: llama's default; 0: the whole head)
+    head_rows: int | None = None  # the draft model's head rows (None: llama's default; 0: the whole head)
 
     @property
     def label(self) -> str:

@@ -47,7 +47,7 @@ def _config_choice_fields(config: dict[str, Any]) -> tuple[str | None, int | Non
 
 
 def _head_rows(config: dict[str, Any]) -> int | None:
-    """draft-mtp's draft head rows as the plan ran them (None: llama's default)."""
+    """The draft model's head rows as the plan ran them (None: llama's default)."""
     return (config.get("speculative") or {}).get("head_rows")
 
 

@@ -198,19 +198,19 @@ def check_names(models: Sequence[tuple[str, ModelPlan]]) -> None:
 def shared_draft_head(models: Sequence[tuple[str, ModelPlan]]) -> list[tuple[str, ModelPlan]]:
     """LLAMA_DRAFT_HEAD_ROWS is an environment variable, and every child inherits the router's
     environment (a preset section holds flags only), so the models with a draft model (draft-mtp,
-    a DSpark drafter) share one value. When
-    they ask for different ones (a tuned whole head beside the default cut), none is set: each
-    runs llama's default, and its plan says so rather than silently running another's value."""
+    a DSpark drafter) share one value. When they ask for different ones (a tuned whole head beside
+    the default cut), none is set: each runs llama's default, and its plan says so rather than
+    silently running another's value."""
     from bonsai_launch.llamacpp import spec_types
     from bonsai_launch.models.draft_head import ENV as DRAFT_HEAD_ENV
 
     def rows(p: ModelPlan) -> int | None:
         return p.speculative.head_rows if p.speculative is not None else None
 
-    mtp = [p for _, p in models if p.speculative and spec_types.draft_model_part(p.speculative.spec_type)]
-    if len({rows(p) for p in mtp}) <= 1:
+    drafting = [p for _, p in models if p.speculative and spec_types.draft_model_part(p.speculative.spec_type)]
+    if len({rows(p) for p in drafting}) <= 1:
         return list(models)
-    said = ", ".join(f"{p.name} {'default' if rows(p) is None else rows(p)}" for p in mtp)
+    said = ", ".join(f"{p.name} {'default' if rows(p) is None else rows(p)}" for p in drafting)
     why = (
         f"{DRAFT_HEAD_ENV}: the models with a draft model ask for different draft head rows ({said}), and one router "
         "passes one environment to all of them: each keeps llama's default (65536 rows on a CPU)"

@@ -44,7 +44,7 @@ class SpecPlan:
     n_max: int | None
     drafter: str | None = None
     draft_ngl: int | None = None
-    head_rows: int | None = None  # draft-mtp's LLAMA_DRAFT_HEAD_ROWS (None: llama's default; 0: the whole head)
+    head_rows: int | None = None  # LLAMA_DRAFT_HEAD_ROWS for the draft model (None: llama's default; 0: whole)
 
 
 @dataclass(frozen=True)
