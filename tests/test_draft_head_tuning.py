@@ -95,6 +95,20 @@ def test_a_dspark_drafter_borrowing_the_head_takes_the_setting_one_with_its_own_
     assert DRAFT_HEAD_ENV not in own.env and own.speculative.head_rows is None
 
 
+def test_a_vocabulary_not_ordered_by_frequency_keeps_the_whole_borrowed_head():
+    """Gemma 3's SentencePiece vocabulary has 17% of English past id 65536 (measured): the plan
+    gives its borrowing drafter the whole head unless the user says otherwise; BPE keeps the cut."""
+    spm = dataclasses.replace(target(), tokenizer_model="llama")
+    plan = plan_for(env=ON, model=spm, draft=borrowing())
+    assert plan.env[DRAFT_HEAD_ENV] == "0" and plan.speculative.head_rows == 0
+    assert any(r.flag == DRAFT_HEAD_ENV and "not ordered by frequency" in r.why for r in plan.reasons)
+    assert not drafter_head_is_cut(spm, borrowing(), head_on_cpu=True)
+    bpe = plan_for(env=ON, draft=borrowing())
+    assert DRAFT_HEAD_ENV not in bpe.env and bpe.speculative.head_rows is None
+    asked = plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "32768"}, model=spm, draft=borrowing())
+    assert asked.env[DRAFT_HEAD_ENV] == "32768"  # the user's setting wins over the detected default
+
+
 def test_a_router_keeps_one_value_for_all_its_draft_mtp_models():
     whole = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "0"}).served
     default = dataclasses.replace(mtp_plan({}).served, name="other")

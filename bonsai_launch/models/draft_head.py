@@ -18,6 +18,14 @@ DEFAULT_ROWS = 65536
 WHOLE_HEAD = 0
 
 
+def ordered_by_frequency(target: GGUFInfo) -> bool:
+    """Whether the vocabulary's first ids are its most frequent pieces: a BPE vocabulary
+    (`gpt2` in GGUF: Qwen's, Bonsai's) is ordered by merge rank. Gemma 3's SentencePiece one is
+    not: 17% of English licence text lies past id 65536 there (docs/benchmarks.md), so the cut
+    would cost drafts on every text."""
+    return target.tokenizer_model == "gpt2"
+
+
 def mtp_head_is_cut(target: GGUFInfo, head_on_cpu: bool) -> bool:
     """Whether draft-mtp on this model drafts from fewer rows than its vocabulary by default."""
     return head_on_cpu and target.architecture in MTP_ARCHS and (target.vocab_size or 0) > DEFAULT_ROWS
@@ -27,4 +35,4 @@ def drafter_head_is_cut(target: GGUFInfo, drafter: GGUFInfo | None, head_on_cpu:
     """Whether a DSpark/DFlash drafter drafts from fewer rows than the vocabulary by default: it
     borrows the target's head (a drafter with a head of its own is not cut)."""
     borrows = drafter is not None and drafter.drafter is not None and drafter.drafter.borrows_head
-    return head_on_cpu and borrows and (target.vocab_size or 0) > DEFAULT_ROWS
+    return head_on_cpu and borrows and (target.vocab_size or 0) > DEFAULT_ROWS and ordered_by_frequency(target)

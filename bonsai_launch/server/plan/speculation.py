@@ -36,7 +36,7 @@ def require_log_snr(caps: Capabilities | None, drafter: GGUFInfo) -> None:
 
 
 def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan | None:
-    """The speculative part of the plan (None: plain), with draft-mtp's head rows."""
+    """The speculative part of the plan (None: plain), with the draft model's head rows."""
     return _draft_head(inputs, _speculation(inputs, ngl, b), b)
 
 
@@ -48,7 +48,7 @@ def _draft_head(inputs: PlanInputs, spec: SpecPlan | None, b: ArgvBuilder) -> Sp
     s = inputs.settings
     rows = s.get("draft_head_rows")
     if rows is None:
-        return spec
+        return _whole_head_unless_ordered(inputs, spec, b)
     setting = f"BONSAI_DRAFT_HEAD_ROWS={rows} ({s.source('draft_head_rows')})"
     model = spec_types.draft_model_part(spec.spec_type) if spec is not None else None
     if spec is None or model not in ("draft-mtp", "draft-dspark", "draft-dflash"):
@@ -70,6 +70,22 @@ def _draft_head(inputs: PlanInputs, spec: SpecPlan | None, b: ArgvBuilder) -> Sp
     what = "the whole LM head" if rows == 0 else f"the LM head's first {rows} rows (rounded down to 64)"
     b.reasons.append(Reason(draft_head.ENV, str(rows), f"{setting}: {who} drafts from {what}"))
     return dataclasses.replace(spec, head_rows=rows)
+
+
+def _whole_head_unless_ordered(inputs: PlanInputs, spec: SpecPlan | None, b: ArgvBuilder) -> SpecPlan | None:
+    """The detected default: patch 0016 cuts any target's borrowed head, but only a vocabulary
+    ordered by frequency keeps most drafts inside the cut, so a drafter borrowing another kind
+    (Gemma 3's SentencePiece) gets the whole head. qwen35's MTP layers (0015) are always BPE."""
+    drafter = inputs.drafter.drafter if inputs.drafter is not None else None
+    model = spec_types.draft_model_part(spec.spec_type) if spec is not None else None
+    if spec is None or model not in ("draft-dspark", "draft-dflash") or drafter is None or not drafter.borrows_head:
+        return spec
+    if draft_head.ordered_by_frequency(inputs.model):
+        return spec
+    tokenizer = inputs.model.tokenizer_model
+    why = f"{tokenizer} vocabulary, not ordered by frequency: the drafter drafts from the whole LM head"
+    b.reasons.append(Reason(draft_head.ENV, str(draft_head.WHOLE_HEAD), why))
+    return dataclasses.replace(spec, head_rows=draft_head.WHOLE_HEAD)
 
 
 def _speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan | None:
