@@ -80,8 +80,8 @@ def _whole_head_unless_ordered(inputs: PlanInputs, spec: SpecPlan | None, b: Arg
     model = spec_types.draft_model_part(spec.spec_type) if spec is not None else None
     if spec is None or model not in ("draft-dspark", "draft-dflash") or drafter is None or not drafter.borrows_head:
         return spec
-    if draft_head.ordered_by_frequency(inputs.model):
-        return spec
+    if draft_head.ordered_by_frequency(inputs.model) or (inputs.model.vocab_size or 0) <= draft_head.DEFAULT_ROWS:
+        return spec  # the cut keeps most drafts, or there is nothing past it
     tokenizer = inputs.model.tokenizer_model
     why = f"{tokenizer} vocabulary, not ordered by frequency: the drafter drafts from the whole LM head"
     b.reasons.append(Reason(draft_head.ENV, str(draft_head.WHOLE_HEAD), why))
