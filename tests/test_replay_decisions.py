@@ -141,6 +141,62 @@ def test_the_choice_and_its_main_competitor_get_their_runs_even_past_the_default
     assert kept == ["a"] and list(skipped) == ["b", "c"] and clock.grown_from is None
 
 
+@pytest.mark.parametrize("dspark_pair_ratio,confirmed", [(2.69, "ngram-mod+draft-x"), (1.30, "b")])
+def test_a_run_screened_candidate_ahead_of_the_replays_picks_is_the_one_confirmed(
+    dspark_pair_ratio, confirmed, monkeypatch
+):
+    """The whole rounds under the default budget (8 x a 10 s plain run), with stand-ins for the
+    server runs and the replay: the replay picks a (est. 1.54x) and b (1.43x); a drafter pair the
+    replay cannot screen runs once. Screened at 2.69x it is one of the best two and gets its
+    confirmation rounds, and b (now third) does not; screened at 1.30x it stays behind a and b.
+    Before, the replay's two always went first and the 2.69x pair was left unconfirmed (the dense
+    DSpark pair's tune, docs/benchmarks.md)."""
+    from bonsai_launch.bench.data import BenchData, BenchOptions, ConfigSpec, SilentListener
+    from bonsai_launch.tune import rounds as rd
+
+    # the counts (plain steps, verify steps, drafted, accepted) give a 1.54x and b 1.43x plain
+    screen = _screen(
+        {
+            "copy": {"a": (20, 10, 80, 70), "b": (25, 10, 80, 65), "c": (99, 1, 8, 0)},
+            "chat": {"a": (60, 10, 40, 30), "b": (65, 10, 40, 25), "c": (99, 1, 8, 0)},
+        }
+    )
+    picked = tm.finalists(screen, ["copy", "chat"])
+    assert list(picked) == ["a", "b"]
+    now = [0.0]
+    monkeypatch.setattr(rd.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(rd, "_screen_by_replay", lambda *args: dict(picked))
+    monkeypatch.setattr(
+        rd, "_screening_ratios", lambda data, base: {"draft-x": 1.20, "ngram-mod+draft-x": dspark_pair_ratio}
+    )
+    plain = ConfigSpec("plain", True, None, {"speculative": False})
+    others = [ConfigSpec(n, False, None, {}) for n in ("a", "b", "c", "draft-x", "ngram-mod+draft-x")]
+    clock = rd.Clock(None)
+    ran: list[tuple[str, int]] = []
+
+    def measure(spec: ConfigSpec, repeat: int) -> None:
+        now[0] += 10.0
+        ran.append((spec.name, repeat))
+        clock.runs.append(10.0)
+        clock.times[spec.name] = 10.0
+
+    data = BenchData("launch", BenchOptions(), [plain, *others], [])
+    skipped: dict[str, str] = {}
+    notes: list[str] = []
+    rd.rounds(plain, others, measure, clock, data, skipped, notes, 8, 2, [], SilentListener(), screen, None, None)
+    confirmed_runs = {name for name, repeat in ran if repeat == 2}
+    assert confirmed_runs == {"plain", "a", confirmed}, (ran, skipped, notes)
+    left = ({"b", "ngram-mod+draft-x"} - {confirmed}).pop()
+    assert "ran out; raise --budget" in skipped[left]
+    if confirmed == "ngram-mod+draft-x":  # the replay's picks re-ranked below it, and said so
+        assert screen.picked["a"].startswith("second best over all prompts (est. in the replay: 1.54x")
+        assert screen.picked["b"].startswith("ahead of plain in screening")
+        assert "a finalist (ahead of plain in screening" in skipped["b"]
+    else:
+        assert screen.picked["a"].startswith("best over all prompts") and screen.picked["b"].startswith("second best")
+        assert "ahead of plain in screening (in its screening run: 1.30x" in skipped[left]
+
+
 # -- the traffic verdict and the decision it makes -------------------------------------------------
 
 

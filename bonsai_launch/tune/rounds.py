@@ -2,7 +2,8 @@
 draft-free candidates by replaying that run's tokens, tune/screen.py; the others by one run
 each), then each finalist's three paired runs, as many finalists as the budget holds, the most
 important first. Under the default budget the best and the second best over all prompts (the
-choice and its main competitor) always get theirs: the budget grows for them, with a note.
+choice and its main competitor), whether the replay or a run screened them, always get theirs:
+the budget grows for them, with a note.
 `measure(spec, repeat)` (session.py) runs one fresh server over every prompt.
 """
 
@@ -156,10 +157,13 @@ def rounds(
         for s in sorted(run_once, key=lambda s: ratios.get(s.name, 0.0), reverse=True)
         if ratios.get(s.name, 0.0) > 1.0
     ][:max_by_run]
-    by_replay = sorted((s for s in others if s.name in picked), key=lambda s: list(picked).index(s.name))
+    by_replay = [s for s in others if s.name in picked]
+    ranked, why = _ranked(by_replay, by_run, picked, screen, ratios)
+    if screen is not None and screen.replays:
+        screen.picked = {n: w for n, w in why.items() if n in screen.replays}
     # the choice and its main competitor: never left with a `?` under the default budget (issue 47)
-    must = {n for n, why in picked.items() if why.startswith(tm.OVERALL)} if default_budget else set()
-    finalists = _fitting(by_replay + by_run, by_replay, plain, measure, clock, skipped, picked, must)
+    must = {s.name for s in ranked[:2] if why[s.name].startswith(tm.OVERALL)} if default_budget else set()
+    finalists = _fitting(ranked, by_replay, plain, measure, clock, skipped, why, must)
     listener.total(len(data.requests) + len(prompts) * CONFIRM_ROUNDS * (1 + len(finalists)))
     if screen is not None and screen.replays:  # the verify cost, now measured on the finalists
         screen.cost = est.fit(*tm.measured(data, plain.name), prior=screen.cost)
@@ -187,6 +191,33 @@ def rounds(
             f"budget grown from {clock.grown_from:.0f} s to {clock.budget_s:.0f} s so that the best two over all "
             "prompts (the choice and its main competitor) got their three runs each"
         )
+
+
+def _ranked(
+    by_replay: list[ConfigSpec],
+    by_run: list[ConfigSpec],
+    picked: Mapping[str, str],
+    screen: tm.Screen | None,
+    ratios: Mapping[str, float],
+) -> tuple[list[ConfigSpec], dict[str, str]]:
+    """The finalists in one order, with why each: the best two over all prompts whichever way
+    they were screened (a replayed candidate by its estimate, any other by its one run), then each
+    category's best from the replay, then the rest, best first. Ranking the replay's picks ahead of
+    every run-screened candidate left a drafter-with-n-gram pair that screened 2.69x unconfirmed
+    while the replay's 2.22x won (docs/benchmarks.md)."""
+    score: dict[str, float] = {s.name: ratios.get(s.name, 0.0) for s in by_run}
+    for s in by_replay:
+        if picked[s.name].startswith(tm.OVERALL):
+            score[s.name] = (screen.ratio(s.name) if screen is not None else None) or 0.0
+    overall = sorted((s for s in [*by_replay, *by_run] if s.name in score), key=lambda s: score[s.name], reverse=True)
+    why = dict(picked)
+    for rank, spec in enumerate(overall):
+        how = "est. in the replay" if spec in by_replay else "in its screening run"
+        place = ("best", "second best")[rank] + " over all prompts" if rank < 2 else "ahead of plain in screening"
+        if score[spec.name] > 1.0 or spec not in by_replay:
+            why[spec.name] = f"{place} ({how}: {score[spec.name]:.2f}x plain)"
+    by_category = [s for s in by_replay if s.name not in score]
+    return [*overall[:2], *by_category, *overall[2:]], why
 
 
 def _without_needless_whole_head(
