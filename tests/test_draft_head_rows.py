@@ -167,3 +167,59 @@ def test_the_markov_bias_is_cut_with_the_head(llama_server, tmp_path):
     assert got[300, "0"]["accepted"] == 0, got  # the bias's token past the cut wins over the head's
     assert got[300, "256"]["accepted"] == got[300, "256"]["drafted"], got  # its row is cut away
     assert got[200, "0"]["accepted"] == got[200, "256"]["accepted"] == 0, got
+
+
+def test_each_model_of_a_router_drafts_from_its_own_rows(llama_server, counter, tmp_path):
+    """A llama-server router hands its children one environment, but each child reads its own
+    preset section: bonsai plans one model of the counter with BONSAI_DRAFT_HEAD_ROWS=256 and one
+    with 0, and its preset gives each child `spec-draft-head-rows` (patch 0017). Past row 255 the
+    first model's drafts are all refused and the second's all accepted. Without 0017 the router
+    refuses the unknown key; before it, bonsai dropped the variable for both."""
+    import dataclasses
+
+    from bonsai_launch.llamacpp.binaries import probe
+    from bonsai_launch.models.gguf import inspect_gguf
+    from bonsai_launch.server.plan.router import plan_router
+    from test_plan import plan_for
+
+    caps = probe(llama_server)
+    info = inspect_gguf(counter)
+    plans = {
+        name: plan_for(
+            env={
+                "BONSAI_SPECULATIVE": "1",
+                "BONSAI_SPEC_NMAX": "2",
+                "BONSAI_DRAFT_HEAD_ROWS": rows,
+                "BONSAI_CTX": "1024",
+            },
+            with_drafter=False,
+            model=info,
+            caps=caps,
+        )
+        for name, rows in (("cut", "256"), ("whole", "0"))
+    }
+    models = [(name, dataclasses.replace(p.served, name=name)) for name, p in plans.items()]
+    router = plan_router(
+        plans["cut"].server,
+        models,
+        {},
+        caps.options,
+        preset_path=str(tmp_path / "p.ini"),
+        cache_dir=str(tmp_path),
+        name="r",
+    )
+    (tmp_path / "p.ini").write_text(router.preset)
+    args = ["--models-preset", tmp_path / "p.ini", "--models-max", "2", "-t", "1"]
+    past = tiny_hybrid.counter_prompt(300, 16)
+    got = {}
+    with tiny_gguf.serve(llama_server, args, tmp_path / "router.log", env={"LLAMA_CACHE": str(tmp_path)}) as s:
+        for name in plans:
+            out = s.post(
+                "/completion",
+                {"model": name, "prompt": past, "n_predict": 32, "cache_prompt": False, "return_tokens": True},
+            )
+            got[name] = (out["timings"].get("draft_n", 0), out["timings"].get("draft_n_accepted", 0), out["tokens"])
+    (cut_drafted, cut_accepted, cut_tokens), (whole_drafted, whole_accepted, whole_tokens) = got["cut"], got["whole"]
+    assert cut_tokens == whole_tokens == [(316 + i) % 512 for i in range(32)], got
+    assert cut_drafted > 0 and cut_accepted == 0, got
+    assert whole_drafted > 0 and whole_accepted == whole_drafted, got

@@ -19,9 +19,8 @@ from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.decisions import store
 from bonsai_launch.decisions.store import Choice
 from bonsai_launch.llamacpp.replay import Stream
-from bonsai_launch.models.draft_head import ENV as DRAFT_HEAD_ENV
+from bonsai_launch.models.draft_head import FLAG as DRAFT_HEAD_FLAG
 from bonsai_launch.models.draft_head import drafter_head_is_cut, mtp_head_is_cut
-from bonsai_launch.server.plan.router import shared_draft_head
 from bonsai_launch.tune import candidates as cands
 from bonsai_launch.tune import draft_head
 from bonsai_launch.tune.decide import decide
@@ -40,26 +39,45 @@ def mtp_plan(env: dict[str, str], model=None):
 # -- the setting in the plan --------------------------------------------------------------------
 
 
-def test_the_setting_reaches_llama_server_as_llama_draft_head_rows_with_its_reason():
+def rows(plan) -> str | None:
+    """The plan's --spec-draft-head-rows (patch 0017), as llama-server gets it."""
+    return arg(plan, DRAFT_HEAD_FLAG)
+
+
+def test_the_setting_reaches_llama_server_as_its_option_with_its_reason():
     plan = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "0"})
-    assert plan.env[DRAFT_HEAD_ENV] == "0" and plan.speculative.head_rows == 0
-    reason = next(r for r in plan.reasons if r.flag == DRAFT_HEAD_ENV)
+    assert rows(plan) == "0" and plan.speculative.head_rows == 0
+    assert "LLAMA_DRAFT_HEAD_ROWS" not in plan.env  # one mechanism: the option, per server
+    reason = next(r for r in plan.reasons if r.flag == DRAFT_HEAD_FLAG)
     assert "BONSAI_DRAFT_HEAD_ROWS=0 (env)" in reason.why and "whole LM head" in reason.why
     cut = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "32768"})
-    assert cut.env[DRAFT_HEAD_ENV] == "32768" and any("first 32768 rows" in r.why for r in cut.reasons)
+    assert rows(cut) == "32768" and any("first 32768 rows" in r.why for r in cut.reasons)
 
 
-def test_the_switch_is_shown_and_a_secret_beside_it_stays_masked():
-    from bonsai_launch.server.plan.types import shown_env
+def test_the_option_after_the_double_dash_is_the_setting():
+    plan = plan_for(env=ON, with_drafter=False, model=mtp_target(), passthrough=[DRAFT_HEAD_FLAG, "0"])
+    assert list(plan.argv).count(DRAFT_HEAD_FLAG) == 1 and rows(plan) == "0"
+    with pytest.raises(BonsaiError) as err:
+        plan_for(env=ON, with_drafter=False, model=mtp_target(), passthrough=[DRAFT_HEAD_FLAG, "65k"])
+    assert "65k" in str(err.value)
 
-    env = {DRAFT_HEAD_ENV: "0", "LLAMA_API_KEY": "s3cret", "HF_TOKEN": "t"}
-    assert shown_env(env, "***") == {DRAFT_HEAD_ENV: "0", "LLAMA_API_KEY": "***", "HF_TOKEN": "***"}
+
+def test_a_binary_without_the_option_refuses_the_setting_and_takes_no_default():
+    from bonsai_launch.llamacpp.capabilities import Capabilities
+
+    old = Capabilities("/opt/llama-server", spec_types=frozenset({"draft-mtp", "draft-dspark"}))
+    with pytest.raises(BonsaiError) as err:
+        plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "0"}, with_drafter=False, model=mtp_target(), caps=old)
+    assert "BONSAI_DRAFT_HEAD_ROWS needs --spec-draft-head-rows" in str(err.value)
+    spm = dataclasses.replace(target(), tokenizer_model="llama")
+    plan = plan_for(env=ON, model=spm, draft=borrowing(), caps=old)
+    assert rows(plan) is None and plan.speculative.head_rows is None
 
 
 def test_unset_the_plan_leaves_llamas_default():
     plan = mtp_plan({})
-    assert DRAFT_HEAD_ENV not in plan.env and plan.speculative.head_rows is None
-    assert not any(r.flag == DRAFT_HEAD_ENV for r in plan.reasons)
+    assert rows(plan) is None and plan.speculative.head_rows is None
+    assert not any(r.flag == DRAFT_HEAD_FLAG for r in plan.reasons)
 
 
 @pytest.mark.parametrize("value", ["65k", "-256", "all", "1.5"])
@@ -71,12 +89,12 @@ def test_a_value_that_is_not_a_row_count_is_refused_in_one_line(value):
 
 def test_without_draft_mtp_or_on_another_architecture_it_warns_that_it_does_nothing():
     dspark = plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "0"})  # the profile's DSpark drafter
-    assert arg(dspark, "--spec-type") == "draft-dspark" and DRAFT_HEAD_ENV not in dspark.env
+    assert arg(dspark, "--spec-type") == "draft-dspark" and rows(dspark) is None
     assert any("the drafter has a head of its own" in w for w in dspark.warnings)
     plain = plan_for(env={"BONSAI_DRAFT_HEAD_ROWS": "0"}, with_drafter=False)
-    assert DRAFT_HEAD_ENV not in plain.env and any("has no effect" in w for w in plain.warnings)
+    assert rows(plain) is None and any("has no effect" in w for w in plain.warnings)
     glm = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "0"}, model=mtp_target(arch="glm4moe", name="glm.gguf"))
-    assert arg(glm, "--spec-type") == "draft-mtp" and DRAFT_HEAD_ENV not in glm.env
+    assert arg(glm, "--spec-type") == "draft-mtp" and rows(glm) is None
     assert any("has no effect on glm4moe" in w for w in glm.warnings)
 
 
@@ -88,11 +106,11 @@ def borrowing(info=None):
 
 def test_a_dspark_drafter_borrowing_the_head_takes_the_setting_one_with_its_own_head_does_not():
     plan = plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "0"}, draft=borrowing())
-    assert arg(plan, "--spec-type") == "draft-dspark" and plan.env[DRAFT_HEAD_ENV] == "0"
+    assert arg(plan, "--spec-type") == "draft-dspark" and rows(plan) == "0"
     assert plan.speculative.head_rows == 0
-    assert any(r.flag == DRAFT_HEAD_ENV and "the drafter drafts from the whole LM head" in r.why for r in plan.reasons)
+    assert any(r.flag == DRAFT_HEAD_FLAG and "the drafter drafts from the whole LM head" in r.why for r in plan.reasons)
     own = plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "0"}, draft=drafter())
-    assert DRAFT_HEAD_ENV not in own.env and own.speculative.head_rows is None
+    assert rows(own) is None and own.speculative.head_rows is None
 
 
 def test_a_vocabulary_not_ordered_by_frequency_keeps_the_whole_borrowed_head():
@@ -100,25 +118,34 @@ def test_a_vocabulary_not_ordered_by_frequency_keeps_the_whole_borrowed_head():
     gives its borrowing drafter the whole head unless the user says otherwise; BPE keeps the cut."""
     spm = dataclasses.replace(target(), tokenizer_model="llama")
     plan = plan_for(env=ON, model=spm, draft=borrowing())
-    assert plan.env[DRAFT_HEAD_ENV] == "0" and plan.speculative.head_rows == 0
-    assert any(r.flag == DRAFT_HEAD_ENV and "not ordered by frequency" in r.why for r in plan.reasons)
+    assert rows(plan) == "0" and plan.speculative.head_rows == 0
+    assert any(r.flag == DRAFT_HEAD_FLAG and "not ordered by frequency" in r.why for r in plan.reasons)
     assert not drafter_head_is_cut(spm, borrowing(), head_on_cpu=True)
     bpe = plan_for(env=ON, draft=borrowing())
-    assert DRAFT_HEAD_ENV not in bpe.env and bpe.speculative.head_rows is None
+    assert rows(bpe) is None and bpe.speculative.head_rows is None
     asked = plan_for(env={**ON, "BONSAI_DRAFT_HEAD_ROWS": "32768"}, model=spm, draft=borrowing())
-    assert asked.env[DRAFT_HEAD_ENV] == "32768"  # the user's setting wins over the detected default
+    assert rows(asked) == "32768"  # the user's setting wins over the detected default
+    assert list(asked.argv).count(DRAFT_HEAD_FLAG) == 1
 
 
-def test_a_router_keeps_one_value_for_all_its_draft_mtp_models():
-    whole = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "0"}).served
-    default = dataclasses.replace(mtp_plan({}).served, name="other")
-    kept = shared_draft_head([("a", whole), ("b", dataclasses.replace(whole, name="twin"))])
-    assert all(p.env.get(DRAFT_HEAD_ENV) == "0" for _, p in kept)
-    mixed = shared_draft_head([("a", whole), ("b", default)])
-    first = mixed[0][1]
-    assert DRAFT_HEAD_ENV not in first.env and first.speculative.head_rows is None
-    assert not any(r.flag == DRAFT_HEAD_ENV for r in first.reasons)
-    assert any("ask for different draft head rows" in w for w in first.warnings)
+def test_each_model_of_a_router_keeps_its_own_rows_in_its_preset_section():
+    """A router's children share its environment but each reads its own preset section: with
+    the option (patch 0017) a tuned whole head and the default cut live side by side."""
+    from bonsai_launch.server.plan.router import plan_router
+    from test_plan import pinned_table
+
+    whole = mtp_plan({"BONSAI_DRAFT_HEAD_ROWS": "0"})
+    default = mtp_plan({})
+    other = dataclasses.replace(default.served, name="other")
+    router = plan_router(
+        whole.server, [("a", whole.served), ("b", other)], {}, pinned_table(),
+        preset_path="/tmp/p.ini", cache_dir="/tmp/c", name="r",
+    )  # fmt: skip
+    sections = router.preset.split("\n[")
+    mine = next(x for x in sections if x.startswith(f"{whole.served.name}]"))
+    theirs = next(x for x in sections if x.startswith("other]"))
+    assert "spec-draft-head-rows = 0" in mine and "spec-draft-head-rows" not in theirs
+    assert "LLAMA_DRAFT_HEAD_ROWS" not in router.env and not any("draft head" in w for w in router.warnings)
 
 
 # -- when the cut applies -----------------------------------------------------------------------
@@ -259,8 +286,9 @@ def test_auto_runs_the_decisions_head_and_refuses_an_explicit_one(llama_server, 
     code, plan = _dry(capsys, "--model", str(model), "--speculative", "auto")
     assert code == 0 and plan["tuning"]["status"] == "found", plan
     assert plan["speculative"]["type"] == "draft-mtp" and plan["speculative"]["head_rows"] == 0
-    assert any(r["flag"] == DRAFT_HEAD_ENV and r["value"] == "0" for r in plan["reasons"])
-    assert plan["env"][DRAFT_HEAD_ENV] == "0"  # a switch, shown; secrets stay masked (test_plan.py)
+    assert any(r["flag"] == DRAFT_HEAD_FLAG and r["value"] == "0" for r in plan["reasons"])
+    argv = plan["argv"]
+    assert argv[argv.index(DRAFT_HEAD_FLAG) + 1] == "0"
 
     monkeypatch.setenv("BONSAI_DRAFT_HEAD_ROWS", "0")
     code, err = _dry(capsys, "--model", str(model), "--speculative", "auto")

@@ -151,3 +151,10 @@ def test_a_detached_server_samples_its_own_prompts_for_tuning(llama_server, tiny
         assert tuned["decision"]["prompts"] == name and tuned["decision"]["evidence"]["prompts"] == 2, tuned
     finally:
         stop_all()
+
+
+def test_the_switch_is_shown_and_a_secret_beside_it_stays_masked():
+    from bonsai_launch.server.plan.types import shown_env
+
+    env = {prompt_sample.SLOTS_DEBUG_ENV: "1", "LLAMA_API_KEY": "s3cret", "HF_TOKEN": "t"}
+    assert shown_env(env, "***") == {prompt_sample.SLOTS_DEBUG_ENV: "1", "LLAMA_API_KEY": "***", "HF_TOKEN": "***"}

@@ -271,7 +271,7 @@ SETTINGS: tuple[Setting, ...] = (
         "int",
         "With bonsai's build, how many of the LM head's first rows a draft model drafts from: draft-mtp on a "
         "qwen35 model (Bonsai 2), or a DSpark/DFlash drafter that borrows the target's head "
-        "(LLAMA_DRAFT_HEAD_ROWS, patches 0015-0016); 0 is the whole head. Unset: 65536 where the "
+        "(--spec-draft-head-rows, patches 0015-0017); 0 is the whole head. Unset: 65536 where the "
         "CPU computes the head, the whole head on a GPU. A token past the cut is never drafted (answers are "
         "unchanged): text in Latin script and code keep 94-98% of their tokens in the first 65536 ids, Chinese, "
         "Japanese, Korean and Russian about 70%, so 0 can be faster there; `bonsai tune` measures both.",

@@ -2,7 +2,8 @@
 
 Where the CPU computes the head, a qwen35/qwen35moe MTP layer (0015) and a DSpark/DFlash drafter
 that borrows the target's head (0016, as the published drafters do) multiply by the head's first
-LLAMA_DRAFT_HEAD_ROWS rows only: 65536 by default, the whole head on a GPU; 0 is the whole head.
+rows only: 65536 by default, the whole head on a GPU; `--spec-draft-head-rows N` (0017) sets how
+many, 0 is the whole head.
 A BPE vocabulary's first ids are its most frequent pieces, so the cut keeps most drafts of
 English and code and fewer of other scripts; a token past it is never drafted, and the verify
 still decides every token, so answers are unchanged (docs/benchmarks.md).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from bonsai_launch.models.gguf import GGUFInfo
 
-ENV = "LLAMA_DRAFT_HEAD_ROWS"
+FLAG = "--spec-draft-head-rows"  # patch 0017: each server (each model of a router) its own rows
 MTP_ARCHS = frozenset({"qwen35", "qwen35moe"})  # whose MTP graph takes the cut (patch 0015)
 DEFAULT_ROWS = 65536
 WHOLE_HEAD = 0

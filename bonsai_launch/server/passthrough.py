@@ -35,6 +35,7 @@ SETTING_OPTIONS: dict[str, str] = {
     "--gpu-layers": "ngl",
     "--spec-type": "spec_type",
     "--spec-draft-n-max": "spec_nmax",
+    "--spec-draft-head-rows": "draft_head_rows",
     "--api-key": "api_key",
     "--verbose": "verbose",
     "--parallel": "parallel",

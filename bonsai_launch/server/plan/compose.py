@@ -103,10 +103,6 @@ def plan_model(inputs: PlanInputs, process_reasons: tuple[Reason, ...] = ()) -> 
     b.add("-ngl", ngl, ngl_why)
 
     spec = plan_speculation(inputs, ngl, b)
-    if spec is not None and spec.head_rows is not None:
-        from bonsai_launch.models.draft_head import ENV as DRAFT_HEAD_ENV
-
-        env[DRAFT_HEAD_ENV] = str(spec.head_rows)  # read by patches 0015-0016; the reason is speculation's
     # -np after -- is folded into BONSAI_PARALLEL's setting (source "passthrough").
     slot_choice = slot_rules.choose_slots(s.get("parallel"), s.source("parallel"), spec is not None)
     ctx, per_slot_ctx = plan_context(inputs, spec is not None, ngl, slot_choice.count, b)

@@ -11,7 +11,6 @@ turns it off), and an option holds one value, so an option a plan gives twice ca
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -195,40 +194,6 @@ def check_names(models: Sequence[tuple[str, ModelPlan]]) -> None:
         seen[plan.name] = source
 
 
-def shared_draft_head(models: Sequence[tuple[str, ModelPlan]]) -> list[tuple[str, ModelPlan]]:
-    """LLAMA_DRAFT_HEAD_ROWS is an environment variable, and every child inherits the router's
-    environment (a preset section holds flags only), so the models with a draft model (draft-mtp,
-    a DSpark drafter) share one value. When they ask for different ones (a tuned whole head beside
-    the default cut), none is set: each runs llama's default, and its plan says so rather than
-    silently running another's value."""
-    from bonsai_launch.llamacpp import spec_types
-    from bonsai_launch.models.draft_head import ENV as DRAFT_HEAD_ENV
-
-    def rows(p: ModelPlan) -> int | None:
-        return p.speculative.head_rows if p.speculative is not None else None
-
-    drafting = [p for _, p in models if p.speculative and spec_types.draft_model_part(p.speculative.spec_type)]
-    if len({rows(p) for p in drafting}) <= 1:
-        return list(models)
-    said = ", ".join(f"{p.name} {'default' if rows(p) is None else rows(p)}" for p in drafting)
-    why = (
-        f"{DRAFT_HEAD_ENV}: the models with a draft model ask for different draft head rows ({said}), and one router "
-        "passes one environment to all of them: each keeps llama's default (65536 rows on a CPU)"
-    )
-    out = []
-    for source, p in models:
-        if p.speculative is not None and rows(p) is not None:
-            p = dataclasses.replace(
-                p,
-                env={k: v for k, v in p.env.items() if k != DRAFT_HEAD_ENV},
-                reasons=tuple(r for r in p.reasons if r.flag != DRAFT_HEAD_ENV),
-                speculative=dataclasses.replace(p.speculative, head_rows=None),
-                warnings=(*p.warnings, why),
-            )
-        out.append((source, p))
-    return out
-
-
 def plan_router(
     server: ServerPlan,
     models: Sequence[tuple[str, ModelPlan]],
@@ -243,7 +208,6 @@ def plan_router(
     if not models:
         raise BonsaiError("bonsai serve needs at least one model", "name profiles, GGUF files or a folder of them")
     check_names(models)
-    models = shared_draft_head(models)
     names = [p.name for _, p in models]
     idle = idle_times(settings.get("idle_unload"), names)
     pins = name_list(settings.get("pin"))

@@ -15,7 +15,7 @@ from bonsai_launch.models.gguf import GGUFInfo, check_pair
 from bonsai_launch.models.mtp import DEFAULT_N_MAX as MTP_DEFAULT_N_MAX
 from bonsai_launch.models.mtp import has_usable_mtp, mtp_pair_problems, mtp_problems
 from bonsai_launch.server import slots as slot_rules
-from bonsai_launch.server.plan.types import ArgvBuilder, PlanInputs, Reason, SpecPlan
+from bonsai_launch.server.plan.types import ArgvBuilder, PlanInputs, SpecPlan
 
 
 def require_spec_type(caps: Capabilities | None, spec_type: str) -> None:
@@ -42,9 +42,9 @@ def plan_speculation(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> SpecPlan |
 
 def _draft_head(inputs: PlanInputs, spec: SpecPlan | None, b: ArgvBuilder) -> SpecPlan | None:
     """BONSAI_DRAFT_HEAD_ROWS: how many of the LM head's first rows the draft model drafts from
-    (patches 0015-0016 read LLAMA_DRAFT_HEAD_ROWS; compose puts it in the process environment):
-    a qwen35 MTP layer, or a DSpark/DFlash drafter that borrows the target's head. Unset,
-    llama's own default holds: 65536 rows where the CPU computes the head."""
+    (patches 0015-0016; the option is 0017's): a qwen35 MTP layer, or a DSpark/DFlash drafter that
+    borrows the target's head. Unset, llama's own default holds: 65536 rows where the CPU computes
+    the head."""
     s = inputs.settings
     rows = s.get("draft_head_rows")
     if rows is None:
@@ -68,7 +68,8 @@ def _draft_head(inputs: PlanInputs, spec: SpecPlan | None, b: ArgvBuilder) -> Sp
         return spec
     who = "the MTP layer" if model == "draft-mtp" else "the drafter"
     what = "the whole LM head" if rows == 0 else f"the LM head's first {rows} rows (rounded down to 64)"
-    b.reasons.append(Reason(draft_head.ENV, str(rows), f"{setting}: {who} drafts from {what}"))
+    require_flag(inputs.capabilities, draft_head.FLAG, "BONSAI_DRAFT_HEAD_ROWS")
+    b.add(draft_head.FLAG, rows, f"{setting}: {who} drafts from {what}")
     return dataclasses.replace(spec, head_rows=rows)
 
 
@@ -82,9 +83,12 @@ def _whole_head_unless_ordered(inputs: PlanInputs, spec: SpecPlan | None, b: Arg
         return spec
     if draft_head.ordered_by_frequency(inputs.model) or (inputs.model.vocab_size or 0) <= draft_head.DEFAULT_ROWS:
         return spec  # the cut keeps most drafts, or there is nothing past it
+    caps = inputs.capabilities
+    if caps is not None and not caps.accepts(draft_head.FLAG):
+        return spec  # not bonsai's build: it has no cut either (patch 0016)
     tokenizer = inputs.model.tokenizer_model
     why = f"{tokenizer} vocabulary, not ordered by frequency: the drafter drafts from the whole LM head"
-    b.reasons.append(Reason(draft_head.ENV, str(draft_head.WHOLE_HEAD), why))
+    b.add(draft_head.FLAG, draft_head.WHOLE_HEAD, why)
     return dataclasses.replace(spec, head_rows=draft_head.WHOLE_HEAD)
 
 

@@ -24,11 +24,9 @@ from bonsai_launch.server.slots import SlotsPlan
 def shown_env(env: Mapping[str, str], mask: str) -> dict[str, str]:
     """The process environment as bonsai shows it: switches with their values, everything else
     (the API key, tokens from the arguments after --) as `mask`. Unknown names stay masked."""
-    from bonsai_launch.models.draft_head import ENV as DRAFT_HEAD_ENV
     from bonsai_launch.server.prompt_sample import SLOTS_DEBUG_ENV
 
-    switches = (DRAFT_HEAD_ENV, SLOTS_DEBUG_ENV)
-    return {k: v if k in switches else mask for k, v in env.items()}
+    return {k: v if k == SLOTS_DEBUG_ENV else mask for k, v in env.items()}
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class SpecPlan:
     n_max: int | None
     drafter: str | None = None
     draft_ngl: int | None = None
-    head_rows: int | None = None  # LLAMA_DRAFT_HEAD_ROWS for the draft model (None: llama's default; 0: whole)
+    head_rows: int | None = None  # --spec-draft-head-rows for the draft model (None: llama's default; 0: whole)
 
 
 @dataclass(frozen=True)
