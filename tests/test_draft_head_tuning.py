@@ -21,11 +21,11 @@ from bonsai_launch.decisions.store import Choice
 from bonsai_launch.llamacpp.replay import Stream
 from bonsai_launch.models.draft_head import FLAG as DRAFT_HEAD_FLAG
 from bonsai_launch.models.draft_head import drafter_head_is_cut, mtp_head_is_cut
+from bonsai_launch.server.plan.weights import gpu_layers, head_on_cpu
 from bonsai_launch.tune import candidates as cands
 from bonsai_launch.tune import draft_head
 from bonsai_launch.tune.decide import decide
 from bonsai_launch.tune.rounds import _without_needless_whole_head
-from bonsai_launch.tune.subject import head_on_cpu
 from test_mtp_plan import mtp_target
 from test_plan import arg, drafter, plan_for, target
 
@@ -173,7 +173,12 @@ def test_a_borrowed_drafter_head_is_cut_on_any_target_past_65536_tokens_on_the_c
      ("cuda", 25, 24, False), ("vulkan", 99, None, False)],
 )  # fmt: skip
 def test_the_head_is_on_the_cpu_unless_every_layer_and_the_output_are_offloaded(backend, ngl, layers, expected):
-    assert head_on_cpu(backend, ngl, layers) is expected
+    """Unset, the GPU layers are the plan's own default (all on a GPU build): tune asks the
+    plan's rule rather than keeping its own."""
+    assert head_on_cpu(backend, gpu_layers(ngl, backend), layers) is expected
+    if ngl is None:
+        plan = plan_for(env=ON, with_drafter=False, model=mtp_target())  # a CPU build: -ngl 0
+        assert arg(plan, "-ngl") == str(gpu_layers(None, "cpu"))
 
 
 # -- tune's candidates and their screening ------------------------------------------------------
@@ -345,6 +350,37 @@ def test_a_tuning_session_screens_the_whole_head_at_the_best_length_when_plains_
     if "draft-mtp/n2/whole-head" in ran:  # the default budget made room for it
         assert any("one more plain run's time" in n for n in notes), notes
         assert "best configuration with the cut only" in skipped["draft-mtp/n1/whole-head"]
+
+
+def test_the_whole_head_twin_runs_before_the_other_run_screened_candidates_use_up_the_budget(monkeypatch):
+    """Under the default budget (8 plain runs of 10 s, one more for the twin) with two
+    drafter-with-n-gram candidates listed first: the MTP lengths screen first, then the twin of
+    the best, then the others while the budget lasts. The hybrid's tune (2026-12-06) listed the
+    pairs first and the twin never ran ("budget"), so text past the cut was never measured whole."""
+    from bonsai_launch.bench.data import BenchData, BenchOptions, SilentListener
+    from bonsai_launch.tune import rounds as rd
+
+    now = [0.0]
+    monkeypatch.setattr(rd.time, "monotonic", lambda: now[0])
+    pairs = [ConfigSpec(f"ngram-mod+draft-mtp/n{n}", False, "x", {"speculative": True}) for n in (1, 2)]
+    plain = ConfigSpec("plain", True, None, {"speculative": False})
+    others = [*pairs, mtp_spec(1), mtp_spec(2), mtp_spec(1, whole=True), mtp_spec(2, whole=True)]
+    clock = rd.Clock(None)
+    ran: list[str] = []
+
+    def measure(config: ConfigSpec, repeat: int) -> None:
+        now[0] += 10.0
+        if repeat == 0:
+            ran.append(config.name)
+        clock.runs.append(10.0)
+        clock.times[config.name] = 10.0
+
+    monkeypatch.setattr(rd, "_screening_ratios", lambda data, base: {"draft-mtp/n1": 1.2, "draft-mtp/n2": 1.5})
+    data = BenchData("launch", BenchOptions(), [plain, *others], [])
+    skipped: dict[str, str] = {}
+    rd.rounds(plain, others, measure, clock, data, skipped, [], 8, 2, [], SilentListener(), None, None, None, CHINESE)
+    assert ran[:5] == ["plain", "draft-mtp/n1", "draft-mtp/n2", "draft-mtp/n2/whole-head", pairs[0].name], ran
+    assert "budget" in skipped[pairs[1].name]  # the last one listed is the one left out
 
 
 @pytest.mark.server

@@ -139,18 +139,23 @@ def rounds(
             f"budget {clock.budget_s:.0f} s: one more plain run's time, for one run with the whole draft head "
             "(plain's answers reach past the head's cut)"
         )
+    # the configurations a whole-head twin may belong to go first: the twin is chosen from their
+    # screening and runs right after them, on the time the default budget grew by for it (behind
+    # the others, a drafter with an n-gram type beside it, the budget had gone before it ran)
+    siblings = {draft_head.cut_sibling(t.name) for t in twins}
+    run_once = [s for s in run_once if s.name in siblings] + [s for s in run_once if s.name not in siblings]
+    twin_done = not twins
     for spec in run_once:
+        if not twin_done and spec.name not in siblings:
+            _screen_twin(twins, run_once, data, plain, skipped, measure, clock, default_budget)
+            twin_done = True
         if not clock.fits(1 + CONFIRM_ROUNDS * 2):
             skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
             continue
         measure(spec, 0)
-    twin = _whole_head_twin(twins, run_once, data, plain, skipped)
-    if twin is not None:
-        if clock.fits(1 + CONFIRM_ROUNDS * 2):
-            measure(twin, 0)
-            run_once.append(twin)
-        else:
-            skipped[twin.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
+    if not twin_done:
+        _screen_twin(twins, run_once, data, plain, skipped, measure, clock, default_budget)
+    run_once += [t for t in twins if t.name in clock.times]
     ratios = _screening_ratios(data, plain.name)
     by_run = [
         s
@@ -235,6 +240,27 @@ def _without_needless_whole_head(
         else:
             out.append(spec)
     return out
+
+
+def _screen_twin(
+    twins: list[ConfigSpec],
+    screened: list[ConfigSpec],
+    data: BenchData,
+    plain: ConfigSpec,
+    skipped: dict[str, str],
+    measure,
+    clock: Clock,
+    default_budget: bool,
+) -> None:
+    """One screening run for the chosen whole-head twin. Under the default budget, which grew by
+    a run for it, it runs whenever that run fits; under --budget, like any other candidate."""
+    twin = _whole_head_twin(twins, screened, data, plain, skipped)
+    if twin is None:
+        return
+    if clock.fits(1 if default_budget else 1 + CONFIRM_ROUNDS * 2):
+        measure(twin, 0)
+    else:
+        skipped[twin.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
 
 
 def _whole_head_twin(

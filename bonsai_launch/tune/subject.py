@@ -22,6 +22,7 @@ from bonsai_launch.decisions.identity import (
     server_conditions,
 )
 from bonsai_launch.decisions.store import Decision
+from bonsai_launch.server.plan.weights import gpu_layers, head_on_cpu
 from bonsai_launch.tune import candidates as cands
 from bonsai_launch.tune.decide import RULE, decide
 
@@ -107,7 +108,7 @@ def subject(
     caps = probe(request.binary)
     own = not explicit_model(selection, request.model) or selection.names_model  # the profile's model, or named by it
     profile_type = selection.profile.draft_free_type if own else None
-    on_cpu = head_on_cpu(caps.backend, selection.settings.get("ngl"), target.layers)
+    on_cpu = head_on_cpu(caps.backend, gpu_layers(selection.settings.get("ngl"), caps.backend), target.layers)
     found = cands.all_candidates(
         caps.spec_types or None,
         drafter_type,
@@ -132,14 +133,6 @@ def subject(
     )
     profile = selection.profile.name if own else None
     return Subject(profile, files.model, drafter_path, key, tuple(found), unusable)
-
-
-def head_on_cpu(backend: str, ngl: int | None, layers: int | None) -> bool:
-    """Whether the CPU computes the LM head: a CPU build, or GPU layers that stop short of the
-    output layer (llama.cpp offloads it only with more GPU layers than the model's blocks)."""
-    if backend == "cpu":
-        return True
-    return ngl is not None and (ngl == 0 or (layers is not None and ngl <= layers))
 
 
 def plan_candidates(

@@ -42,6 +42,21 @@ def backend_of(caps: Capabilities | None, hardware: Hardware | None) -> str:
     return "cpu"
 
 
+def gpu_layers(setting: int | None, backend: str) -> int:
+    """The -ngl a plan passes: BONSAI_NGL when set, else nothing offloaded on a CPU build and
+    every layer on a GPU one."""
+    if setting is not None:
+        return setting
+    return 0 if backend == "cpu" else 99
+
+
+def head_on_cpu(backend: str, ngl: int, layers: int | None) -> bool:
+    """Whether the CPU computes the LM head at this -ngl: a CPU build, or GPU layers that stop
+    short of the output layer (llama.cpp offloads it only with more GPU layers than the model's
+    blocks). Patches 0015-0016 cut the draft head by default only there."""
+    return backend == "cpu" or ngl == 0 or (layers is not None and ngl <= layers)
+
+
 def held_bytes(inputs: PlanInputs, with_drafter: bool) -> int:
     """The weights' bytes in memory: the chosen path's (the file's when no path was chosen), and
     the drafter's when it is loaded."""
