@@ -352,17 +352,18 @@ def test_a_tuning_session_screens_the_whole_head_at_the_best_length_when_plains_
         assert "best configuration with the cut only" in skipped["draft-mtp/n1/whole-head"]
 
 
-def test_the_whole_head_twin_runs_before_the_other_run_screened_candidates_use_up_the_budget(monkeypatch):
-    """Under the default budget (8 plain runs of 10 s, one more for the twin) with two
+def test_the_whole_head_twin_screens_first_and_the_others_while_the_budget_lasts(monkeypatch):
+    """Under the default budget (8 plain runs of 10 s, one more for the twin) with six
     drafter-with-n-gram candidates listed first: the MTP lengths screen first, then the twin of
-    the best, then the others while the budget lasts. The hybrid's tune (2026-12-06) listed the
-    pairs first and the twin never ran ("budget"), so text past the cut was never measured whole."""
+    the best, then the others while a screening run still fits (the best two are confirmed past
+    the budget anyway). The synthetic 2B's tune (2026-12-06) listed the pairs first and the twin
+    never ran; screening only while its confirmation fit too then left out the pairs, its best."""
     from bonsai_launch.bench.data import BenchData, BenchOptions, SilentListener
     from bonsai_launch.tune import rounds as rd
 
     now = [0.0]
     monkeypatch.setattr(rd.time, "monotonic", lambda: now[0])
-    pairs = [ConfigSpec(f"ngram-mod+draft-mtp/n{n}", False, "x", {"speculative": True}) for n in (1, 2)]
+    pairs = [ConfigSpec(f"ngram-mod+draft-mtp/p{n}", False, "x", {"speculative": True}) for n in range(6)]
     plain = ConfigSpec("plain", True, None, {"speculative": False})
     others = [*pairs, mtp_spec(1), mtp_spec(2), mtp_spec(1, whole=True), mtp_spec(2, whole=True)]
     clock = rd.Clock(None)
@@ -379,8 +380,9 @@ def test_the_whole_head_twin_runs_before_the_other_run_screened_candidates_use_u
     data = BenchData("launch", BenchOptions(), [plain, *others], [])
     skipped: dict[str, str] = {}
     rd.rounds(plain, others, measure, clock, data, skipped, [], 8, 2, [], SilentListener(), None, None, None, CHINESE)
-    assert ran[:5] == ["plain", "draft-mtp/n1", "draft-mtp/n2", "draft-mtp/n2/whole-head", pairs[0].name], ran
-    assert "budget" in skipped[pairs[1].name]  # the last one listed is the one left out
+    first = ["plain", "draft-mtp/n1", "draft-mtp/n2", "draft-mtp/n2/whole-head"]
+    assert ran[:9] == [*first, *(p.name for p in pairs[:5])], ran
+    assert "budget (90 s" in skipped[pairs[5].name]  # 80 s in, its run would end past the 90 s
 
 
 @pytest.mark.server
