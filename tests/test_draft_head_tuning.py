@@ -309,6 +309,37 @@ ENGLISH = {"a": stream(*([100] * 99 + [70000]))}  # 1% of the answer tokens past
 CHINESE = {"a": stream(*([100] * 7 + [100000] * 3))}  # 30%
 
 
+def tune_rounds(
+    monkeypatch, others: list[ConfigSpec], answers, named=()
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """tune/rounds.py under the default budget with a stand-in for the server runs: each takes 10
+    s (of a clock that moves only with them) and n-max 2 screens best with the cut. Returns the
+    configurations screened in order, what was skipped with why, and the notes."""
+    from bonsai_launch.bench.data import BenchData, BenchOptions, SilentListener
+    from bonsai_launch.tune import rounds as rd
+
+    now = [0.0]
+    monkeypatch.setattr(rd.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(rd, "_screening_ratios", lambda data, base: {"draft-mtp/n1": 1.2, "draft-mtp/n2": 1.5})
+    plain = ConfigSpec("plain", True, None, {"speculative": False})
+    clock = rd.Clock(None)
+    ran: list[str] = []
+
+    def measure(config: ConfigSpec, repeat: int) -> None:
+        now[0] += 10.0
+        if repeat == 0:
+            ran.append(config.name)
+        clock.runs.append(10.0)
+        clock.times[config.name] = 10.0
+
+    data = BenchData("launch", BenchOptions(), [plain, *others], [])
+    skipped: dict[str, str] = {}
+    notes: list[str] = []
+    rd.rounds(plain, others, measure, clock, data, skipped, notes, 8, 2, [], SilentListener(), None, None, None,
+              answers, frozenset(named))  # fmt: skip
+    return ran, skipped, notes
+
+
 @pytest.mark.parametrize(
     "answers,named,measured",
     [
@@ -324,26 +355,8 @@ def test_a_tuning_session_screens_the_whole_head_at_the_best_length_when_plains_
     """The rounds (tune/rounds.py) with a stand-in for the server runs, where n-max 2 screens
     best with the cut: its whole-head twin gets one screening run when plain's answers reach past
     the cut (or say nothing), none on English-like answers, and a twin named in --configs runs."""
-    from bonsai_launch.bench.data import BenchData, BenchOptions, SilentListener
-    from bonsai_launch.tune import rounds as rd
-
-    plain = ConfigSpec("plain", True, None, {"speculative": False})
     others = [mtp_spec(1), mtp_spec(2), mtp_spec(1, whole=True), mtp_spec(2, whole=True)]
-    clock = rd.Clock(None)
-    ran: list[str] = []
-
-    def measure(config: ConfigSpec, repeat: int) -> None:
-        if repeat == 0:
-            ran.append(config.name)
-        clock.runs.append(10.0)
-        clock.times[config.name] = 10.0
-
-    monkeypatch.setattr(rd, "_screening_ratios", lambda data, base: {"draft-mtp/n1": 1.2, "draft-mtp/n2": 1.5})
-    data = BenchData("launch", BenchOptions(), [plain, *others], [])
-    skipped: dict[str, str] = {}
-    notes: list[str] = []
-    rd.rounds(plain, others, measure, clock, data, skipped, notes, 8, 2, [], SilentListener(), None, None, None,
-              answers, frozenset(named))  # fmt: skip
+    ran, skipped, notes = tune_rounds(monkeypatch, others, answers, named)
     assert ran == measured, (skipped, notes)
     for name in {s.name for s in others} - set(ran):
         assert name in skipped
@@ -358,28 +371,9 @@ def test_the_whole_head_twin_screens_first_and_the_others_while_the_budget_lasts
     the best, then the others while a screening run still fits (the best two are confirmed past
     the budget anyway). The synthetic 2B's tune (2026-12-06) listed the pairs first and the twin
     never ran; screening only while its confirmation fit too then left out the pairs, its best."""
-    from bonsai_launch.bench.data import BenchData, BenchOptions, SilentListener
-    from bonsai_launch.tune import rounds as rd
-
-    now = [0.0]
-    monkeypatch.setattr(rd.time, "monotonic", lambda: now[0])
     pairs = [ConfigSpec(f"ngram-mod+draft-mtp/p{n}", False, "x", {"speculative": True}) for n in range(6)]
-    plain = ConfigSpec("plain", True, None, {"speculative": False})
     others = [*pairs, mtp_spec(1), mtp_spec(2), mtp_spec(1, whole=True), mtp_spec(2, whole=True)]
-    clock = rd.Clock(None)
-    ran: list[str] = []
-
-    def measure(config: ConfigSpec, repeat: int) -> None:
-        now[0] += 10.0
-        if repeat == 0:
-            ran.append(config.name)
-        clock.runs.append(10.0)
-        clock.times[config.name] = 10.0
-
-    monkeypatch.setattr(rd, "_screening_ratios", lambda data, base: {"draft-mtp/n1": 1.2, "draft-mtp/n2": 1.5})
-    data = BenchData("launch", BenchOptions(), [plain, *others], [])
-    skipped: dict[str, str] = {}
-    rd.rounds(plain, others, measure, clock, data, skipped, [], 8, 2, [], SilentListener(), None, None, None, CHINESE)
+    ran, skipped, _ = tune_rounds(monkeypatch, others, CHINESE)
     first = ["plain", "draft-mtp/n1", "draft-mtp/n2", "draft-mtp/n2/whole-head"]
     assert ran[:9] == [*first, *(p.name for p in pairs[:5])], ran
     assert "budget (90 s" in skipped[pairs[5].name]  # 80 s in, its run would end past the 90 s

@@ -11,7 +11,10 @@ still decides every token, so answers are unchanged (docs/benchmarks.md).
 
 from __future__ import annotations
 
-from bonsai_launch.models.gguf import GGUFInfo
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the plan's option table reads FLAG on every start: no GGUF reader for it
+    from bonsai_launch.models.gguf import GGUFInfo
 
 FLAG = "--spec-draft-head-rows"  # patch 0017: each server (each model of a router) its own rows
 MTP_ARCHS = frozenset({"qwen35", "qwen35moe"})  # whose MTP graph takes the cut (patch 0015)

@@ -26,6 +26,7 @@ from typing import Any
 from bonsai_launch.config.settings import BY_KEY, Resolved, Settings, parse_value
 from bonsai_launch.core.errors import BonsaiError
 from bonsai_launch.llamacpp.options import Option, OptionTable, closest
+from bonsai_launch.models.draft_head import FLAG as DRAFT_HEAD_FLAG
 
 # llama-server option (canonical name) -> the bonsai setting that owns it.
 SETTING_OPTIONS: dict[str, str] = {
@@ -35,7 +36,7 @@ SETTING_OPTIONS: dict[str, str] = {
     "--gpu-layers": "ngl",
     "--spec-type": "spec_type",
     "--spec-draft-n-max": "spec_nmax",
-    "--spec-draft-head-rows": "draft_head_rows",
+    DRAFT_HEAD_FLAG: "draft_head_rows",
     "--api-key": "api_key",
     "--verbose": "verbose",
     "--parallel": "parallel",

@@ -143,19 +143,13 @@ def rounds(
     # screening and runs right after them, on the time the default budget grew by for it (behind
     # the others, a drafter with an n-gram type beside it, the budget had gone before it ran)
     siblings = {draft_head.cut_sibling(t.name) for t in twins}
-    run_once = [s for s in run_once if s.name in siblings] + [s for s in run_once if s.name not in siblings]
-    twin_done = not twins
-    for spec in run_once:
-        if not twin_done and spec.name not in siblings:
-            _screen_twin(twins, run_once, data, plain, skipped, measure, clock, default_budget)
-            twin_done = True
-        if not clock.fits(_screening_room(default_budget)):
-            skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
-            continue
-        measure(spec, 0)
-    if not twin_done:
-        _screen_twin(twins, run_once, data, plain, skipped, measure, clock, default_budget)
-    run_once += [t for t in twins if t.name in clock.times]
+    first = [s for s in run_once if s.name in siblings]
+    room = _screening_room(default_budget)
+    _screen_once(first, measure, clock, room, skipped)
+    twin = _whole_head_twin(twins, first, data, plain, skipped)
+    then = [*([twin] if twin is not None else []), *(s for s in run_once if s.name not in siblings)]
+    _screen_once(then, measure, clock, room, skipped)
+    run_once = [*first, *then]
     ratios = _screening_ratios(data, plain.name)
     by_run = [
         s
@@ -251,25 +245,13 @@ def _screening_room(default_budget: bool) -> int:
     return 1 if default_budget else 1 + CONFIRM_ROUNDS * 2
 
 
-def _screen_twin(
-    twins: list[ConfigSpec],
-    screened: list[ConfigSpec],
-    data: BenchData,
-    plain: ConfigSpec,
-    skipped: dict[str, str],
-    measure,
-    clock: Clock,
-    default_budget: bool,
-) -> None:
-    """One screening run for the chosen whole-head twin, under the same rule as the others (the
-    default budget grew by a run for it)."""
-    twin = _whole_head_twin(twins, screened, data, plain, skipped)
-    if twin is None:
-        return
-    if clock.fits(_screening_room(default_budget)):
-        measure(twin, 0)
-    else:
-        skipped[twin.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
+def _screen_once(specs: list[ConfigSpec], measure, clock: Clock, room: int, skipped: dict[str, str]) -> None:
+    """One screening run each while `room` runs still fit the budget; the rest skipped, with why."""
+    for spec in specs:
+        if clock.fits(room):
+            measure(spec, 0)
+        else:
+            skipped[spec.name] = f"budget ({clock.budget_s:.0f} s; raise --budget)"
 
 
 def _whole_head_twin(
