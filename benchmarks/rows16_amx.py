@@ -8,6 +8,8 @@ BONSAI_LLAMA_SERVER's) on each file with the tiles on and off, alternating which
 steps, c(n) = n x tg / pp_n. The models are cpu_kernels.py's (the Qwen3-1.7B shape, every matrix
 in the type, token embedding and LM head included), written once under --dir; --model adds a
 file of your own (the Bonsai 2 2B-shaped PTQ1_0 of bonsai2_2b_target.py, for instance).
+--before BIN_DIR adds a third setting: that build's llama-bench with its defaults (the previous
+patch series, to compare a kernel patch against in the same rounds).
 
 Run it on a quiet machine (nothing else on the cores), from the repo root:
 
@@ -30,13 +32,17 @@ from cpu_kernels import after_bin, llama_bench, models
 SETTINGS = {"tiles": {}, "dpbusd": {"GGML_ROWS16_AMX": "0"}}
 
 
-def measure(bin_dir: Path, model: Path, threads: int, prompts: str, rounds: int) -> dict[str, dict[str, float]]:
-    """{setting: {test: median tok/s}} over `rounds` alternating rounds."""
-    runs: dict[str, dict[str, list[float]]] = {name: {} for name in SETTINGS}
+def measure(
+    settings: dict[str, tuple[Path, dict[str, str]]], model: Path, threads: int, prompts: str, rounds: int
+) -> dict[str, dict[str, float]]:
+    """{setting: {test: median tok/s}} over `rounds` alternating rounds; a setting is a build's
+    bin folder and the variables its runs get."""
+    runs: dict[str, dict[str, list[float]]] = {name: {} for name in settings}
     for i in range(rounds):
-        order = list(SETTINGS) if i % 2 == 0 else list(reversed(SETTINGS))
+        order = list(settings) if i % 2 == 0 else list(reversed(settings))
         for name in order:
-            measured = llama_bench(bin_dir, model, str(threads), prompts, 32, 2, env=SETTINGS[name])
+            bin_dir, env = settings[name]
+            measured = llama_bench(bin_dir, model, str(threads), prompts, 32, 2, env=env)
             for (_threads, test), ts in measured.items():
                 runs[name].setdefault(test, []).append(ts)
     return {name: {t: statistics.median(v) for t, v in tests.items()} for name, tests in runs.items()}
@@ -66,13 +72,19 @@ def main() -> None:
     ap.add_argument("--prompts", default="1,2,4,5,8,9,16,64,512")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, help="write every number here too")
+    ap.add_argument("--before", type=Path, help="also this build's bin folder, with its defaults")
     args = ap.parse_args()
     bin_dir = after_bin()
+    settings = {name: (bin_dir, env) for name, env in SETTINGS.items()}
+    if args.before:
+        settings["before"] = (args.before, {})
     files = {f"1.7B {t}": p for t, p in models(bin_dir, args.dir, "1.7b", args.types.split(",")).items()}
     files.update({m.name: m for m in args.model})
-    results = {label: measure(bin_dir, path, args.threads, args.prompts, args.rounds) for label, path in files.items()}
+    results = {label: measure(settings, path, args.threads, args.prompts, args.rounds) for label, path in files.items()}
     prompts = [int(p) for p in args.prompts.split(",")]
     print(f"llama-bench of {bin_dir}, {args.threads} threads, medians of {args.rounds} alternating rounds")
+    if args.before:
+        print(f"before: {args.before}")
     print(table(results, prompts))
     if args.json:
         args.json.write_text(json.dumps({"bin": str(bin_dir), "threads": args.threads, "results": results}, indent=2))

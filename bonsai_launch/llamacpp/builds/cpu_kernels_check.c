@@ -24,7 +24,10 @@
  *    over the weights. On x86 with AVX2 it fails when either type is not repacked at 16 rows,
  *    or at 4 (the four-row layout of the old patches 0008-0009). On a build with AMX-INT8, patch
  *    0014 sends the batches of 8 or more columns through the AMX tiles: the same checks cover
- *    them, and it fails when no batch took the tiles or the build lacks the patch.
+ *    them, and it fails when no batch took the tiles or the build lacks the patch. Patch 0018
+ *    quantizes the activations of repacked Q1_0 to int8 with one scale per 128 (the reference
+ *    does the same from its definition; Q1_0 takes the tiles from 4 columns); on x86 with AVX2
+ *    it fails without that patch.
  * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
  * the answers but not which kernels are wired in (a build of another source, such as PrismML's
  * fork, has its own kernels and none of our patches); `quick` (the self-test
@@ -96,6 +99,10 @@ extern void ggml_vec_dot_q2_0_q8_0_generic(int, float *, size_t, const void *, s
  * (no AMX-INT8, the kernel refuses the tile state, GGML_ROWS16_AMX=0); absent without the patch. */
 extern int ggml_rows16_amx_calls(void) __attribute__((weak));
 
+/* Patch 0018: on x86 the repacked Q1_0 kernels take each activation column as int8 quants with one
+ * scale per 128 (a Q1_0 block) instead of Q8_0's one per 32; absent without the patch. */
+extern void ggml_rows16_quantize_acts128(const float *, int8_t *, void *, int64_t) __attribute__((weak));
+
 static int failures = 0;
 static int quick = 0;
 static enum ggml_type cur_type = GGML_TYPE_Q1_0; /* whose check is running: failures count against it */
@@ -137,6 +144,36 @@ static double ref_dot(enum ggml_type t, const void * row, const q8_block * y, in
             iabs += labs(p);
         }
         const double sc = (double) wscale(t, row, 32 * b) * ggml_fp16_to_fp32(y[b].d);
+        sum += sc * isum;
+        m += fabs(sc) * iabs;
+    }
+    *mag = m;
+    return sum;
+}
+
+/* Patch 0018's activations, written from its definition: per 128 values d = absmax / 127 and
+ * q = x / d rounded to nearest even (x * (1 / d), in float, as the kernels do). */
+static void quantize_acts128(const float * x, int n, int8_t * q, float * d) {
+    for (int g = 0; g < n / 128; g++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 128; i++) amax = fmaxf(amax, fabsf(x[128 * g + i]));
+        d[g] = amax / 127.0f;
+        const float id = d[g] != 0.0f ? 1.0f / d[g] : 0.0f;
+        for (int i = 0; i < 128; i++) q[128 * g + i] = (int8_t) fmaxf(-128.0f, fminf(127.0f, nearbyintf(x[128 * g + i] * id)));
+    }
+}
+
+/* exact integer sum per 128 against those activations, scaled in double */
+static double ref_dot128(enum ggml_type t, const void * row, const int8_t * q, const float * d, int n, double * mag) {
+    double sum = 0.0, m = 0.0;
+    for (int g = 0; g < n / 128; g++) {
+        long isum = 0, iabs = 0;
+        for (int k = 0; k < 128; k++) {
+            const long p = (long) weight(t, row, 128 * g + k) * q[128 * g + k];
+            isum += p;
+            iabs += labs(p);
+        }
+        const double sc = (double) wscale(t, row, 128 * g) * d[g];
         sum += sc * isum;
         m += fabs(sc) * iabs;
     }
@@ -319,6 +356,7 @@ static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int thre
     struct ggml_tensor * a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, batch);
     float * af = (float *) a->data;
     for (int i = 0; i < n * batch; i++) af[i] = frand(-1.0f, 1.0f);
+    if (batch % 4 == 1) memset(af + (size_t) (batch - 1) * n, 0, sizeof(float) * (size_t) (n < 128 ? n : 128)); /* zeros: scale 0 */
     struct ggml_tensor * out = ggml_mul_mat(ctx, w, a);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
@@ -330,15 +368,20 @@ static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int thre
         free(wdata);
         return;
     }
-    /* the activations as mul_mat quantizes them: the CPU backend's own Q8_0 from_float */
+    /* the activations as mul_mat quantizes them: the CPU backend's own Q8_0 from_float, or, for
+     * Q1_0 repacked by a build with patch 0018, int8 with one scale per 128 */
+    const int acts128 = repacked && t == GGML_TYPE_Q1_0 && ggml_rows16_quantize_acts128;
     const struct ggml_type_traits_cpu * q8 = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0);
     q8_block * yq = malloc(sizeof(q8_block) * (size_t) (n / 32));
+    int8_t * q128 = malloc((size_t) n);
+    float * d128 = malloc(sizeof(float) * (size_t) (n / 128 + 1));
     const float * of = (const float *) out->data;
     for (int c = 0; c < batch; c++) {
-        q8->from_float(af + (size_t) c * n, yq, n);
+        if (acts128) quantize_acts128(af + (size_t) c * n, n, q128, d128);
+        else q8->from_float(af + (size_t) c * n, yq, n);
         for (int r = 0; r < rows; r++) {
             double mag;
-            const double want = ref_dot(t, wdata + r * wrow, yq, n, &mag);
+            const double want = acts128 ? ref_dot128(t, wdata + r * wrow, q128, d128, n, &mag) : ref_dot(t, wdata + r * wrow, yq, n, &mag);
             const float got = of[(size_t) c * rows + r];
             if (!close_enough(got, want, mag, n)) {
                 FAIL("%s %s mul_mat n=%d rows=%d batch=%d threads=%d: [%d,%d] %.9g, reference %.9g", tname(t), path, n, rows,
@@ -365,6 +408,8 @@ static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int thre
         }
     }
     free(yq);
+    free(q128);
+    free(d128);
     if (wbuf) ggml_backend_buffer_free(wbuf);
     if (wctx) ggml_free(wctx);
     ggml_free(ctx);
@@ -488,9 +533,10 @@ int main(int argc, char ** argv) {
     const int ptq1_repacked = ptq1 && repacks(PTQ1_0, 384, 16);
     const int q2_rows4 = repacks(GGML_TYPE_Q2_0, 192, 4);
     printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d "
-           "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d\n",
+           "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d acts128=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
-           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4, ptq1, ptq1_repacked);
+           (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4, ptq1, ptq1_repacked,
+           ggml_rows16_quantize_acts128 != NULL);
     if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
         cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
@@ -508,6 +554,9 @@ int main(int argc, char ** argv) {
             FAIL("Q1_0 weights are not repacked: the x86 sixteen-row kernels are not offered (patch 0011 missing)");
         } else if (q1_rows4) {
             FAIL("Q1_0 weights of 4 rows are repacked: the four-row layout is offered, not patch 0011's sixteen-row one");
+        }
+        if (q1_repacked && !ggml_rows16_quantize_acts128) {
+            FAIL("Q1_0's repacked kernels take Q8_0 activations, four scales per block (patch 0018 missing)");
         }
         cur_type = GGML_TYPE_Q2_0;
         if (!q2_repacked) {
