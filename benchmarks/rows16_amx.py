@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_kernels import after_bin, llama_bench, models
+from cpu_kernels import EXE, after_bin, llama_bench, models
 
 SETTINGS = {"tiles": {}, "dpbusd": {"GGML_ROWS16_AMX": "0"}}
 
@@ -77,6 +77,10 @@ def main() -> None:
     bin_dir = after_bin()
     settings = {name: (bin_dir, env) for name, env in SETTINGS.items()}
     if args.before:
+        if not (args.before / f"llama-bench{EXE}").is_file():
+            sys.exit(
+                f"--before {args.before}: no llama-bench there; give a build's bin folder (~/.cache/bonsai/builds/<key>/bin)"
+            )
         settings["before"] = (args.before, {})
     files = {f"1.7B {t}": p for t, p in models(bin_dir, args.dir, "1.7b", args.types.split(",")).items()}
     files.update({m.name: m for m in args.model})
@@ -87,7 +91,12 @@ def main() -> None:
         print(f"before: {args.before}")
     print(table(results, prompts))
     if args.json:
-        args.json.write_text(json.dumps({"bin": str(bin_dir), "threads": args.threads, "results": results}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"bin": str(bin_dir), "before": str(args.before or ""), "threads": args.threads, "results": results},
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":
