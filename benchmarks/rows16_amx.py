@@ -2,7 +2,7 @@
 
 On a CPU with AMX-INT8, patch 0014 sends batches of 8 or more activation columns of Q1_0, Q2_0
 and PTQ1_0 weights through the tile unit instead of patch 0011's dpbusd kernels; the variable
-GGML_ROWS16_AMX=0 turns it off. This runs llama-bench of this checkout's build (or
+GGML_ROWS16_AMX=0 turns it off (on a CPU without AMX-INT8 only the dpbusd kernels run, once). This runs llama-bench of this checkout's build (or
 BONSAI_LLAMA_SERVER's) on each file with the tiles on and off, alternating which goes first, for
 --rounds rounds, and prints the medians: tg, pp_n and the cost of an n-token batch in decode
 steps, c(n) = n x tg / pp_n. The models are cpu_kernels.py's (the Qwen3-1.7B shape, every matrix
@@ -30,6 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_kernels import EXE, after_bin, llama_bench, models
 
 SETTINGS = {"tiles": {}, "dpbusd": {"GGML_ROWS16_AMX": "0"}}
+
+
+def cpu_has_amx_int8() -> bool:
+    """Linux's cpuinfo names AMX-INT8 `amx_int8`; elsewhere assume it may be there."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
 
 
 def measure(
@@ -75,7 +83,9 @@ def main() -> None:
     ap.add_argument("--before", type=Path, help="also this build's bin folder, with its defaults")
     args = ap.parse_args()
     bin_dir = after_bin()
-    settings = {name: (bin_dir, env) for name, env in SETTINGS.items()}
+    # Without AMX-INT8 both settings run the same dpbusd code: measure it once.
+    kept = SETTINGS if cpu_has_amx_int8() else {"dpbusd": {}}
+    settings = {name: (bin_dir, env) for name, env in kept.items()}
     if args.before:
         if not (args.before / f"llama-bench{EXE}").is_file():
             sys.exit(
