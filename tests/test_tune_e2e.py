@@ -304,10 +304,12 @@ def test_tune_parallel_measures_with_as_many_clients_and_show_says_so(llama_serv
 
 @pytest.mark.slow  # a whole tuning session
 def test_draft_free_candidates_are_screened_by_replay_and_finalists_get_full_repeats(llama_server, demo_gguf):
-    """Plain's tokens replayed through each n-gram candidate pick who is measured: every finalist
-    (the best, the second best and each category's best) gets three paired runs, the others none,
-    and the decision keeps each candidate's replay flags and the fitted verify cost for the keeper.
-    The demo model: its text turns back into the tokens it generated (a tiny model's does not)."""
+    """Plain's tokens replayed through each n-gram candidate pick who is measured: the best two
+    finalists get three paired runs whatever the budget (it grows for them), each category's best
+    three as the default budget allows (how far it goes depends on the machine: a finalist left out
+    says why it has fewer), the others none; the decision keeps each candidate's replay flags and
+    the fitted verify cost for the keeper. The demo model: its text turns back into the tokens it
+    generated (a tiny model's does not)."""
     request = TuneRequest({}, str(demo_gguf), None, (), llama_server)
     names = ("plain", "ngram-simple", "ngram-mod", "ngram-simple+ngram-mod", "ngram-cache")
     outcome = run_tune(request, TuneOptions(configs=names, max_tokens=48))  # the budget scales with the machine
@@ -317,7 +319,13 @@ def test_draft_free_candidates_are_screened_by_replay_and_finalists_get_full_rep
     assert replay["cost"]["step_ms"] > 0 and replay["prompts"] == 6
     runs = outcome.decision.evidence["runs"]
     finalists = [n for n, c in replay["candidates"].items() if c["finalist"]]
-    assert finalists and runs["plain"] == 3 and all(runs.get(n) == 3 for n in finalists), (runs, finalists)
+    measured = [n for n in finalists if runs.get(n) == 3]
+    status = {row["config"]: row["status"] for row in outcome.decision.table}
+    left_out = [n for n in finalists if n not in measured]
+    assert runs["plain"] == 3 and len(measured) >= min(2, len(finalists)) >= 1, (runs, finalists)
+    # left out before its first run, or dropped between confirmation rounds with fewer than three
+    why_short = ("ran out; raise --budget", "screened out after one run", "too few runs")
+    assert all(runs.get(n, 0) < 3 and any(w in status[n] for w in why_short) for n in left_out), status
     for row in outcome.decision.table:
         if row["config"] in replay["candidates"] and row["config"] not in finalists:
             assert row["runs"] == 0 and row["status"].startswith("not measured: replayed on the plain run's tokens")
