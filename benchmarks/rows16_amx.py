@@ -29,15 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_kernels import EXE, after_bin, llama_bench, models
 
+from bonsai_launch.server.selftest import cpu_flags
+
 SETTINGS = {"tiles": {}, "dpbusd": {"GGML_ROWS16_AMX": "0"}}
-
-
-def cpu_has_amx_int8() -> bool:
-    """Linux's cpuinfo names AMX-INT8 `amx_int8`; elsewhere assume it may be there."""
-    try:
-        return "amx_int8" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True
 
 
 def measure(
@@ -84,7 +78,7 @@ def main() -> None:
     args = ap.parse_args()
     bin_dir = after_bin()
     # Without AMX-INT8 both settings run the same dpbusd code: measure it once.
-    kept = SETTINGS if cpu_has_amx_int8() else {"dpbusd": {}}
+    kept = SETTINGS if cpu_flags().get("amx", True) else {"dpbusd": {}}  # no cpuinfo: it may be there
     settings = {name: (bin_dir, env) for name, env in kept.items()}
     if args.before:
         if not (args.before / f"llama-bench{EXE}").is_file():
