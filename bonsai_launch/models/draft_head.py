@@ -35,8 +35,16 @@ def mtp_head_is_cut(target: GGUFInfo, head_on_cpu: bool) -> bool:
     return head_on_cpu and target.architecture in MTP_ARCHS and (target.vocab_size or 0) > DEFAULT_ROWS
 
 
-def drafter_head_is_cut(target: GGUFInfo, drafter: GGUFInfo | None, head_on_cpu: bool) -> bool:
-    """Whether a DSpark/DFlash drafter drafts from fewer rows than the vocabulary by default: it
-    borrows the target's head (a drafter with a head of its own is not cut)."""
+def borrowed_head_past_cut(target: GGUFInfo, drafter: GGUFInfo | None) -> bool:
+    """Whether patch 0016 would cut this drafter's head where the CPU computes it: the drafter
+    borrows the target's head (one with a head of its own is not cut) and the vocabulary runs past
+    the default rows."""
     borrows = drafter is not None and drafter.drafter is not None and drafter.drafter.borrows_head
-    return head_on_cpu and borrows and (target.vocab_size or 0) > DEFAULT_ROWS and ordered_by_frequency(target)
+    return borrows and (target.vocab_size or 0) > DEFAULT_ROWS
+
+
+def drafter_head_is_cut(target: GGUFInfo, drafter: GGUFInfo | None, head_on_cpu: bool) -> bool:
+    """Whether a DSpark/DFlash drafter drafts from fewer rows than the vocabulary under bonsai's
+    default: patch 0016's cut, except where the vocabulary is not ordered by frequency, where the
+    plan passes the whole head (server/plan/speculation.py)."""
+    return head_on_cpu and borrowed_head_past_cut(target, drafter) and ordered_by_frequency(target)

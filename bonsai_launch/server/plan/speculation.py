@@ -77,12 +77,12 @@ def _whole_head_unless_ordered(inputs: PlanInputs, spec: SpecPlan | None, b: Arg
     """The detected default: patch 0016 cuts any target's borrowed head, but only a vocabulary
     ordered by frequency keeps most drafts inside the cut, so a drafter borrowing another kind
     (Gemma 3's SentencePiece) gets the whole head. qwen35's MTP layers (0015) are always BPE."""
-    drafter = inputs.drafter.drafter if inputs.drafter is not None else None
     model = spec_types.draft_model_part(spec.spec_type) if spec is not None else None
-    if spec is None or model not in ("draft-dspark", "draft-dflash") or drafter is None or not drafter.borrows_head:
+    if spec is None or model not in ("draft-dspark", "draft-dflash"):
         return spec
-    if draft_head.ordered_by_frequency(inputs.model) or (inputs.model.vocab_size or 0) <= draft_head.DEFAULT_ROWS:
-        return spec  # the cut keeps most drafts, or there is nothing past it
+    target = inputs.model
+    if not draft_head.borrowed_head_past_cut(target, inputs.drafter) or draft_head.ordered_by_frequency(target):
+        return spec  # nothing to cut, or the cut keeps most drafts
     caps = inputs.capabilities
     if caps is not None and not caps.accepts(draft_head.FLAG):
         return spec  # not bonsai's build: it has no cut either (patch 0016)
