@@ -180,6 +180,20 @@ def test_plan_table(profile, hw, spec, expected):
     assert plan.argv[-len(PROFILES[profile].server_args) :] == PROFILES[profile].server_args
 
 
+@pytest.mark.parametrize(
+    "hw,env,caps,expected",
+    [
+        ("cpu-8g", {}, None, ("0", "no GPU detected")),  # no build probed: the hardware decides
+        ("cpu-8g", {}, "cpu-8g", ("0", "CPU build: nothing to offload")),
+        ("cuda-24g", {}, None, ("99", "cuda backend: offload all layers")),
+        ("cuda-24g", {"BONSAI_NGL": "12"}, None, ("12", "BONSAI_NGL/--ngl (env)")),
+    ],
+)
+def test_the_gpu_layers_and_the_reason_the_plan_gives(hw, env, caps, expected):
+    plan = plan_for(hw=hw, env=env, caps=CAPS[caps] if caps else None)
+    assert (arg(plan, "-ngl"), " | ".join(r.why for r in plan.reasons if r.flag == "-ngl")) == expected
+
+
 def test_reference_flags_for_ternary_27b_with_drafter():
     plan = plan_for(env={"BONSAI_SPECULATIVE": "1"}, draft=drafter(block_size=7))
     argv = list(plan.argv)

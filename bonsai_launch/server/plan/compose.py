@@ -18,7 +18,7 @@ from bonsai_launch.server.passthrough import fold_settings, split_known
 from bonsai_launch.server.plan.server import plan_server
 from bonsai_launch.server.plan.speculation import plan_speculation
 from bonsai_launch.server.plan.types import ArgvBuilder, LaunchPlan, ModelPlan, PlanInputs, Reason, SpecPlan
-from bonsai_launch.server.plan.weights import backend_of, gpu_layers, memory, plan_context
+from bonsai_launch.server.plan.weights import backend_of, gpu_layers_and_why, memory, plan_context
 from bonsai_launch.server.slots import SlotChoice, SlotsPlan
 
 SLOW_VISION_BACKENDS = ("cpu", "metal", "vulkan")
@@ -90,14 +90,10 @@ def plan_model(inputs: PlanInputs, process_reasons: tuple[Reason, ...] = ()) -> 
         "from the arguments after --" if alias else 'the name clients see in /v1/models and put in "model"',
     )
 
-    # GPU layers: the user's choice, else everything on a usable GPU (weights.gpu_layers).
-    ngl = gpu_layers(s.get("ngl"), backend)
-    if s.get("ngl") is not None:
-        ngl_why = f"BONSAI_NGL/--ngl ({s.source('ngl')})"
-    elif backend == "cpu":
-        ngl_why = "CPU build: nothing to offload" if caps else "no GPU detected"
-    else:
-        ngl_why = f"{backend} backend: offload all layers"
+    # GPU layers: the user's choice, else everything on a usable GPU (weights.gpu_layers_and_why).
+    set_ngl = s.get("ngl")
+    source = s.source("ngl") if set_ngl is not None else ""
+    ngl, ngl_why = gpu_layers_and_why(set_ngl, source, backend, probed=caps is not None)
     b.add("-ngl", ngl, ngl_why)
 
     spec = plan_speculation(inputs, ngl, b)

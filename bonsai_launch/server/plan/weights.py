@@ -45,9 +45,17 @@ def backend_of(caps: Capabilities | None, hardware: Hardware | None) -> str:
 def gpu_layers(setting: int | None, backend: str) -> int:
     """The -ngl a plan passes: BONSAI_NGL when set, else nothing offloaded on a CPU build and
     every layer on a GPU one."""
+    return gpu_layers_and_why(setting, "", backend, probed=True)[0]
+
+
+def gpu_layers_and_why(setting: int | None, source: str, backend: str, probed: bool) -> tuple[int, str]:
+    """gpu_layers' value and the plan's reason for it, decided once: `source` names where the
+    setting came from, `probed` whether the backend is the build's (else the hardware's guess)."""
     if setting is not None:
-        return setting
-    return 0 if backend == "cpu" else 99
+        return setting, f"BONSAI_NGL/--ngl ({source})"
+    if backend == "cpu":
+        return 0, "CPU build: nothing to offload" if probed else "no GPU detected"
+    return 99, f"{backend} backend: offload all layers"
 
 
 def head_on_cpu(backend: str, ngl: int, layers: int | None) -> bool:
