@@ -2,9 +2,10 @@
 
 On a CPU with AMX-INT8, patch 0014 sends batches of 8 or more activation columns of Q1_0, Q2_0
 and PTQ1_0 weights through the tile unit instead of patch 0011's dpbusd kernels; the variable
-GGML_ROWS16_AMX=0 turns it off (on a CPU without AMX-INT8 only the dpbusd kernels run, once). This runs llama-bench of this checkout's build (or
-BONSAI_LLAMA_SERVER's) on each file with the tiles on and off, alternating which goes first, for
---rounds rounds, and prints the medians: tg, pp_n and the cost of an n-token batch in decode
+GGML_ROWS16_AMX=0 turns it off (on a CPU without AMX-INT8 only the dpbusd kernels run, once).
+This runs llama-bench of this checkout's build (or BONSAI_LLAMA_SERVER's) on each file with the
+tiles on and off, alternating which goes first, for --rounds rounds, and prints the medians:
+tg, pp_n and the cost of an n-token batch in decode
 steps, c(n) = n x tg / pp_n. The models are cpu_kernels.py's (the Qwen3-1.7B shape, every matrix
 in the type, token embedding and LM head included), written once under --dir; --model adds a
 file of your own (the Bonsai 2 2B-shaped PTQ1_0 of bonsai2_2b_target.py, for instance).
