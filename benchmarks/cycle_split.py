@@ -14,7 +14,8 @@ weighted by their period, are the cycle's wall time, and their stacks say what e
   common_sampler_*/llama_sampler_* (sampling on the CPU), llama_memory_seq_rm and state copies
   (rollback and checkpoints), and the rest (server bookkeeping);
 - inside a graph, the op, from the kernel's name: the weight type's matmul (in a DSpark draft the
-  target-type matmul is the borrowed LM head and a Q4_0 gemv is the Markov head; in an MTP draft
+  target-type matmul is the borrowed LM head and a Q4_0 gemv is the Markov head, which since patch
+  0020's Q4_0 tiles runs the layers' kernel and counts with them; in an MTP draft
   the ternary matmul is the tied LM head), top-k/argmax over the vocabulary, attention, delta-net,
   barrier waits (libgomp), graph setup (building, allocating, copying outputs).
 Time the main thread was not on a CPU (blocked in a hand-off, or preempted by another thread on a

@@ -74,6 +74,8 @@ def _graph_op(frames: list[Frame]) -> str | None:
     if "(ggml_type)41" in low or "(ggml_type)42" in low or "q1_0" in low or "q2_0" in low:
         return "target-type matmul"
     if "q4_0" in low:
+        # upstream's 8x8 layout runs a 1-column batch (the Markov head, per position) as a gemv;
+        # patch 0020's tiles have one kernel for any batch, so there it counts with the layers
         return "q4_0 gemv" if "gemv" in low else "drafter matmul"
     if "amx" in low or "q8_0" in low or "mul_mat" in low or "gemm" in low or "gemv" in low or "vec_dot" in low:
         return "drafter matmul"

@@ -27,7 +27,14 @@
  *    them, and it fails when no batch took the tiles or the build lacks the patch. Patch 0018
  *    quantizes the activations of repacked Q1_0 to int8 with one scale per 128 (the reference
  *    does the same from its definition; Q1_0 takes the tiles from 4 columns); on x86 with AVX2
- *    it fails without that patch.
+ *    it fails without that patch;
+ *  - patch 0020: Q4_0 weights of 16 rows in the same tiles, and Q8_0 where the build has dpbusd
+ *    (their layout read back from the repack buffer; on x86 with AVX2 it fails when they are
+ *    not), every batch 1-17 and 33 against
+ *    ggml's dequantization, every code 15 against +-1 activations (the maddubs path's largest
+ *    int16 sums), each column bit-identical alone and batched; and GGML_OP_MUL_MAT_ID on 3-D
+ *    weights in the repack buffer (a mixture of experts), which rows16 must leave to layouts
+ *    that compute it.
  * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
  * the answers but not which kernels are wired in (a build of another source, such as PrismML's
  * fork, has its own kernels and none of our patches); `quick` (the self-test
@@ -102,6 +109,10 @@ extern int ggml_rows16_amx_calls(void) __attribute__((weak));
 /* Patch 0018: on x86 the repacked Q1_0 kernels take each activation column as int8 quants with one
  * scale per 128 (a Q1_0 block) instead of Q8_0's one per 32; absent without the patch. */
 extern void ggml_rows16_quantize_acts128(const float *, int8_t *, void *, int64_t) __attribute__((weak));
+
+/* Patch 0020: Q4_0 weights of 16 rows repacked into the same tiles (layout checked below); absent
+ * without the patch. */
+extern void ggml_rows16_repack_q4_0(void *, const void *, int64_t, int64_t) __attribute__((weak));
 
 static int failures = 0;
 static int quick = 0;
@@ -420,7 +431,12 @@ static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int thre
  * test-quantize-fns covers their round trip); what is checked is the kernels and mul_mat paths of
  * this build, plain and repacked, against it, and each batched column against the column alone.
  * Tolerance 1e-4 x sum of |terms|: F16 products are summed in float, not as exact integers. */
-static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, int threads, int repacked) {
+/* With `exact` (Q4_0 and Q8_0 in patch 0020's tiles) each column alone must give the same bits as
+ * in the batch; `f` other than RANDOM writes Q4_0/Q8_0 blocks directly against +-1 activations:
+ * every code at its top (ALL_HIGH: Q4_0 15, the largest sums the maddubs path keeps in int16; Q8_0
+ * 127) or its bottom (ALL_LOW: Q4_0 0, Q8_0 -128). */
+static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int batch, int threads, int repacked, int exact,
+                                       enum fill f) {
     const struct ggml_type_traits * tt = ggml_get_type_traits(t);
     const enum ggml_type vt = ggml_get_type_traits_cpu(t)->vec_dot_type;
     const struct ggml_type_traits_cpu * vtc = ggml_get_type_traits_cpu(vt);
@@ -431,6 +447,16 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
     for (int i = 0; i < n * rows; i++) wf[i] = frand(-1.0f, 1.0f) * ((i / n) % 3 == 0 ? 30.0f : 0.05f);
     char * wdata = malloc(wrow * (size_t) rows);
     ggml_quantize_chunk(t, wf, wdata, 0, rows, n, NULL);
+    const int raw = (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q8_0) && (f == ALL_HIGH || f == ALL_LOW);
+    if (raw) { /* fp16 d, then the quants: Q4_0 16 bytes of nibbles, Q8_0 32 int8 */
+        const int qbytes = t == GGML_TYPE_Q4_0 ? 16 : 32;
+        for (int i = 0; i < rows * n / 32; i++) {
+            uint8_t * b = (uint8_t *) wdata + (size_t) i * (2 + qbytes);
+            const uint16_t d = ggml_fp32_to_fp16(frand(0.01f, 0.05f));
+            memcpy(b, &d, 2);
+            memset(b + 2, f == ALL_HIGH ? (t == GGML_TYPE_Q4_0 ? 0xFF : 0x7F) : (t == GGML_TYPE_Q4_0 ? 0x00 : 0x80), qbytes);
+        }
+    }
     struct ggml_init_params ip = { 64 * 1024 * 1024, NULL, false };
     struct ggml_context * ctx = ggml_init(ip);
     struct ggml_context * wctx = NULL;
@@ -451,7 +477,7 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
     }
     struct ggml_tensor * a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, batch);
     float * af = (float *) a->data;
-    for (int i = 0; i < n * batch; i++) af[i] = frand(-1.0f, 1.0f);
+    for (int i = 0; i < n * batch; i++) af[i] = raw ? ((rnd() & 1) ? 1.0f : -1.0f) : frand(-1.0f, 1.0f);
     struct ggml_tensor * out = ggml_mul_mat(ctx, w, a);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
@@ -493,7 +519,7 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
                 int bad = -1;
                 for (int r = 0; r < rows && bad < 0; r++) {
                     const float b = of[(size_t) c * rows + r];
-                    if (!(fabsf(one[r] - b) <= 1e-4f * (fabsf(b) + 1.0f))) bad = r;
+                    if (exact ? memcmp(&one[r], &b, sizeof(float)) != 0 : !(fabsf(one[r] - b) <= 1e-4f * (fabsf(b) + 1.0f))) bad = r;
                 }
                 if (bad >= 0) {
                     FAIL("%s %s mul_mat n=%d rows=%d batch=%d threads=%d: column %d row %d is %.9g alone, %.9g in the batch",
@@ -511,6 +537,132 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
     ggml_free(ctx);
     free(wdata);
     free(wf);
+}
+
+static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, int threads, int repacked) {
+    check_generic_mul_mat_fill(t, n, rows, batch, threads, repacked, 0, RANDOM);
+}
+
+/* Patch 0020's tile layouts, read back from the repack buffer: per 32-weight block the 16 rows'
+ * scales, then for Q4_0 byte 64 g + 4 r + t = row r's code of weight 8 g + t (low nibble) and
+ * 8 g + 4 + t (high), for Q8_0 byte 64 s + 4 r + t = row r's weight 4 s + t plus 128. 1 when the
+ * weights of 16 rows are laid out so, 0 otherwise (another layout, or not repacked). */
+static int in_rows16_tiles(enum ggml_type t) {
+    enum { N = 64, ROWS = 16, NB = N / 32, MAXB = 34 };
+    const int bb = t == GGML_TYPE_Q4_0 ? 18 : 34; /* block bytes: fp16 d, then the quants */
+    struct ggml_context * wctx;
+    ggml_backend_buffer_t wbuf;
+    struct ggml_tensor * w = new_repacked_weight(t, N, ROWS, &wctx, &wbuf);
+    if (!w) return 0;
+    uint8_t plain[ROWS * NB * MAXB], tiles[ROWS * NB * MAXB];
+    const size_t nbytes = (size_t) ROWS * NB * bb;
+    for (size_t i = 0; i < nbytes; i++) plain[i] = (uint8_t) rnd();
+    for (int i = 0; i < ROWS * NB; i++) memcpy(plain + bb * i, &(uint16_t){ ggml_fp32_to_fp16(0.25f + i) }, 2);
+    ggml_backend_tensor_set(w, plain, 0, nbytes);
+    memcpy(tiles, w->data, nbytes); /* the repack buffer is host memory; get_tensor would not undo the layout */
+    int ok = 1;
+    for (int b = 0; b < NB && ok; b++) {
+        const uint8_t * tile = tiles + (size_t) b * ROWS * bb;
+        for (int r = 0; r < ROWS && ok; r++) {
+            const uint8_t * in = plain + (size_t) (r * NB + b) * bb;
+            if (memcmp(tile + 2 * r, in, 2) != 0) ok = 0;
+            for (int s = 0; s < 8; s++)
+                for (int k = 0; k < 4; k++) {
+                    const int j = 4 * s + k; /* weight j of the block */
+                    if (t == GGML_TYPE_Q8_0) {
+                        if (tile[32 + 64 * s + 4 * r + k] != (uint8_t) (in[2 + j] + 128)) ok = 0;
+                        continue;
+                    }
+                    const int code = j < 16 ? in[2 + j] & 15 : in[2 + j - 16] >> 4;
+                    const int at = 32 + 64 * (s / 2) + 4 * r + k; /* steps 2g (low nibbles), 2g + 1 (high) */
+                    if (((tile[at] >> (4 * (s % 2))) & 15) != code) ok = 0;
+                }
+        }
+    }
+    ggml_backend_buffer_free(wbuf);
+    ggml_free(wctx);
+    return ok;
+}
+
+/* GGML_OP_MUL_MAT_ID (a mixture of experts: 3-D weights, each token's rows picked by ids) on
+ * weights the repack buffer holds. Patch 0020: rows16's traits compute MUL_MAT alone, so a 3-D
+ * weight it claimed was read by the plain kernels as if not repacked; it now leaves 3-D weights
+ * alone (Q4_0 keeps upstream's 8x8 layout, which computes both ops). A type the buffer does not
+ * take in 3-D is nothing to check. Reference: ggml's dequantization, as check_generic_mul_mat. */
+static void check_mul_mat_id(enum ggml_type t, int n, int rows, int threads) {
+    enum { N_AS = 4, N_USED = 2, N_TOK = 3 };
+    ggml_backend_buffer_type_t buft = repack_buffer_type();
+    const struct ggml_type_traits * tt = ggml_get_type_traits(t);
+    if (!buft || !tt->to_float) return;
+    struct ggml_init_params wp = { ggml_tensor_overhead() * 2, NULL, true };
+    struct ggml_context * wctx = ggml_init(wp);
+    struct ggml_tensor * as = ggml_new_tensor_3d(wctx, t, n, rows, N_AS);
+    ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft);
+    if (!wbuf || !as->extra) { /* not taken in 3-D: such weights stay in a plain buffer */
+        if (wbuf) ggml_backend_buffer_free(wbuf);
+        ggml_free(wctx);
+        return;
+    }
+    const size_t wrow = ggml_row_size(t, n);
+    char * wdata = malloc(wrow * (size_t) rows * N_AS);
+    if (t == GGML_TYPE_Q4_0) {
+        float * wf = malloc(sizeof(float) * (size_t) n * rows * N_AS);
+        for (int i = 0; i < n * rows * N_AS; i++) wf[i] = frand(-1.0f, 1.0f);
+        ggml_quantize_chunk(t, wf, wdata, 0, rows * N_AS, n, NULL);
+        free(wf);
+    } else {
+        fill_weights(t, wdata, rows * N_AS, n, RANDOM);
+    }
+    ggml_backend_tensor_set(as, wdata, 0, ggml_nbytes(as));
+    struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * b = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n, N_USED, N_TOK);
+    struct ggml_tensor * ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, N_USED, N_TOK);
+    float * bf = (float *) b->data;
+    for (int i = 0; i < n * N_USED * N_TOK; i++) bf[i] = frand(-1.0f, 1.0f);
+    for (int k = 0; k < N_TOK; k++) {
+        ((int32_t *) ids->data)[k * N_USED] = k % N_AS;
+        ((int32_t *) ids->data)[k * N_USED + 1] = (k + 1 + k % 2) % N_AS;
+    }
+    struct ggml_tensor * out = ggml_mul_mat_id(ctx, as, b, ids);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    if (ggml_graph_compute_with_ctx(ctx, gf, threads) != GGML_STATUS_SUCCESS) {
+        FAIL("%s repacked mul_mat_id n=%d rows=%d: compute failed", ggml_type_name(t), n, rows);
+    } else {
+        const enum ggml_type vt = ggml_get_type_traits_cpu(t)->vec_dot_type;
+        char * aq = malloc(ggml_row_size(vt, n));
+        float * ad = malloc(sizeof(float) * (size_t) n);
+        float * wd = malloc(sizeof(float) * (size_t) n);
+        int bad = 0;
+        for (int k = 0; k < N_TOK && !bad; k++)
+            for (int u = 0; u < N_USED && !bad; u++) {
+                const int e = ((int32_t *) ids->data)[k * N_USED + u];
+                ggml_get_type_traits_cpu(vt)->from_float(bf + (size_t) (k * N_USED + u) * n, aq, n);
+                ggml_get_type_traits(vt)->to_float(aq, ad, n);
+                for (int r = 0; r < rows && !bad; r++) {
+                    tt->to_float(wdata + ((size_t) e * rows + r) * wrow, wd, n);
+                    double want = 0.0, mag = 0.0;
+                    for (int i = 0; i < n; i++) {
+                        want += (double) wd[i] * ad[i];
+                        mag += fabs((double) wd[i] * ad[i]);
+                    }
+                    const float got = ((const float *) out->data)[((size_t) k * N_USED + u) * rows + r];
+                    if (!isfinite(got) || fabs(got - want) > 1e-4 * mag + 1e-30) {
+                        FAIL("%s repacked mul_mat_id n=%d rows=%d threads=%d: token %d expert %d row %d %.9g, reference %.9g "
+                             "(3-D weights read in a layout they are not in?)", ggml_type_name(t), n, rows, threads, k, e, r, got, want);
+                        bad = 1;
+                    }
+                }
+            }
+        free(aq);
+        free(ad);
+        free(wd);
+    }
+    ggml_backend_buffer_free(wbuf);
+    ggml_free(wctx);
+    ggml_free(ctx);
+    free(wdata);
 }
 
 int main(int argc, char ** argv) {
@@ -532,11 +684,14 @@ int main(int argc, char ** argv) {
     const int ptq1 = has_ptq1_0();
     const int ptq1_repacked = ptq1 && repacks(PTQ1_0, 384, 16);
     const int q2_rows4 = repacks(GGML_TYPE_Q2_0, 192, 4);
+    const int q4_rows16 = in_rows16_tiles(GGML_TYPE_Q4_0);
+    const int q8_rows16 = in_rows16_tiles(GGML_TYPE_Q8_0);
+    const int dpbusd = ggml_cpu_has_avx512_vnni() || ggml_cpu_has_avx_vnni(); /* compiled in */
     printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d "
-           "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d acts128=%d\n",
+           "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d acts128=%d q4_0.rows16=%d q8_0.rows16=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
            (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4, ptq1, ptq1_repacked,
-           ggml_rows16_quantize_acts128 != NULL);
+           ggml_rows16_quantize_acts128 != NULL, q4_rows16, q8_rows16);
     if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
         cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
@@ -569,6 +724,15 @@ int main(int argc, char ** argv) {
             FAIL("PTQ1_0 (type 143) is not a type of this build (patch 0012 missing)");
         } else if (!ptq1_repacked) {
             FAIL("PTQ1_0 weights are not repacked: the x86 sixteen-row kernels are not offered (patch 0012 missing)");
+        }
+        cur_type = GGML_TYPE_Q4_0;
+        if (!q4_rows16) {
+            FAIL("Q4_0 weights of 16 rows are not in the sixteen-row tiles: a 5-column batch runs upstream's 4-column gemm "
+                 "and a gemv (patch 0020 missing)");
+        }
+        cur_type = GGML_TYPE_Q8_0;
+        if (dpbusd && !q8_rows16) {
+            FAIL("Q8_0 weights of 16 rows are not in the sixteen-row tiles on a build with dpbusd (patch 0020 missing)");
         }
     }
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, PTQ1_0 };
@@ -610,6 +774,32 @@ int main(int argc, char ** argv) {
             FAIL("batches of 8+ columns do not take the AMX tiles on an AMX-INT8 build (patch 0014 missing)");
         } else if (amx_calls == 0) {
             FAIL("no batch of 8+ columns took the AMX tiles although they can run (patch 0014's dispatch)");
+        }
+    }
+    const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0 };
+    for (int ti = 0; ti < 2; ti++) { /* patch 0020: every batch against the reference, each column bit-identical alone */
+        const enum ggml_type t = tiled[ti];
+        if (!(t == GGML_TYPE_Q4_0 ? q4_rows16 : q8_rows16)) continue;
+        cur_type = t;
+        const int row_counts[] = { 16, 48, 64 };
+        const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33 };
+        for (int ri = quick ? 1 : 0; ri < 3; ri++)
+            for (int bi = 0; bi < 18; bi++)
+                for (int th = 1; th <= 2; th++)
+                    if (!quick || (bi + th) % 2 == 0 || bi >= 15) {
+                        const int k = row_counts[ri] + batches[bi];
+                        check_generic_mul_mat_fill(t, 256, row_counts[ri], batches[bi], th, 1, 1,
+                                                   k % 5 == 0 ? ALL_HIGH : k % 7 == 0 ? ALL_LOW : RANDOM);
+                    }
+        check_generic_mul_mat_fill(t, 2048, 64, 5, 2, 1, 1, RANDOM);
+        check_generic_mul_mat_fill(t, 2048, 64, 17, 2, 1, 1, ALL_HIGH);
+        check_generic_mul_mat_fill(t, 32, 16, 9, 2, 1, 1, RANDOM); /* one block per row */
+    }
+    { /* 3-D weights in the repack buffer (patch 0020) */
+        const enum ggml_type moe[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, PTQ1_0 };
+        for (int ti = 0; ti < (ptq1 ? 4 : 3); ti++) {
+            cur_type = moe[ti];
+            check_mul_mat_id(moe[ti], moe[ti] == GGML_TYPE_Q2_0 ? 192 : 384, 32, 2);
         }
     }
     const enum ggml_type others[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
