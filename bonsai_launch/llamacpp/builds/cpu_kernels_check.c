@@ -34,7 +34,9 @@
  *    ggml's dequantization, every code 15 against +-1 activations (the maddubs path's largest
  *    int16 sums), each column bit-identical alone and batched; and GGML_OP_MUL_MAT_ID on 3-D
  *    weights in the repack buffer (a mixture of experts), which rows16 must leave to layouts
- *    that compute it.
+ *    that compute it;
+ *  - patch 0021: weights of 65 tiles, which the repack splits among threads (where the machine
+ *    has two or more cores), against the same references.
  * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
  * the answers but not which kernels are wired in (a build of another source, such as PrismML's
  * fork, has its own kernels and none of our patches); `quick` (the self-test
@@ -764,6 +766,7 @@ int main(int argc, char ** argv) {
         check_mul_mat(t, 2048, 64, 5, 2, 1);
         check_mul_mat(t, 2048, 64, 17, 2, 1); /* many blocks through the AMX tiles (patch 0014) */
         check_mul_mat(t, per, 16, 9, 2, 1); /* one block per row */
+        check_mul_mat(t, 2 * per, 1040, 5, 2, 1); /* 65 tiles: patch 0021 repacks them on two or more threads */
     }
     /* patch 0014: on an AMX-INT8 build the batches of 8+ columns above went through the tiles */
     const int amx_calls = ggml_rows16_amx_calls ? ggml_rows16_amx_calls() : -2;
@@ -794,6 +797,7 @@ int main(int argc, char ** argv) {
         check_generic_mul_mat_fill(t, 2048, 64, 5, 2, 1, 1, RANDOM);
         check_generic_mul_mat_fill(t, 2048, 64, 17, 2, 1, 1, ALL_HIGH);
         check_generic_mul_mat_fill(t, 32, 16, 9, 2, 1, 1, RANDOM); /* one block per row */
+        check_generic_mul_mat_fill(t, 64, 1040, 5, 2, 1, 1, RANDOM); /* 65 tiles: repacked on several threads (0021) */
     }
     { /* 3-D weights in the repack buffer (patch 0020) */
         const enum ggml_type moe[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, PTQ1_0 };
