@@ -3,9 +3,9 @@
 Patches 0005 (an x86 Q2_0 kernel), 0006 (Q1_0/Q2_0 two rows by two columns, odd batches paired
 column by column), 0011 (Q1_0 and Q2_0 repacked sixteen rows at a time, every batch in one
 pass over the weights), 0013 (PrismML's PTQ1_0 as a type, in the same tiles at 1.75 bits per
-weight), 0018 (repacked Q1_0 against int8 activations with one scale per 128 weights) and 0020
-(Q4_0, the drafters' type, in the same tiles) change arithmetic that every Bonsai model on an x86
-CPU runs through.
+weight), 0018 (repacked Q1_0 against int8 activations with one scale per 128 weights), 0020
+(Q4_0, the drafters' type, and Q8_0 in the same tiles) and 0022 (Q4_K) change arithmetic that
+every Bonsai model on an x86 CPU runs through.
 Two checks, both against the real build of the current pin and patch series:
 - a small C program (bonsai_launch/llamacpp/builds/cpu_kernels_check.c, the self-test's) linked against that build's static ggml
   libraries compares the kernels and ggml_mul_mat at every batch size 1..9, 16, 17, 33 with a

@@ -36,7 +36,11 @@
  *    weights in the repack buffer (a mixture of experts), which rows16 must leave to layouts
  *    that compute it;
  *  - patch 0021: weights of 65 tiles, which the repack splits among threads (where the machine
- *    has two or more cores), against the same references.
+ *    has two or more cores), against the same references;
+ *  - patch 0022: Q4_K in the tiles (their opening d and dmin read back; on x86 with AVX2 it fails
+ *    without the patch), the same batches against ggml's dequantization with the Q8_0
+ *    activations the tiles take, each column bit-identical alone and batched; reported as a
+ *    type of its own ("type q4_K ok").
  * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
  * the answers but not which kernels are wired in (a build of another source, such as PrismML's
  * fork, has its own kernels and none of our patches); `quick` (the self-test
@@ -440,7 +444,8 @@ static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int thre
 static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int batch, int threads, int repacked, int exact,
                                        enum fill f) {
     const struct ggml_type_traits * tt = ggml_get_type_traits(t);
-    const enum ggml_type vt = ggml_get_type_traits_cpu(t)->vec_dot_type;
+    /* patch 0022's Q4_K tiles take Q8_0 activations (upstream's Q4_K kernels Q8_K) */
+    const enum ggml_type vt = exact && t == GGML_TYPE_Q4_K ? GGML_TYPE_Q8_0 : ggml_get_type_traits_cpu(t)->vec_dot_type;
     const struct ggml_type_traits_cpu * vtc = ggml_get_type_traits_cpu(vt);
     const struct ggml_type_traits * vtt = ggml_get_type_traits(vt);
     const char * path = repacked ? "repacked" : "plain";
@@ -549,7 +554,9 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
  * scales, then for Q4_0 byte 64 g + 4 r + t = row r's code of weight 8 g + t (low nibble) and
  * 8 g + 4 + t (high), for Q8_0 byte 64 s + 4 r + t = row r's weight 4 s + t plus 128. 1 when the
  * weights of 16 rows are laid out so, 0 otherwise (another layout, or not repacked). */
+static int q4_K_in_rows16_tiles(void);
 static int in_rows16_tiles(enum ggml_type t) {
+    if (t == GGML_TYPE_Q4_K) return q4_K_in_rows16_tiles();
     enum { N = 64, ROWS = 16, NB = N / 32, MAXB = 34 };
     const int bb = t == GGML_TYPE_Q4_0 ? 18 : 34; /* block bytes: fp16 d, then the quants */
     struct ggml_context * wctx;
@@ -580,6 +587,32 @@ static int in_rows16_tiles(enum ggml_type t) {
                     if (((tile[at] >> (4 * (s % 2))) & 15) != code) ok = 0;
                 }
         }
+    }
+    ggml_backend_buffer_free(wbuf);
+    ggml_free(wctx);
+    return ok;
+}
+
+/* Patch 0022's Q4_K tiles open with the 16 rows' d, then their dmin (upstream's 8x8 layout with
+ * eight rows' d, then their dmin): 1 when a weight of 16 rows is laid out so. */
+static int q4_K_in_rows16_tiles(void) {
+    enum { N = 256, ROWS = 16, BB = 144 };
+    struct ggml_context * wctx;
+    ggml_backend_buffer_t wbuf;
+    struct ggml_tensor * w = new_repacked_weight(GGML_TYPE_Q4_K, N, ROWS, &wctx, &wbuf);
+    if (!w) return 0;
+    uint8_t plain[ROWS * BB];
+    for (size_t i = 0; i < sizeof(plain); i++) plain[i] = (uint8_t) rnd();
+    for (int r = 0; r < ROWS; r++) { /* finite scales: d = 0.25 + r, dmin = 0.5 + r */
+        const uint16_t d = ggml_fp32_to_fp16(0.25f + r), dmin = ggml_fp32_to_fp16(0.5f + r);
+        memcpy(plain + r * BB, &d, 2);
+        memcpy(plain + r * BB + 2, &dmin, 2);
+    }
+    ggml_backend_tensor_set(w, plain, 0, sizeof(plain));
+    const uint8_t * tile = (const uint8_t *) w->data;
+    int ok = 1;
+    for (int r = 0; r < ROWS; r++) {
+        if (memcmp(tile + 2 * r, plain + r * BB, 2) != 0 || memcmp(tile + 32 + 2 * r, plain + r * BB + 2, 2) != 0) ok = 0;
     }
     ggml_backend_buffer_free(wbuf);
     ggml_free(wctx);
@@ -688,12 +721,14 @@ int main(int argc, char ** argv) {
     const int q2_rows4 = repacks(GGML_TYPE_Q2_0, 192, 4);
     const int q4_rows16 = in_rows16_tiles(GGML_TYPE_Q4_0);
     const int q8_rows16 = in_rows16_tiles(GGML_TYPE_Q8_0);
+    const int q4k_rows16 = in_rows16_tiles(GGML_TYPE_Q4_K);
     const int dpbusd = ggml_cpu_has_avx512_vnni() || ggml_cpu_has_avx_vnni(); /* compiled in */
     printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d "
-           "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d acts128=%d q4_0.rows16=%d q8_0.rows16=%d\n",
+           "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d acts128=%d q4_0.rows16=%d q8_0.rows16=%d "
+           "q4_K.rows16=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
            (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4, ptq1, ptq1_repacked,
-           ggml_rows16_quantize_acts128 != NULL, q4_rows16, q8_rows16);
+           ggml_rows16_quantize_acts128 != NULL, q4_rows16, q8_rows16, q4k_rows16);
     if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
         cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
@@ -735,6 +770,10 @@ int main(int argc, char ** argv) {
         cur_type = GGML_TYPE_Q8_0;
         if (dpbusd && !q8_rows16) {
             FAIL("Q8_0 weights of 16 rows are not in the sixteen-row tiles on a build with dpbusd (patch 0020 missing)");
+        }
+        cur_type = GGML_TYPE_Q4_K;
+        if (!q4k_rows16) {
+            FAIL("Q4_K weights of 16 rows are not in the sixteen-row tiles (patch 0022 missing)");
         }
     }
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, PTQ1_0 };
@@ -779,10 +818,10 @@ int main(int argc, char ** argv) {
             FAIL("no batch of 8+ columns took the AMX tiles although they can run (patch 0014's dispatch)");
         }
     }
-    const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0 };
-    for (int ti = 0; ti < 2; ti++) { /* patch 0020: every batch against the reference, each column bit-identical alone */
+    const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K };
+    for (int ti = 0; ti < 3; ti++) { /* patches 0020, 0022: every batch against the reference, each column bit-identical alone */
         const enum ggml_type t = tiled[ti];
-        if (!(t == GGML_TYPE_Q4_0 ? q4_rows16 : q8_rows16)) continue;
+        if (!(t == GGML_TYPE_Q4_0 ? q4_rows16 : t == GGML_TYPE_Q8_0 ? q8_rows16 : q4k_rows16)) continue;
         cur_type = t;
         const int row_counts[] = { 16, 48, 64 };
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33 };
@@ -791,13 +830,13 @@ int main(int argc, char ** argv) {
                 for (int th = 1; th <= 2; th++)
                     if (!quick || (bi + th) % 2 == 0 || bi >= 15) {
                         const int k = row_counts[ri] + batches[bi];
-                        check_generic_mul_mat_fill(t, 256, row_counts[ri], batches[bi], th, 1, 1,
+                        check_generic_mul_mat_fill(t, t == GGML_TYPE_Q4_K ? 512 : 256, row_counts[ri], batches[bi], th, 1, 1,
                                                    k % 5 == 0 ? ALL_HIGH : k % 7 == 0 ? ALL_LOW : RANDOM);
                     }
         check_generic_mul_mat_fill(t, 2048, 64, 5, 2, 1, 1, RANDOM);
         check_generic_mul_mat_fill(t, 2048, 64, 17, 2, 1, 1, ALL_HIGH);
-        check_generic_mul_mat_fill(t, 32, 16, 9, 2, 1, 1, RANDOM); /* one block per row */
-        check_generic_mul_mat_fill(t, 64, 1040, 5, 2, 1, 1, RANDOM); /* 65 tiles: repacked on several threads (0021) */
+        check_generic_mul_mat_fill(t, t == GGML_TYPE_Q4_K ? 256 : 32, 16, 9, 2, 1, 1, RANDOM); /* one block per row */
+        check_generic_mul_mat_fill(t, t == GGML_TYPE_Q4_K ? 256 : 64, 1040, 5, 2, 1, 1, RANDOM); /* 65 tiles: several threads (0021) */
     }
     { /* 3-D weights in the repack buffer (patch 0020) */
         const enum ggml_type moe[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, PTQ1_0 };
@@ -816,8 +855,8 @@ int main(int argc, char ** argv) {
             for (int ri = quick ? 1 : 0; ri < 3; ri++)
                 for (int bi = 0; bi < 10; bi++) check_generic_mul_mat(t, 256, row_counts[ri], batches[bi], 1 + (bi % 2), rep);
     }
-    const enum ggml_type all[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
-    for (int ti = 0; ti < 5; ti++) {
+    const enum ggml_type all[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16, GGML_TYPE_Q4_K };
+    for (int ti = 0; ti < 6; ti++) {
         if (type_failures[all[ti]]) printf("type %s failed %d\n", ggml_type_name(all[ti]), type_failures[all[ti]]);
         else printf("type %s ok\n", ggml_type_name(all[ti]));
     }
