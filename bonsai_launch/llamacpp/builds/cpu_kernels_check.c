@@ -437,6 +437,22 @@ static void check_mul_mat(enum ggml_type t, int n, int rows, int batch, int thre
  * test-quantize-fns covers their round trip); what is checked is the kernels and mul_mat paths of
  * this build, plain and repacked, against it, and each batched column against the column alone.
  * Tolerance 1e-4 x sum of |terms|: F16 products are summed in float, not as exact integers. */
+/* A weight row through ggml's own dequantization against activations already dequantized (ad),
+ * summed in double; *mag = sum of |terms|. wd: n floats of scratch. Within 1e-4 x mag is a match:
+ * F16 products are summed in float, not as exact integers. */
+static double dequant_dot(const struct ggml_type_traits * tt, const void * row, const float * ad, float * wd, int n,
+                          double * mag) {
+    tt->to_float(row, wd, n);
+    double want = 0.0, m = 0.0;
+    for (int k = 0; k < n; k++) {
+        want += (double) wd[k] * ad[k];
+        m += fabs((double) wd[k] * ad[k]);
+    }
+    *mag = m;
+    return want;
+}
+static int near_dequant(float got, double want, double mag) { return isfinite(got) && fabs(got - want) <= 1e-4 * mag + 1e-30; }
+
 /* With `exact` (Q4_0 and Q8_0 in patch 0020's tiles) each column alone must give the same bits as
  * in the batch; `f` other than RANDOM writes Q4_0/Q8_0 blocks directly against +-1 activations:
  * every code at its top (ALL_HIGH: Q4_0 15, the largest sums the maddubs path keeps in int16; Q8_0
@@ -499,14 +515,10 @@ static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int ba
             vtc->from_float(af + (size_t) c * n, aq, n);
             vtt->to_float(aq, ad, n);
             for (int r = 0; r < rows; r++) {
-                tt->to_float(wdata + r * wrow, wd, n);
-                double want = 0.0, mag = 0.0;
-                for (int k = 0; k < n; k++) {
-                    want += (double) wd[k] * ad[k];
-                    mag += fabs((double) wd[k] * ad[k]);
-                }
+                double mag;
+                const double want = dequant_dot(tt, wdata + r * wrow, ad, wd, n, &mag);
                 const float got = of[(size_t) c * rows + r];
-                if (!isfinite(got) || fabs(got - want) > 1e-4 * mag + 1e-30) {
+                if (!near_dequant(got, want, mag)) {
                     FAIL("%s %s mul_mat n=%d rows=%d batch=%d threads=%d: [%d,%d] %.9g, reference %.9g", ggml_type_name(t),
                          path, n, rows, batch, threads, r, c, got, want);
                     c = batch;
@@ -676,14 +688,10 @@ static void check_mul_mat_id(enum ggml_type t, int n, int rows, int threads) {
                 ggml_get_type_traits_cpu(vt)->from_float(bf + (size_t) (k * N_USED + u) * n, aq, n);
                 ggml_get_type_traits(vt)->to_float(aq, ad, n);
                 for (int r = 0; r < rows && !bad; r++) {
-                    tt->to_float(wdata + ((size_t) e * rows + r) * wrow, wd, n);
-                    double want = 0.0, mag = 0.0;
-                    for (int i = 0; i < n; i++) {
-                        want += (double) wd[i] * ad[i];
-                        mag += fabs((double) wd[i] * ad[i]);
-                    }
+                    double mag;
+                    const double want = dequant_dot(tt, wdata + ((size_t) e * rows + r) * wrow, ad, wd, n, &mag);
                     const float got = ((const float *) out->data)[((size_t) k * N_USED + u) * rows + r];
-                    if (!isfinite(got) || fabs(got - want) > 1e-4 * mag + 1e-30) {
+                    if (!near_dequant(got, want, mag)) {
                         FAIL("%s repacked mul_mat_id n=%d rows=%d threads=%d: token %d expert %d row %d %.9g, reference %.9g "
                              "(3-D weights read in a layout they are not in?)", ggml_type_name(t), n, rows, threads, k, e, r, got, want);
                         bad = 1;
