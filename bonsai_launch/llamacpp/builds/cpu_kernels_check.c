@@ -40,7 +40,11 @@
  *  - patch 0022: Q4_K in the tiles (their opening d and dmin read back; on x86 with AVX2 it fails
  *    without the patch), the same batches against ggml's dequantization with the Q8_0
  *    activations the tiles take, each column bit-identical alone and batched; reported as a
- *    type of its own ("type q4_K ok").
+ *    type of its own ("type q4_K ok");
+ *  - patch 0023: Q5_0 in the tiles (its scales, fifth bits and nibbles read back; on x86 with AVX2
+ *    it fails without the patch), the same batches against ggml's dequantization, every code 31
+ *    against +-1 activations (the maddubs path's largest int16 sums over its runs of 4 steps),
+ *    each column bit-identical alone and batched; a type of its own ("type q5_0 ok").
  * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
  * the answers but not which kernels are wired in (a build of another source, such as PrismML's
  * fork, has its own kernels and none of our patches); `quick` (the self-test
@@ -454,9 +458,9 @@ static double dequant_dot(const struct ggml_type_traits * tt, const void * row, 
 static int near_dequant(float got, double want, double mag) { return isfinite(got) && fabs(got - want) <= 1e-4 * mag + 1e-30; }
 
 /* With `exact` (Q4_0 and Q8_0 in patch 0020's tiles) each column alone must give the same bits as
- * in the batch; `f` other than RANDOM writes Q4_0/Q8_0 blocks directly against +-1 activations:
- * every code at its top (ALL_HIGH: Q4_0 15, the largest sums the maddubs path keeps in int16; Q8_0
- * 127) or its bottom (ALL_LOW: Q4_0 0, Q8_0 -128). */
+ * in the batch; `f` other than RANDOM writes Q4_0/Q5_0/Q8_0 blocks directly against +-1
+ * activations: every code at its top (ALL_HIGH: Q4_0 15 and Q5_0 31, the largest sums the maddubs
+ * path keeps in int16; Q8_0 127) or its bottom (ALL_LOW: Q4_0 and Q5_0 0, Q8_0 -128). */
 static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int batch, int threads, int repacked, int exact,
                                        enum fill f) {
     const struct ggml_type_traits * tt = ggml_get_type_traits(t);
@@ -470,14 +474,14 @@ static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int ba
     for (int i = 0; i < n * rows; i++) wf[i] = frand(-1.0f, 1.0f) * ((i / n) % 3 == 0 ? 30.0f : 0.05f);
     char * wdata = malloc(wrow * (size_t) rows);
     ggml_quantize_chunk(t, wf, wdata, 0, rows, n, NULL);
-    const int raw = (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q8_0) && (f == ALL_HIGH || f == ALL_LOW);
-    if (raw) { /* fp16 d, then the quants: Q4_0 16 bytes of nibbles, Q8_0 32 int8 */
-        const int qbytes = t == GGML_TYPE_Q4_0 ? 16 : 32;
+    const int raw = (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q5_0 || t == GGML_TYPE_Q8_0) && (f == ALL_HIGH || f == ALL_LOW);
+    if (raw) { /* fp16 d, then the quants: Q4_0 16 bytes of nibbles, Q5_0 4 of fifth bits and 16 of nibbles, Q8_0 32 int8 */
+        const int qbytes = t == GGML_TYPE_Q4_0 ? 16 : t == GGML_TYPE_Q5_0 ? 20 : 32;
         for (int i = 0; i < rows * n / 32; i++) {
             uint8_t * b = (uint8_t *) wdata + (size_t) i * (2 + qbytes);
             const uint16_t d = ggml_fp32_to_fp16(frand(0.01f, 0.05f));
             memcpy(b, &d, 2);
-            memset(b + 2, f == ALL_HIGH ? (t == GGML_TYPE_Q4_0 ? 0xFF : 0x7F) : (t == GGML_TYPE_Q4_0 ? 0x00 : 0x80), qbytes);
+            memset(b + 2, f == ALL_HIGH ? (t == GGML_TYPE_Q8_0 ? 0x7F : 0xFF) : (t == GGML_TYPE_Q8_0 ? 0x80 : 0x00), qbytes);
         }
     }
     struct ggml_init_params ip = { 64 * 1024 * 1024, NULL, false };
@@ -564,13 +568,16 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
 
 /* Patch 0020's tile layouts, read back from the repack buffer: per 32-weight block the 16 rows'
  * scales, then for Q4_0 byte 64 g + 4 r + t = row r's code of weight 8 g + t (low nibble) and
- * 8 g + 4 + t (high), for Q8_0 byte 64 s + 4 r + t = row r's weight 4 s + t plus 128. 1 when the
- * weights of 16 rows are laid out so, 0 otherwise (another layout, or not repacked). */
+ * 8 g + 4 + t (high), for Q8_0 byte 64 s + 4 r + t = row r's weight 4 s + t plus 128. Patch
+ * 0023's Q5_0: the scales, then bit 4 r + t of qword s = the fifth bit of row r's code of weight
+ * 4 s + t, then Q4_0's nibbles. 1 when the weights of 16 rows are laid out so, 0 otherwise
+ * (another layout, or not repacked). */
 static int q4_K_in_rows16_tiles(void);
 static int in_rows16_tiles(enum ggml_type t) {
     if (t == GGML_TYPE_Q4_K) return q4_K_in_rows16_tiles();
     enum { N = 64, ROWS = 16, NB = N / 32, MAXB = 34 };
-    const int bb = t == GGML_TYPE_Q4_0 ? 18 : 34; /* block bytes: fp16 d, then the quants */
+    const int bb = t == GGML_TYPE_Q4_0 ? 18 : t == GGML_TYPE_Q5_0 ? 22 : 34; /* block bytes: fp16 d, then the quants */
+    const int nibbles_at = t == GGML_TYPE_Q5_0 ? 96 : 32; /* in a tile block: Q5_0's fifth bits come first */
     struct ggml_context * wctx;
     ggml_backend_buffer_t wbuf;
     struct ggml_tensor * w = new_repacked_weight(t, N, ROWS, &wctx, &wbuf);
@@ -594,9 +601,14 @@ static int in_rows16_tiles(enum ggml_type t) {
                         if (tile[32 + 64 * s + 4 * r + k] != (uint8_t) (in[2 + j] + 128)) ok = 0;
                         continue;
                     }
-                    const int code = j < 16 ? in[2 + j] & 15 : in[2 + j - 16] >> 4;
-                    const int at = 32 + 64 * (s / 2) + 4 * r + k; /* steps 2g (low nibbles), 2g + 1 (high) */
+                    const uint8_t * qs = in + (t == GGML_TYPE_Q5_0 ? 6 : 2);
+                    const int code = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
+                    const int at = nibbles_at + 64 * (s / 2) + 4 * r + k; /* steps 2g (low nibbles), 2g + 1 (high) */
                     if (((tile[at] >> (4 * (s % 2))) & 15) != code) ok = 0;
+                    if (t == GGML_TYPE_Q5_0) {
+                        const int bit = 4 * r + k, fifth = (in[2 + j / 8] >> (j % 8)) & 1;
+                        if (((tile[32 + 8 * s + bit / 8] >> (bit % 8)) & 1) != fifth) ok = 0;
+                    }
                 }
         }
     }
@@ -652,7 +664,7 @@ static void check_mul_mat_id(enum ggml_type t, int n, int rows, int threads) {
     }
     const size_t wrow = ggml_row_size(t, n);
     char * wdata = malloc(wrow * (size_t) rows * N_AS);
-    if (t == GGML_TYPE_Q4_0) {
+    if (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q5_0) {
         float * wf = malloc(sizeof(float) * (size_t) n * rows * N_AS);
         for (int i = 0; i < n * rows * N_AS; i++) wf[i] = frand(-1.0f, 1.0f);
         ggml_quantize_chunk(t, wf, wdata, 0, rows * N_AS, n, NULL);
@@ -730,13 +742,14 @@ int main(int argc, char ** argv) {
     const int q4_rows16 = in_rows16_tiles(GGML_TYPE_Q4_0);
     const int q8_rows16 = in_rows16_tiles(GGML_TYPE_Q8_0);
     const int q4k_rows16 = in_rows16_tiles(GGML_TYPE_Q4_K);
+    const int q5_rows16 = in_rows16_tiles(GGML_TYPE_Q5_0);
     const int dpbusd = ggml_cpu_has_avx512_vnni() || ggml_cpu_has_avx_vnni(); /* compiled in */
     printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d "
            "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d acts128=%d q4_0.rows16=%d q8_0.rows16=%d "
-           "q4_K.rows16=%d\n",
+           "q4_K.rows16=%d q5_0.rows16=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
            (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4, ptq1, ptq1_repacked,
-           ggml_rows16_quantize_acts128 != NULL, q4_rows16, q8_rows16, q4k_rows16);
+           ggml_rows16_quantize_acts128 != NULL, q4_rows16, q8_rows16, q4k_rows16, q5_rows16);
     if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
         cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
@@ -783,6 +796,10 @@ int main(int argc, char ** argv) {
         if (!q4k_rows16) {
             FAIL("Q4_K weights of 16 rows are not in the sixteen-row tiles (patch 0022 missing)");
         }
+        cur_type = GGML_TYPE_Q5_0;
+        if (!q5_rows16) {
+            FAIL("Q5_0 weights of 16 rows are not in the sixteen-row tiles (patch 0023 missing)");
+        }
     }
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, PTQ1_0 };
     const int ntypes = ptq1 ? 3 : 2;
@@ -826,10 +843,10 @@ int main(int argc, char ** argv) {
             FAIL("no batch of 8+ columns took the AMX tiles although they can run (patch 0014's dispatch)");
         }
     }
-    const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K };
-    for (int ti = 0; ti < 3; ti++) { /* patches 0020, 0022: every batch against the reference, each column bit-identical alone */
+    const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0 };
+    for (int ti = 0; ti < 4; ti++) { /* patches 0020, 0022, 0023: every batch against the reference, each column bit-identical alone */
         const enum ggml_type t = tiled[ti];
-        if (!(t == GGML_TYPE_Q4_0 ? q4_rows16 : t == GGML_TYPE_Q8_0 ? q8_rows16 : q4k_rows16)) continue;
+        if (!(t == GGML_TYPE_Q4_0 ? q4_rows16 : t == GGML_TYPE_Q8_0 ? q8_rows16 : t == GGML_TYPE_Q4_K ? q4k_rows16 : q5_rows16)) continue;
         cur_type = t;
         const int row_counts[] = { 16, 48, 64 };
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33 };
@@ -847,14 +864,14 @@ int main(int argc, char ** argv) {
         check_generic_mul_mat_fill(t, t == GGML_TYPE_Q4_K ? 256 : 64, 1040, 5, 2, 1, 1, RANDOM); /* 65 tiles: several threads (0021) */
     }
     { /* 3-D weights in the repack buffer (patch 0020) */
-        const enum ggml_type moe[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, PTQ1_0 };
-        for (int ti = 0; ti < (ptq1 ? 4 : 3); ti++) {
+        const enum ggml_type moe[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, PTQ1_0 };
+        for (int ti = 0; ti < (ptq1 ? 5 : 4); ti++) {
             cur_type = moe[ti];
             check_mul_mat_id(moe[ti], moe[ti] == GGML_TYPE_Q2_0 ? 192 : 384, 32, 2);
         }
     }
-    const enum ggml_type others[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
-    for (int ti = 0; ti < 3; ti++) {
+    const enum ggml_type others[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16, GGML_TYPE_Q5_0 };
+    for (int ti = 0; ti < 4; ti++) {
         const enum ggml_type t = others[ti];
         cur_type = t;
         const int row_counts[] = { 3, 16, 40 };
@@ -863,8 +880,9 @@ int main(int argc, char ** argv) {
             for (int ri = quick ? 1 : 0; ri < 3; ri++)
                 for (int bi = 0; bi < 10; bi++) check_generic_mul_mat(t, 256, row_counts[ri], batches[bi], 1 + (bi % 2), rep);
     }
-    const enum ggml_type all[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16, GGML_TYPE_Q4_K };
-    for (int ti = 0; ti < 6; ti++) {
+    const enum ggml_type all[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16, GGML_TYPE_Q4_K,
+                                   GGML_TYPE_Q5_0 };
+    for (int ti = 0; ti < 7; ti++) {
         if (type_failures[all[ti]]) printf("type %s failed %d\n", ggml_type_name(all[ti]), type_failures[all[ti]]);
         else printf("type %s ok\n", ggml_type_name(all[ti]));
     }
