@@ -44,7 +44,12 @@
  *  - patch 0023: Q5_0 in the tiles (its scales, fifth bits and nibbles read back; on x86 with AVX2
  *    it fails without the patch), the same batches against ggml's dequantization, every code 31
  *    against +-1 activations (the maddubs path's largest int16 sums over its runs of 4 steps),
- *    each column bit-identical alone and batched; a type of its own ("type q5_0 ok").
+ *    each column bit-identical alone and batched; a type of its own ("type q5_0 ok");
+ *  - patch 0024: Q6_K in the tiles (the 16 rows' d and scales read back; on x86 with AVX2 it fails
+ *    without the patch), the same batches against ggml's dequantization with Q8_0 activations,
+ *    every code 63 with scale 127 and every code 0 with scale -128 against +-1 activations (the
+ *    maddubs path's largest int16 sums, the int32 scaling's largest products), each column
+ *    bit-identical alone and batched; a type of its own ("type q6_K ok").
  * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
  * the answers but not which kernels are wired in (a build of another source, such as PrismML's
  * fork, has its own kernels and none of our patches); `quick` (the self-test
@@ -464,8 +469,9 @@ static int near_dequant(float got, double want, double mag) { return isfinite(go
 static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int batch, int threads, int repacked, int exact,
                                        enum fill f) {
     const struct ggml_type_traits * tt = ggml_get_type_traits(t);
-    /* patch 0022's Q4_K tiles take Q8_0 activations (upstream's Q4_K kernels Q8_K) */
-    const enum ggml_type vt = exact && t == GGML_TYPE_Q4_K ? GGML_TYPE_Q8_0 : ggml_get_type_traits_cpu(t)->vec_dot_type;
+    /* patch 0022's Q4_K and 0024's Q6_K tiles take Q8_0 activations (upstream's kernels Q8_K) */
+    const enum ggml_type vt = exact && (t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K) ? GGML_TYPE_Q8_0
+                                                                                    : ggml_get_type_traits_cpu(t)->vec_dot_type;
     const struct ggml_type_traits_cpu * vtc = ggml_get_type_traits_cpu(vt);
     const struct ggml_type_traits * vtt = ggml_get_type_traits(vt);
     const char * path = repacked ? "repacked" : "plain";
@@ -484,6 +490,16 @@ static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int ba
             memset(b + 2, f == ALL_HIGH ? (t == GGML_TYPE_Q8_0 ? 0x7F : 0xFF) : (t == GGML_TYPE_Q8_0 ? 0x80 : 0x00), qbytes);
         }
     }
+    if (t == GGML_TYPE_Q6_K && (f == ALL_HIGH || f == ALL_LOW)) { /* ql[128], qh[64], int8 scales[16], fp16 d */
+        for (int i = 0; i < rows * n / 256; i++) {
+            uint8_t * b = (uint8_t *) wdata + (size_t) i * 210;
+            memset(b, f == ALL_HIGH ? 0xFF : 0x00, 192); /* every code 63, or 0 (weight -32) */
+            memset(b + 192, f == ALL_HIGH ? 0x7F : 0x80, 16); /* every scale 127, or -128 */
+            const uint16_t d = ggml_fp32_to_fp16(frand(0.0001f, 0.0005f));
+            memcpy(b + 208, &d, 2);
+        }
+    }
+    const int pm1 = raw || (t == GGML_TYPE_Q6_K && (f == ALL_HIGH || f == ALL_LOW)); /* +-1 activations */
     struct ggml_init_params ip = { 64 * 1024 * 1024, NULL, false };
     struct ggml_context * ctx = ggml_init(ip);
     struct ggml_context * wctx = NULL;
@@ -504,7 +520,7 @@ static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int ba
     }
     struct ggml_tensor * a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, batch);
     float * af = (float *) a->data;
-    for (int i = 0; i < n * batch; i++) af[i] = raw ? ((rnd() & 1) ? 1.0f : -1.0f) : frand(-1.0f, 1.0f);
+    for (int i = 0; i < n * batch; i++) af[i] = pm1 ? ((rnd() & 1) ? 1.0f : -1.0f) : frand(-1.0f, 1.0f);
     struct ggml_tensor * out = ggml_mul_mat(ctx, w, a);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
@@ -573,8 +589,10 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
  * 4 s + t, then Q4_0's nibbles. 1 when the weights of 16 rows are laid out so, 0 otherwise
  * (another layout, or not repacked). */
 static int q4_K_in_rows16_tiles(void);
+static int q6_K_in_rows16_tiles(void);
 static int in_rows16_tiles(enum ggml_type t) {
     if (t == GGML_TYPE_Q4_K) return q4_K_in_rows16_tiles();
+    if (t == GGML_TYPE_Q6_K) return q6_K_in_rows16_tiles();
     enum { N = 64, ROWS = 16, NB = N / 32, MAXB = 34 };
     const int bb = t == GGML_TYPE_Q4_0 ? 18 : t == GGML_TYPE_Q5_0 ? 22 : 34; /* block bytes: fp16 d, then the quants */
     const int nibbles_at = t == GGML_TYPE_Q5_0 ? 96 : 32; /* in a tile block: Q5_0's fifth bits come first */
@@ -643,6 +661,33 @@ static int q4_K_in_rows16_tiles(void) {
     return ok;
 }
 
+/* Patch 0024's Q6_K tiles open with the 16 rows' d, then their scales (byte 16 s + r: row r's
+ * scale of sub-block s; a plain block is ql[128], qh[64], scales[16], d): 1 when so. */
+static int q6_K_in_rows16_tiles(void) {
+    enum { N = 256, ROWS = 16, BB = 210 };
+    struct ggml_context * wctx;
+    ggml_backend_buffer_t wbuf;
+    struct ggml_tensor * w = new_repacked_weight(GGML_TYPE_Q6_K, N, ROWS, &wctx, &wbuf);
+    if (!w) return 0;
+    uint8_t plain[ROWS * BB];
+    for (size_t i = 0; i < sizeof(plain); i++) plain[i] = (uint8_t) rnd();
+    for (int r = 0; r < ROWS; r++) { /* a finite d = 0.25 + r */
+        const uint16_t d = ggml_fp32_to_fp16(0.25f + r);
+        memcpy(plain + r * BB + 208, &d, 2);
+    }
+    ggml_backend_tensor_set(w, plain, 0, sizeof(plain));
+    const uint8_t * tile = (const uint8_t *) w->data;
+    int ok = 1;
+    for (int r = 0; r < ROWS; r++) {
+        if (memcmp(tile + 2 * r, plain + r * BB + 208, 2) != 0) ok = 0;
+        for (int sb = 0; sb < 16; sb++)
+            if (tile[32 + 16 * sb + r] != plain[r * BB + 192 + sb]) ok = 0;
+    }
+    ggml_backend_buffer_free(wbuf);
+    ggml_free(wctx);
+    return ok;
+}
+
 /* GGML_OP_MUL_MAT_ID (a mixture of experts: 3-D weights, each token's rows picked by ids) on
  * weights the repack buffer holds. Patch 0020: rows16's traits compute MUL_MAT alone, so a 3-D
  * weight it claimed was read by the plain kernels as if not repacked; it now leaves 3-D weights
@@ -664,7 +709,7 @@ static void check_mul_mat_id(enum ggml_type t, int n, int rows, int threads) {
     }
     const size_t wrow = ggml_row_size(t, n);
     char * wdata = malloc(wrow * (size_t) rows * N_AS);
-    if (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q5_0) {
+    if (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q5_0 || t == GGML_TYPE_Q6_K) {
         float * wf = malloc(sizeof(float) * (size_t) n * rows * N_AS);
         for (int i = 0; i < n * rows * N_AS; i++) wf[i] = frand(-1.0f, 1.0f);
         ggml_quantize_chunk(t, wf, wdata, 0, rows * N_AS, n, NULL);
@@ -743,13 +788,14 @@ int main(int argc, char ** argv) {
     const int q8_rows16 = in_rows16_tiles(GGML_TYPE_Q8_0);
     const int q4k_rows16 = in_rows16_tiles(GGML_TYPE_Q4_K);
     const int q5_rows16 = in_rows16_tiles(GGML_TYPE_Q5_0);
+    const int q6k_rows16 = in_rows16_tiles(GGML_TYPE_Q6_K);
     const int dpbusd = ggml_cpu_has_avx512_vnni() || ggml_cpu_has_avx_vnni(); /* compiled in */
     printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d "
            "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d acts128=%d q4_0.rows16=%d q8_0.rows16=%d "
-           "q4_K.rows16=%d q5_0.rows16=%d\n",
+           "q4_K.rows16=%d q5_0.rows16=%d q6_K.rows16=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
            (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4, ptq1, ptq1_repacked,
-           ggml_rows16_quantize_acts128 != NULL, q4_rows16, q8_rows16, q4k_rows16, q5_rows16);
+           ggml_rows16_quantize_acts128 != NULL, q4_rows16, q8_rows16, q4k_rows16, q5_rows16, q6k_rows16);
     if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
         cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
@@ -800,6 +846,10 @@ int main(int argc, char ** argv) {
         if (!q5_rows16) {
             FAIL("Q5_0 weights of 16 rows are not in the sixteen-row tiles (patch 0023 missing)");
         }
+        cur_type = GGML_TYPE_Q6_K;
+        if (!q6k_rows16) {
+            FAIL("Q6_K weights of 16 rows are not in the sixteen-row tiles (patch 0024 missing)");
+        }
     }
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, PTQ1_0 };
     const int ntypes = ptq1 ? 3 : 2;
@@ -843,10 +893,13 @@ int main(int argc, char ** argv) {
             FAIL("no batch of 8+ columns took the AMX tiles although they can run (patch 0014's dispatch)");
         }
     }
-    const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0 };
-    for (int ti = 0; ti < 4; ti++) { /* patches 0020, 0022, 0023: every batch against the reference, each column bit-identical alone */
+    const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K };
+    for (int ti = 0; ti < 5; ti++) { /* patches 0020, 0022-0024: every batch against the reference, each column bit-identical alone */
         const enum ggml_type t = tiled[ti];
-        if (!(t == GGML_TYPE_Q4_0 ? q4_rows16 : t == GGML_TYPE_Q8_0 ? q8_rows16 : t == GGML_TYPE_Q4_K ? q4k_rows16 : q5_rows16)) continue;
+        const int in_tiles = t == GGML_TYPE_Q4_0 ? q4_rows16 : t == GGML_TYPE_Q8_0 ? q8_rows16 : t == GGML_TYPE_Q4_K ? q4k_rows16
+                           : t == GGML_TYPE_Q5_0 ? q5_rows16 : q6k_rows16;
+        if (!in_tiles) continue;
+        const int kquant = t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K; /* 256-weight super-blocks */
         cur_type = t;
         const int row_counts[] = { 16, 48, 64 };
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33 };
@@ -855,19 +908,19 @@ int main(int argc, char ** argv) {
                 for (int th = 1; th <= 2; th++)
                     if (!quick || (bi + th) % 2 == 0 || bi >= 15) {
                         const int k = row_counts[ri] + batches[bi];
-                        check_generic_mul_mat_fill(t, t == GGML_TYPE_Q4_K ? 512 : 256, row_counts[ri], batches[bi], th, 1, 1,
+                        check_generic_mul_mat_fill(t, kquant ? 512 : 256, row_counts[ri], batches[bi], th, 1, 1,
                                                    k % 5 == 0 ? ALL_HIGH : k % 7 == 0 ? ALL_LOW : RANDOM);
                     }
         check_generic_mul_mat_fill(t, 2048, 64, 5, 2, 1, 1, RANDOM);
         check_generic_mul_mat_fill(t, 2048, 64, 17, 2, 1, 1, ALL_HIGH);
-        check_generic_mul_mat_fill(t, t == GGML_TYPE_Q4_K ? 256 : 32, 16, 9, 2, 1, 1, RANDOM); /* one block per row */
-        check_generic_mul_mat_fill(t, t == GGML_TYPE_Q4_K ? 256 : 64, 1040, 5, 2, 1, 1, RANDOM); /* 65 tiles: several threads (0021) */
+        check_generic_mul_mat_fill(t, kquant ? 256 : 32, 16, 9, 2, 1, 1, RANDOM); /* one block per row */
+        check_generic_mul_mat_fill(t, kquant ? 256 : 64, 1040, 5, 2, 1, 1, RANDOM); /* 65 tiles: several threads (0021) */
     }
     { /* 3-D weights in the repack buffer (patch 0020) */
-        const enum ggml_type moe[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, PTQ1_0 };
-        for (int ti = 0; ti < (ptq1 ? 5 : 4); ti++) {
+        const enum ggml_type moe[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, PTQ1_0 };
+        for (int ti = 0; ti < (ptq1 ? 6 : 5); ti++) {
             cur_type = moe[ti];
-            check_mul_mat_id(moe[ti], moe[ti] == GGML_TYPE_Q2_0 ? 192 : 384, 32, 2);
+            check_mul_mat_id(moe[ti], moe[ti] == GGML_TYPE_Q2_0 ? 192 : moe[ti] == GGML_TYPE_Q6_K ? 512 : 384, 32, 2);
         }
     }
     const enum ggml_type others[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16, GGML_TYPE_Q5_0 };
@@ -881,8 +934,8 @@ int main(int argc, char ** argv) {
                 for (int bi = 0; bi < 10; bi++) check_generic_mul_mat(t, 256, row_counts[ri], batches[bi], 1 + (bi % 2), rep);
     }
     const enum ggml_type all[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16, GGML_TYPE_Q4_K,
-                                   GGML_TYPE_Q5_0 };
-    for (int ti = 0; ti < 7; ti++) {
+                                   GGML_TYPE_Q5_0, GGML_TYPE_Q6_K };
+    for (int ti = 0; ti < 8; ti++) {
         if (type_failures[all[ti]]) printf("type %s failed %d\n", ggml_type_name(all[ti]), type_failures[all[ti]]);
         else printf("type %s ok\n", ggml_type_name(all[ti]));
     }
