@@ -162,10 +162,10 @@ def test_the_kernel_check_fails_on_the_build_without_our_patches(tmp_path):
     exe = kernel_check.compile_check(kernel_check.link_parts(root, include), tmp_path)
     result = kernel_check.run(exe)
     assert not result.passed, result.output[-3000:]
-    # our patches are Q1_0's, Q2_0's and PTQ1_0's (a type the pin lacks), and since 0020 and 0022-0024
-    # Q4_0's, Q4_K's, Q5_0's and Q6_K's tiles and, where the kernels have dpbusd, Q8_0's: those
-    # fail on their wiring (upstream's answers for them are right); F16 must still pass there (no
-    # false alarm)
+    # our patches are Q1_0's, Q2_0's and PTQ1_0's (a type the pin lacks), and since 0020 and 0022-0025
+    # Q4_0's, Q4_K's, Q5_0's, Q6_K's and Q5_K's tiles and, where the kernels have dpbusd, Q8_0's:
+    # those fail on their wiring (upstream's answers for them are right); F16 must still pass there
+    # (no false alarm)
     dpbusd = "avx512_vnni=1" in result.first_line or "avx_vnni=1" in result.first_line
     want = {
         "Q1_0": False,
@@ -177,6 +177,7 @@ def test_the_kernel_check_fails_on_the_build_without_our_patches(tmp_path):
         "Q4_K": False,
         "Q5_0": False,
         "Q6_K": False,
+        "Q5_K": False,
     }
     assert result.types == want, result.output
     assert any("patch 0005 missing" in f for f in result.failures)
@@ -186,6 +187,10 @@ def test_the_kernel_check_fails_on_the_build_without_our_patches(tmp_path):
     )
     assert [f for f in result.failures if "patch 0023 missing" in f], result.failures
     assert [f for f in result.failures if "patch 0024 missing" in f], result.failures
+    assert [f for f in result.failures if "patch 0025 missing" in f], result.failures
+    assert not [f for f in result.failures if "Q5_K" in f and "patch 0025" not in f], (
+        "upstream's Q5_K answers are right"
+    )
     assert not [f for f in result.failures if "Q6_K" in f and "patch 0024" not in f], (
         "upstream's Q6_K answers are right"
     )

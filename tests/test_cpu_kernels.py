@@ -4,16 +4,16 @@ Patches 0005 (an x86 Q2_0 kernel), 0006 (Q1_0/Q2_0 two rows by two columns, odd 
 column by column), 0011 (Q1_0 and Q2_0 repacked sixteen rows at a time, every batch in one
 pass over the weights), 0013 (PrismML's PTQ1_0 as a type, in the same tiles at 1.75 bits per
 weight), 0018 (repacked Q1_0 against int8 activations with one scale per 128 weights), 0020
-(Q4_0, the drafters' type, and Q8_0 in the same tiles), 0022 (Q4_K), 0023 (Q5_0) and 0024 (Q6_K)
-change arithmetic that every Bonsai model on an x86 CPU runs through.
+(Q4_0, the drafters' type, and Q8_0 in the same tiles), 0022 (Q4_K), 0023 (Q5_0), 0024 (Q6_K) and
+0025 (Q5_K) change arithmetic that every Bonsai model on an x86 CPU runs through.
 Two checks, both against the real build of the current pin and patch series:
 - a small C program (bonsai_launch/llamacpp/builds/cpu_kernels_check.c, the self-test's) linked against that build's static ggml
   libraries compares the kernels and ggml_mul_mat at every batch size 1..9, 16, 17, 33 with a
   reference written from the block layouts, plain and from the repack buffer, and on x86 with
   AVX2 fails when the SIMD Q2_0 kernel, the 2x2 path or either repack is not wired in (so it
   fails without the patches);
-- a greedy speculative run on a tiny target quantized to Q1_0, Q2_0, Q4_0, Q5_0 and Q6_K (its 256-long
-  rows; the 128-long ones fall back to Q8_0) by the build's own
+- a greedy speculative run on a tiny target quantized to Q1_0, Q2_0, Q4_0, Q5_0, Q6_K and Q5_K_S (the
+  K-quants in its 256-long rows; the 128-long ones fall back to Q8_0 and Q5_1) by the build's own
   llama-quantize stays token-identical to plain: with repacking (verify batches of 5 and 8 tokens
   through gemm and gemv, decode steps through gemv) and with --no-repack (the paired vec_dot
   kernels for the batches, the one-row ones for decoding).
@@ -79,8 +79,17 @@ def _prompts(seed: int, n: int = 3, length: int = 24) -> list[list[int]]:
 @pytest.mark.server
 @pytest.mark.parametrize(
     ("qtype", "repack"),
-    [("Q1_0", True), ("Q1_0", False), ("Q2_0", True), ("Q2_0", False), ("Q4_0", True), ("Q5_0", True), ("Q6_K", True)],
-    ids=["Q1_0", "Q1_0-no-repack", "Q2_0", "Q2_0-no-repack", "Q4_0", "Q5_0", "Q6_K"],
+    [
+        ("Q1_0", True),
+        ("Q1_0", False),
+        ("Q2_0", True),
+        ("Q2_0", False),
+        ("Q4_0", True),
+        ("Q5_0", True),
+        ("Q6_K", True),
+        ("Q5_K_S", True),
+    ],
+    ids=["Q1_0", "Q1_0-no-repack", "Q2_0", "Q2_0-no-repack", "Q4_0", "Q5_0", "Q6_K", "Q5_K"],
 )
 @pytest.mark.slow
 def test_speculative_on_a_bonsai_format_target_is_lossless(llama_server, tmp_path, qtype, repack):

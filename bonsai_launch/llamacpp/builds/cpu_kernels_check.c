@@ -49,7 +49,11 @@
  *    without the patch), the same batches against ggml's dequantization with Q8_0 activations,
  *    every code 63 with scale 127 and every code 0 with scale -128 against +-1 activations (the
  *    maddubs path's largest int16 sums, the int32 scaling's largest products), each column
- *    bit-identical alone and batched; a type of its own ("type q6_K ok").
+ *    bit-identical alone and batched; a type of its own ("type q6_K ok");
+ *  - patch 0025: Q5_K in the tiles (d and dmin read back, as for Q4_K; on x86 with AVX2 it fails
+ *    without the patch), the same batches against ggml's dequantization with Q8_0 activations,
+ *    every code 31 with the largest scales and mins against +-1 activations, each column
+ *    bit-identical alone and batched; a type of its own ("type q5_K ok").
  * Arguments: `x86` expects the x86 kernels even where the probe says no; `results-only` checks
  * the answers but not which kernels are wired in (a build of another source, such as PrismML's
  * fork, has its own kernels and none of our patches); `quick` (the self-test
@@ -469,9 +473,9 @@ static int near_dequant(float got, double want, double mag) { return isfinite(go
 static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int batch, int threads, int repacked, int exact,
                                        enum fill f) {
     const struct ggml_type_traits * tt = ggml_get_type_traits(t);
-    /* patch 0022's Q4_K and 0024's Q6_K tiles take Q8_0 activations (upstream's kernels Q8_K) */
-    const enum ggml_type vt = exact && (t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K) ? GGML_TYPE_Q8_0
-                                                                                    : ggml_get_type_traits_cpu(t)->vec_dot_type;
+    /* the K-quants' tiles (patches 0022, 0024, 0025) take Q8_0 activations (upstream's kernels Q8_K) */
+    const int kquant = t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K;
+    const enum ggml_type vt = exact && kquant ? GGML_TYPE_Q8_0 : ggml_get_type_traits_cpu(t)->vec_dot_type;
     const struct ggml_type_traits_cpu * vtc = ggml_get_type_traits_cpu(vt);
     const struct ggml_type_traits * vtt = ggml_get_type_traits(vt);
     const char * path = repacked ? "repacked" : "plain";
@@ -499,7 +503,17 @@ static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int ba
             memcpy(b + 208, &d, 2);
         }
     }
-    const int pm1 = raw || (t == GGML_TYPE_Q6_K && (f == ALL_HIGH || f == ALL_LOW)); /* +-1 activations */
+    if (t == GGML_TYPE_Q5_K && (f == ALL_HIGH || f == ALL_LOW)) { /* fp16 d and dmin, scales[12], qh[32], qs[128] */
+        for (int i = 0; i < rows * n / 256; i++) {
+            uint8_t * b = (uint8_t *) wdata + (size_t) i * 176;
+            const uint16_t d = ggml_fp32_to_fp16(frand(0.0001f, 0.0005f)), dmin = ggml_fp32_to_fp16(frand(0.0001f, 0.0005f));
+            memcpy(b, &d, 2);
+            memcpy(b + 2, &dmin, 2);
+            memset(b + 4, 0xFF, 12); /* every scale and min 63 */
+            memset(b + 16, f == ALL_HIGH ? 0xFF : 0x00, 160); /* every code 31, or 0 */
+        }
+    }
+    const int pm1 = raw || ((t == GGML_TYPE_Q6_K || t == GGML_TYPE_Q5_K) && (f == ALL_HIGH || f == ALL_LOW)); /* +-1 activations */
     struct ggml_init_params ip = { 64 * 1024 * 1024, NULL, false };
     struct ggml_context * ctx = ggml_init(ip);
     struct ggml_context * wctx = NULL;
@@ -588,10 +602,10 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
  * 0023's Q5_0: the scales, then bit 4 r + t of qword s = the fifth bit of row r's code of weight
  * 4 s + t, then Q4_0's nibbles. 1 when the weights of 16 rows are laid out so, 0 otherwise
  * (another layout, or not repacked). */
-static int q4_K_in_rows16_tiles(void);
+static int k_in_rows16_tiles(enum ggml_type t);
 static int q6_K_in_rows16_tiles(void);
 static int in_rows16_tiles(enum ggml_type t) {
-    if (t == GGML_TYPE_Q4_K) return q4_K_in_rows16_tiles();
+    if (t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K) return k_in_rows16_tiles(t);
     if (t == GGML_TYPE_Q6_K) return q6_K_in_rows16_tiles();
     enum { N = 64, ROWS = 16, NB = N / 32, MAXB = 34 };
     const int bb = t == GGML_TYPE_Q4_0 ? 18 : t == GGML_TYPE_Q5_0 ? 22 : 34; /* block bytes: fp16 d, then the quants */
@@ -636,21 +650,23 @@ static int in_rows16_tiles(enum ggml_type t) {
 }
 
 /* Patch 0022's Q4_K tiles open with the 16 rows' d, then their dmin (upstream's 8x8 layout with
- * eight rows' d, then their dmin): 1 when a weight of 16 rows is laid out so. */
-static int q4_K_in_rows16_tiles(void) {
-    enum { N = 256, ROWS = 16, BB = 144 };
+ * eight rows' d, then their dmin), and so do 0025's Q5_K tiles: 1 when a weight of 16 rows is laid
+ * out so. */
+static int k_in_rows16_tiles(enum ggml_type t) {
+    enum { N = 256, ROWS = 16, MAXBB = 176 };
+    const int BB = t == GGML_TYPE_Q4_K ? 144 : 176;
     struct ggml_context * wctx;
     ggml_backend_buffer_t wbuf;
-    struct ggml_tensor * w = new_repacked_weight(GGML_TYPE_Q4_K, N, ROWS, &wctx, &wbuf);
+    struct ggml_tensor * w = new_repacked_weight(t, N, ROWS, &wctx, &wbuf);
     if (!w) return 0;
-    uint8_t plain[ROWS * BB];
+    uint8_t plain[ROWS * MAXBB];
     for (size_t i = 0; i < sizeof(plain); i++) plain[i] = (uint8_t) rnd();
     for (int r = 0; r < ROWS; r++) { /* finite scales: d = 0.25 + r, dmin = 0.5 + r */
         const uint16_t d = ggml_fp32_to_fp16(0.25f + r), dmin = ggml_fp32_to_fp16(0.5f + r);
         memcpy(plain + r * BB, &d, 2);
         memcpy(plain + r * BB + 2, &dmin, 2);
     }
-    ggml_backend_tensor_set(w, plain, 0, sizeof(plain));
+    ggml_backend_tensor_set(w, plain, 0, (size_t) ROWS * BB);
     const uint8_t * tile = (const uint8_t *) w->data;
     int ok = 1;
     for (int r = 0; r < ROWS; r++) {
@@ -789,13 +805,14 @@ int main(int argc, char ** argv) {
     const int q4k_rows16 = in_rows16_tiles(GGML_TYPE_Q4_K);
     const int q5_rows16 = in_rows16_tiles(GGML_TYPE_Q5_0);
     const int q6k_rows16 = in_rows16_tiles(GGML_TYPE_Q6_K);
+    const int q5k_rows16 = in_rows16_tiles(GGML_TYPE_Q5_K);
     const int dpbusd = ggml_cpu_has_avx512_vnni() || ggml_cpu_has_avx_vnni(); /* compiled in */
     printf("avx2=%d avx512=%d avx512_vnni=%d avx_vnni=%d q1_0.nrows=%lld q2_0.nrows=%lld q2_0.generic=%s q1_0.repacked=%d "
            "q2_0.repacked=%d q1_0.rows4=%d q2_0.rows4=%d ptq1_0=%d ptq1_0.repacked=%d acts128=%d q4_0.rows16=%d q8_0.rows16=%d "
-           "q4_K.rows16=%d q5_0.rows16=%d q6_K.rows16=%d\n",
+           "q4_K.rows16=%d q5_0.rows16=%d q6_K.rows16=%d q5_K.rows16=%d\n",
            x86_avx2, ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(), ggml_cpu_has_avx_vnni(), (long long) q1->nrows,
            (long long) q2->nrows, ggml_vec_dot_q2_0_q8_0_generic ? "own symbol" : "absent", q1_repacked, q2_repacked, q1_rows4, q2_rows4, ptq1, ptq1_repacked,
-           ggml_rows16_quantize_acts128 != NULL, q4_rows16, q8_rows16, q4k_rows16, q5_rows16, q6k_rows16);
+           ggml_rows16_quantize_acts128 != NULL, q4_rows16, q8_rows16, q4k_rows16, q5_rows16, q6k_rows16, q5k_rows16);
     if ((expect_x86 || x86_avx2) && !results_only) { /* `x86`: expect the x86 kernels even where the probe says no */
         cur_type = GGML_TYPE_Q2_0;
         if (!ggml_vec_dot_q2_0_q8_0_generic) {
@@ -850,6 +867,10 @@ int main(int argc, char ** argv) {
         if (!q6k_rows16) {
             FAIL("Q6_K weights of 16 rows are not in the sixteen-row tiles (patch 0024 missing)");
         }
+        cur_type = GGML_TYPE_Q5_K;
+        if (!q5k_rows16) {
+            FAIL("Q5_K weights of 16 rows are not in the sixteen-row tiles (patch 0025 missing)");
+        }
     }
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, PTQ1_0 };
     const int ntypes = ptq1 ? 3 : 2;
@@ -893,13 +914,13 @@ int main(int argc, char ** argv) {
             FAIL("no batch of 8+ columns took the AMX tiles although they can run (patch 0014's dispatch)");
         }
     }
-    const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K };
-    for (int ti = 0; ti < 5; ti++) { /* patches 0020, 0022-0024: every batch against the reference, each column bit-identical alone */
+    const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q5_K };
+    for (int ti = 0; ti < 6; ti++) { /* patches 0020, 0022-0025: every batch against the reference, each column bit-identical alone */
         const enum ggml_type t = tiled[ti];
         const int in_tiles = t == GGML_TYPE_Q4_0 ? q4_rows16 : t == GGML_TYPE_Q8_0 ? q8_rows16 : t == GGML_TYPE_Q4_K ? q4k_rows16
-                           : t == GGML_TYPE_Q5_0 ? q5_rows16 : q6k_rows16;
+                           : t == GGML_TYPE_Q5_0 ? q5_rows16 : t == GGML_TYPE_Q6_K ? q6k_rows16 : q5k_rows16;
         if (!in_tiles) continue;
-        const int kquant = t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K; /* 256-weight super-blocks */
+        const int kquant = t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K; /* 256-weight super-blocks */
         cur_type = t;
         const int row_counts[] = { 16, 48, 64 };
         const int batches[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33 };
@@ -934,8 +955,8 @@ int main(int argc, char ** argv) {
                 for (int bi = 0; bi < 10; bi++) check_generic_mul_mat(t, 256, row_counts[ri], batches[bi], 1 + (bi % 2), rep);
     }
     const enum ggml_type all[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_F16, GGML_TYPE_Q4_K,
-                                   GGML_TYPE_Q5_0, GGML_TYPE_Q6_K };
-    for (int ti = 0; ti < 8; ti++) {
+                                   GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q5_K };
+    for (int ti = 0; ti < 9; ti++) {
         if (type_failures[all[ti]]) printf("type %s failed %d\n", ggml_type_name(all[ti]), type_failures[all[ti]]);
         else printf("type %s ok\n", ggml_type_name(all[ti]));
     }

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HARNESS = Path(__file__).with_name("cpu_kernels_check.c")
-# PTQ1_0: patch 0012 (type 143); Q4_K: 0022; Q5_0: 0023; Q6_K: 0024
-TYPES = ("Q1_0", "Q2_0", "Q4_0", "Q8_0", "F16", "PTQ1_0", "Q4_K", "Q5_0", "Q6_K")
+# PTQ1_0: patch 0012 (type 143); Q4_K: 0022; Q5_0: 0023; Q6_K: 0024; Q5_K: 0025
+TYPES = ("Q1_0", "Q2_0", "Q4_0", "Q8_0", "F16", "PTQ1_0", "Q4_K", "Q5_0", "Q6_K", "Q5_K")
 LIBS = ("libggml.a", "libggml-cpu.a", "libggml-base.a")  # link order
 _TYPE_LINE = re.compile(r"^type (\S+) (ok|failed \d+)$")
 
