@@ -846,30 +846,19 @@ int main(int argc, char ** argv) {
         } else if (!ptq1_repacked) {
             FAIL("PTQ1_0 weights are not repacked: the x86 sixteen-row kernels are not offered (patch 0012 missing)");
         }
-        cur_type = GGML_TYPE_Q4_0;
-        if (!q4_rows16) {
-            FAIL("Q4_0 weights of 16 rows are not in the sixteen-row tiles: a 5-column batch runs upstream's 4-column gemm "
-                 "and a gemv (patch 0020 missing)");
-        }
-        cur_type = GGML_TYPE_Q8_0;
-        if (dpbusd && !q8_rows16) {
-            FAIL("Q8_0 weights of 16 rows are not in the sixteen-row tiles on a build with dpbusd (patch 0020 missing)");
-        }
-        cur_type = GGML_TYPE_Q4_K;
-        if (!q4k_rows16) {
-            FAIL("Q4_K weights of 16 rows are not in the sixteen-row tiles (patch 0022 missing)");
-        }
-        cur_type = GGML_TYPE_Q5_0;
-        if (!q5_rows16) {
-            FAIL("Q5_0 weights of 16 rows are not in the sixteen-row tiles (patch 0023 missing)");
-        }
-        cur_type = GGML_TYPE_Q6_K;
-        if (!q6k_rows16) {
-            FAIL("Q6_K weights of 16 rows are not in the sixteen-row tiles (patch 0024 missing)");
-        }
-        cur_type = GGML_TYPE_Q5_K;
-        if (!q5k_rows16) {
-            FAIL("Q5_K weights of 16 rows are not in the sixteen-row tiles (patch 0025 missing)");
+        /* the tile types with Q8_0 activations: each in the tiles on x86 with AVX2 (Q8_0 where dpbusd is) */
+        const struct { enum ggml_type t; const char * name; int in_tiles, required; const char * patch; } tiled_wiring[] = {
+            { GGML_TYPE_Q4_0, "Q4_0", q4_rows16, 1, "0020" }, { GGML_TYPE_Q8_0, "Q8_0", q8_rows16, dpbusd, "0020" },
+            { GGML_TYPE_Q4_K, "Q4_K", q4k_rows16, 1, "0022" }, { GGML_TYPE_Q5_0, "Q5_0", q5_rows16, 1, "0023" },
+            { GGML_TYPE_Q6_K, "Q6_K", q6k_rows16, 1, "0024" }, { GGML_TYPE_Q5_K, "Q5_K", q5k_rows16, 1, "0025" },
+        };
+        for (size_t i = 0; i < sizeof(tiled_wiring) / sizeof(tiled_wiring[0]); i++) {
+            cur_type = tiled_wiring[i].t;
+            if (tiled_wiring[i].required && !tiled_wiring[i].in_tiles) {
+                FAIL("%s weights of 16 rows are not in the sixteen-row tiles%s: a 5-column batch runs upstream's kernels "
+                     "(patch %s missing)", tiled_wiring[i].name, cur_type == GGML_TYPE_Q8_0 ? " on a build with dpbusd" : "",
+                     tiled_wiring[i].patch);
+            }
         }
     }
     const enum ggml_type types[] = { GGML_TYPE_Q1_0, GGML_TYPE_Q2_0, PTQ1_0 };
