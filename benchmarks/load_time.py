@@ -11,6 +11,10 @@ the repo root, after `bonsai build` (the files are written once under --dir):
     python benchmarks/load_time.py --before ~/.cache/bonsai/builds/cpu-1a99835ac6c4/bin
 
 The first round also reads each file into the page cache; later rounds time the load, not the disk.
+`--load-modes auto,none` times each file with llama-server's `--load-mode` as given (auto maps the
+file; none reads it once) instead of against another build, and reports the server's resident
+memory after one request beside the load time: a repacked matrix lives in the repack buffer, and
+a mapped file's pages stay resident beside it. `--model` adds a file of your own (the demo model).
 """
 
 from __future__ import annotations
@@ -36,8 +40,13 @@ def main() -> None:
     ap.add_argument("--after", type=Path, help="bin folder of the patched build (default: this checkout's build)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--load-modes", help="e.g. auto,none: compare llama-server's --load-mode values on one build")
+    ap.add_argument("--model", type=Path, action="append", default=[], help="also this file (repeatable)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.load_modes:
+        load_modes(args)
+        return
 
     after = args.after or after_bin()
     builds = {"after": after} | ({"before": args.before} if args.before else {})
@@ -67,6 +76,36 @@ def main() -> None:
         print(row)
     if args.json:
         args.json.write_text(json.dumps({"builds": {b: str(p) for b, p in builds.items()}, "load_s": loads}, indent=1))
+
+
+def load_modes(args: argparse.Namespace) -> None:
+    """Each file under each --load-mode on one build: load time and RSS after a request, medians."""
+    after = args.after or after_bin()
+    modes = args.load_modes.split(",")
+    types = [t for t in args.types.split(",") if t] if args.types else []
+    paths = {t: p for t, p in models(after, args.dir, args.shape, types).items()} | {m.name: m for m in args.model}
+    for path in paths.values():  # into the page cache, untimed
+        path.read_bytes()
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {f: {m: [] for m in modes} for f in paths}
+    for r in range(args.rounds):
+        for f, path in paths.items():
+            for m in modes if r % 2 == 0 else reversed(modes):
+                runs[f][m].append(server_rss(after, path, args.threads, ("--load-mode", m)))
+                print(f"round {r + 1}: {f} {m} {runs[f][m][-1]}", file=sys.stderr)
+    print(
+        f"llama-server spawn -> /health 200 and VmRSS after one request, -c 256 -t {args.threads}, medians of {args.rounds}"
+    )
+    print(f"build: {after}")
+    print("| file | file MiB | " + " | ".join(f"{m}: load s | {m}: RSS MiB" for m in modes) + " |")
+    print("|---|---:|" + "---:|---:|" * len(modes))
+    for f, path in paths.items():
+        cells = []
+        for m in modes:
+            cells.append(f"{statistics.median(x['load_s'] for x in runs[f][m]):.2f}")
+            cells.append(f"{statistics.median(x['rss_mib'] for x in runs[f][m]):.0f}")
+        print(f"| {f} | {path.stat().st_size / 2**20:.0f} | " + " | ".join(cells) + " |")
+    if args.json:
+        args.json.write_text(json.dumps({"build": str(after), "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":

@@ -152,10 +152,10 @@ def write_random_ptq1_0(
     return path
 
 
-def server_rss(bins: Path, model: Path, threads: int) -> dict[str, float]:
-    """llama-server's VmRSS after one completion (MiB), and its load time."""
+def server_rss(bins: Path, model: Path, threads: int, extra: tuple[str, ...] = ()) -> dict[str, float]:
+    """llama-server's VmRSS after one completion (MiB), and its load time; `extra`: more flags."""
     port = 18000 + os.getpid() % 1000
-    cmd = [bins / f"llama-server{EXE}", "-m", model, "-c", "256", "-t", threads, "--port", port, "--no-webui"]
+    cmd = [bins / f"llama-server{EXE}", "-m", model, "-c", "256", "-t", threads, "--port", port, "--no-webui", *extra]
     start = time.time()
     proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
