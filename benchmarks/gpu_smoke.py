@@ -227,7 +227,7 @@ def complete(url: str, prompt: str, n: int, timeout: float = 300.0) -> dict[str,
 
 
 CODE_PROMPT = "Write a function that returns the sum of a list of numbers, then explain it."
-COPY_PROMPT = "Copy this line twice: the quick brown fox jumps over the lazy dog"  # n-gram drafts hit
+COPY_PROMPT = "Copy this line twice: The quick brown fox jumps over the lazy dog."  # n-gram drafts hit
 
 
 def serve_pair(

@@ -30,7 +30,7 @@ from start_helpers import bonsai, bonsai_env, json_out, stop_all
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
-PROMPT = "Copy this line twice: the quick brown fox jumps over the lazy dog"  # the README's; ngram drafts on it
+PROMPT = "Copy this line twice: The quick brown fox jumps over the lazy dog."  # the README's; ngram drafts on it
 KEY = "sk-page-test-0123456789"
 MAX_TOKENS = 48
 # The drafted conversation's limit. ngram-mod drafts from text repeated in the prompt or the

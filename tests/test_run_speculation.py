@@ -16,7 +16,7 @@ from bonsai_launch.server import instances
 from bonsai_launch.server.process import free_port
 from start_helpers import ROOT, bonsai, bonsai_env, gone, json_out, no_server_left, stop_all
 
-README_PROMPT = "Copy this line twice: the quick brown fox jumps over the lazy dog"
+README_PROMPT = "Copy this line twice: The quick brown fox jumps over the lazy dog."
 
 
 @pytest.fixture(scope="module")
