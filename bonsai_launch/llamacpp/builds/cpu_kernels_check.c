@@ -603,10 +603,8 @@ static void check_generic_mul_mat(enum ggml_type t, int n, int rows, int batch, 
  * 4 s + t, then Q4_0's nibbles. 1 when the weights of 16 rows are laid out so, 0 otherwise
  * (another layout, or not repacked). */
 static int k_in_rows16_tiles(enum ggml_type t);
-static int q6_K_in_rows16_tiles(void);
 static int in_rows16_tiles(enum ggml_type t) {
-    if (t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K) return k_in_rows16_tiles(t);
-    if (t == GGML_TYPE_Q6_K) return q6_K_in_rows16_tiles();
+    if (t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K) return k_in_rows16_tiles(t);
     enum { N = 64, ROWS = 16, NB = N / 32, MAXB = 34 };
     const int bb = t == GGML_TYPE_Q4_0 ? 18 : t == GGML_TYPE_Q5_0 ? 22 : 34; /* block bytes: fp16 d, then the quants */
     const int nibbles_at = t == GGML_TYPE_Q5_0 ? 96 : 32; /* in a tile block: Q5_0's fifth bits come first */
@@ -649,54 +647,32 @@ static int in_rows16_tiles(enum ggml_type t) {
     return ok;
 }
 
-/* Patch 0022's Q4_K tiles open with the 16 rows' d, then their dmin (upstream's 8x8 layout with
- * eight rows' d, then their dmin), and so do 0025's Q5_K tiles: 1 when a weight of 16 rows is laid
- * out so. */
+/* The K-quants' tiles open with the 16 rows' fp16 d (upstream's 8x8 layouts with eight rows'):
+ * then, for patch 0022's Q4_K and 0025's Q5_K, their dmin; for 0024's Q6_K, their int8 scales
+ * (byte 16 s + r: row r's scale of sub-block s; a plain Q6_K block is ql[128], qh[64],
+ * scales[16], d). 1 when a weight of 16 rows is laid out so. */
 static int k_in_rows16_tiles(enum ggml_type t) {
-    enum { N = 256, ROWS = 16, MAXBB = 176 };
-    const int BB = t == GGML_TYPE_Q4_K ? 144 : 176;
+    enum { N = 256, ROWS = 16, MAXBB = 210 };
+    const int q6 = t == GGML_TYPE_Q6_K;
+    const int BB = (int) ggml_type_size(t), d_at = q6 ? 208 : 0; /* where a plain block keeps d */
     struct ggml_context * wctx;
     ggml_backend_buffer_t wbuf;
     struct ggml_tensor * w = new_repacked_weight(t, N, ROWS, &wctx, &wbuf);
     if (!w) return 0;
     uint8_t plain[ROWS * MAXBB];
     for (size_t i = 0; i < sizeof(plain); i++) plain[i] = (uint8_t) rnd();
-    for (int r = 0; r < ROWS; r++) { /* finite scales: d = 0.25 + r, dmin = 0.5 + r */
+    for (int r = 0; r < ROWS; r++) { /* finite scales: d = 0.25 + r, (Q4_K, Q5_K) dmin = 0.5 + r */
         const uint16_t d = ggml_fp32_to_fp16(0.25f + r), dmin = ggml_fp32_to_fp16(0.5f + r);
-        memcpy(plain + r * BB, &d, 2);
-        memcpy(plain + r * BB + 2, &dmin, 2);
+        memcpy(plain + r * BB + d_at, &d, 2);
+        if (!q6) memcpy(plain + r * BB + 2, &dmin, 2);
     }
     ggml_backend_tensor_set(w, plain, 0, (size_t) ROWS * BB);
     const uint8_t * tile = (const uint8_t *) w->data;
     int ok = 1;
     for (int r = 0; r < ROWS; r++) {
-        if (memcmp(tile + 2 * r, plain + r * BB, 2) != 0 || memcmp(tile + 32 + 2 * r, plain + r * BB + 2, 2) != 0) ok = 0;
-    }
-    ggml_backend_buffer_free(wbuf);
-    ggml_free(wctx);
-    return ok;
-}
-
-/* Patch 0024's Q6_K tiles open with the 16 rows' d, then their scales (byte 16 s + r: row r's
- * scale of sub-block s; a plain block is ql[128], qh[64], scales[16], d): 1 when so. */
-static int q6_K_in_rows16_tiles(void) {
-    enum { N = 256, ROWS = 16, BB = 210 };
-    struct ggml_context * wctx;
-    ggml_backend_buffer_t wbuf;
-    struct ggml_tensor * w = new_repacked_weight(GGML_TYPE_Q6_K, N, ROWS, &wctx, &wbuf);
-    if (!w) return 0;
-    uint8_t plain[ROWS * BB];
-    for (size_t i = 0; i < sizeof(plain); i++) plain[i] = (uint8_t) rnd();
-    for (int r = 0; r < ROWS; r++) { /* a finite d = 0.25 + r */
-        const uint16_t d = ggml_fp32_to_fp16(0.25f + r);
-        memcpy(plain + r * BB + 208, &d, 2);
-    }
-    ggml_backend_tensor_set(w, plain, 0, sizeof(plain));
-    const uint8_t * tile = (const uint8_t *) w->data;
-    int ok = 1;
-    for (int r = 0; r < ROWS; r++) {
-        if (memcmp(tile + 2 * r, plain + r * BB + 208, 2) != 0) ok = 0;
-        for (int sb = 0; sb < 16; sb++)
+        if (memcmp(tile + 2 * r, plain + r * BB + d_at, 2) != 0) ok = 0;
+        if (!q6 && memcmp(tile + 32 + 2 * r, plain + r * BB + 2, 2) != 0) ok = 0;
+        for (int sb = 0; q6 && sb < 16; sb++)
             if (tile[32 + 16 * sb + r] != plain[r * BB + 192 + sb]) ok = 0;
     }
     ggml_backend_buffer_free(wbuf);
