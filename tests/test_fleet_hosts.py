@@ -182,10 +182,17 @@ def load(fleet: Fleet, fault: Fault, seed: int) -> Outcome:
     errors: list[BaseException] = []
 
     def act(name: str, fn: Callable[[], None]) -> None:
-        marks[name] = time.monotonic()
+        # The heal follows the fault's own step, as an operator's would: a member restarted with
+        # another key is started again with the old one only once that restart is done. (Under a
+        # fast enough load the 60 answers between them come before it is: the heal's `bonsai
+        # stop` then stopped the half-started member, and the fault's start failed.)
+        before = list(actions)
 
         def run() -> None:
             try:
+                for t in before:
+                    t.join()
+                marks[name] = time.monotonic()
                 fn()
             except BaseException as exc:  # a fault that was not made must fail the test, not vanish
                 errors.append(exc)

@@ -157,3 +157,36 @@ def test_the_keeper_relays_then_restarts_and_stops_on_sigterm(tmp_path):
     finally:
         for p in [keeper, *keeper.children(recursive=True)] if keeper.is_running() else []:
             p.kill()
+
+
+# loads for a long while (a big model) before it would listen
+LOADING_SERVER = "import time; print('loading', flush=True); time.sleep(60)"
+
+
+def test_a_keeper_stopped_while_its_server_loads_relays_how_the_server_ended(tmp_path):
+    """`bonsai stop` of a detached server that is still loading: the keeper stops it and says
+    how it ended. Its stdin reader, a daemon thread, once held Python's buffer lock there, and
+    the keeper aborted at exit ("Fatal Python error: _enter_buffered_busy"): the front then
+    reported "killed by signal 6", its keeper's end, and the log held a fatal error."""
+    import psutil
+
+    from bonsai_launch.server.keeper import spawn_kept
+
+    port = free_port()
+    log = tmp_path / "kept.log"
+    argv = [sys.executable, "-c", LOADING_SERVER]
+    server, kept = spawn_kept(argv, env={}, log_path=log, base_url=f"http://127.0.0.1:{port}")
+    keeper = psutil.Process(kept.keeper.pid)
+    try:
+        deadline = time.monotonic() + 20
+        while "loading" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        keeper.terminate()  # what `bonsai stop` does first: it is the server's supervisor
+        code = server.wait(30)
+        assert kept.keeper.wait(30) == 0, log.read_text()
+        assert code == -15, (code, log.read_text())  # the server's own end: our SIGTERM
+        assert "Fatal Python error" not in log.read_text()
+        assert not psutil.pid_exists(server.pid) or psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        for p in [keeper, *keeper.children(recursive=True)] if keeper.is_running() else []:
+            p.kill()

@@ -54,6 +54,15 @@ def _reader(stream: IO[bytes]) -> queue.Queue:
     return q
 
 
+def _unbuffered(stream: IO[bytes]) -> IO[bytes]:
+    """The same pipe, read without Python's buffer. A daemon thread blocked in a buffered read
+    holds that buffer's lock, and an interpreter that exits meanwhile aborts ("Fatal Python
+    error: _enter_buffered_busy", SIGABRT): a keeper stopped while its server loaded was
+    reported as "killed by signal 6". Unbuffered, readline stops at the newline, so nothing
+    is read ahead of a line either."""
+    return os.fdopen(stream.fileno(), "rb", buffering=0, closefd=False)
+
+
 # -- the front's side ------------------------------------------------------------------------------
 
 
@@ -170,7 +179,7 @@ def spawn_kept(
     spec = {"argv": list(argv), "env": dict(env or {}), "log_path": str(log_path), "base_url": base_url}
     keeper.stdin.write(json.dumps({"spawn": spec}).encode() + b"\n")
     keeper.stdin.flush()
-    messages = _reader(keeper.stdout)
+    messages = _reader(_unbuffered(keeper.stdout))
     try:
         first = messages.get(timeout=60)
     except queue.Empty:
@@ -199,7 +208,8 @@ def _say(msg: dict[str, Any]) -> None:
 def main() -> int:
     from bonsai_launch.server.restart import Job, note, supervise
 
-    first = json.loads(sys.stdin.buffer.readline() or b"{}").get("spawn")
+    stdin = _unbuffered(sys.stdin.buffer)
+    first = json.loads(stdin.readline() or b"{}").get("spawn")
     if not first:
         return 2
     with SignalForwarder() as forwarder:
@@ -219,18 +229,15 @@ def main() -> int:
                     return 1
                 forwarder.server = server
             _say({"pid": server.pid})
-            commands = _reader(sys.stdin.buffer)
+            commands = _reader(stdin)
             while True:  # until the hand-over: the front decides, the keeper relays
-                code = server.wait(0.05)
-                if code is not None:
-                    _say({"exit": code})
-                    return 0
+                if server.wait(0.05) is not None:
+                    return 0  # the finally below relays its exit code
                 try:
                     msg = commands.get_nowait()
                 except queue.Empty:
                     continue
-                if msg is None:  # the front is gone or gave up
-                    server.stop(10.0)
+                if msg is None:  # the front is gone or gave up: the finally stops the server
                     return 0
                 if "serve" in msg:
                     job = Job.from_json(msg["serve"])
@@ -256,7 +263,9 @@ def main() -> int:
             return 0
         finally:
             if "server" in locals():
-                server.stop(10.0)
+                code = server.stop(10.0)
+                if "job" not in locals():  # the front still waits on the server: say how it ended
+                    _say({"exit": code if code is not None else -9})
             if "job" in locals():
                 from bonsai_launch.server import instances
 
