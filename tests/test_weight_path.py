@@ -133,6 +133,30 @@ def test_a_cpu_launch_reads_a_repacked_codec_once_instead_of_mapping_it():
     assert "--load-mode" not in plain.argv  # a file of other types keeps llama-server's default
 
 
+@pytest.mark.parametrize(
+    ("types", "reads_once"),
+    [
+        ({"Q4_K": 197, "Q6_K": 29, "F32": 113}, True),  # a Q4_K_M file: Q4_K and Q6_K tiles (0022, 0024)
+        ({"Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9, "F32": 109}, True),  # the demo (0023)
+        ({"Q5_K": 197, "Q6_K": 29, "F32": 113}, True),  # Q5_K_M (0025)
+        ({"F16": 197, "F32": 113}, False),  # nothing the CPU backend copies on x86 without AMX
+        ({"IQ4_XS": 197, "F32": 113}, False),
+    ],
+)
+def test_users_own_repacked_types_are_read_once_too(types, reads_once):
+    """Since patches 0020-0025 a Q4_K_M, Q5_K_M or Q5_0 file is copied into the repack buffer too:
+    mapped, a 1.7B Q4_K_M held 2168 MiB of RSS, read once 1374 (docs/benchmarks.md)."""
+    loads = dataclasses.replace(NATIVE_CPU, flags=frozenset({"--load-mode"}))
+    path = weight_path.choose(types, dict.fromkeys(types, 1000), "cpu", fork_build=False, ptq1_0_cpu=False)
+    plan = build_plan(
+        PlanInputs(resolve({}, {}), target(), EIGHT, "/bin/llama-server", capabilities=loads, weights=path)
+    )
+    assert ("--load-mode" in plan.argv) == reads_once, plan.argv
+    if reads_once:
+        assert plan.argv[plan.argv.index("--load-mode") + 1] == "none"
+        assert f"{path.served} weights are copied" in next(r.why for r in plan.reasons if r.flag == "--load-mode")
+
+
 def test_a_hybrids_kv_cache_counts_its_attention_layers_only():
     plain = target()
     assert bonsai2_27b().kv_bytes_per_token() == plain.kv_bytes_per_token() // 4 == 16 * 4 * 512 * 2

@@ -257,15 +257,19 @@ def _self_test_workaround(inputs: PlanInputs, choice: SlotChoice, b: ArgvBuilder
     b.warnings.append(line)
 
 
-# The types the CPU backend copies into its repack buffer at load on x86 (patches 0011, 0013).
-CPU_REPACKED_CODECS = frozenset({"Q1_0", "Q2_0", "PTQ1_0"})
+# The types the CPU backend copies into its repack buffer at load on x86: Bonsai's (patches 0011,
+# 0013) and, in the sixteen-row tiles since 0020-0025, those of users' own files (Q4_0, Q4_K,
+# Q5_0, Q5_K, Q6_K; Q8_0 where the kernels have dpbusd). Upstream's ARM layouts copy most of the
+# latter too. Where a type is not copied, reading the file once holds what the map would.
+CPU_REPACKED_CODECS = frozenset({"Q1_0", "Q2_0", "PTQ1_0", "Q4_0", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0"})
 
 
 def _load_mode(inputs: PlanInputs, ngl: int, b: ArgvBuilder) -> None:
-    """--load-mode none on a CPU launch of a Q1_0/Q2_0/PTQ1_0 file: the CPU backend copies those
-    matrices into its repack buffer, and a memory-mapped file would stay resident beside the copy
-    (a 27B PTQ1_0: 9.5 GiB of RSS for a 4.7 GiB file, 5.0 with the file read once; docs/benchmarks.md).
-    Not when the user set the loading or repacking after --, or the build lacks the flag."""
+    """--load-mode none on a CPU launch of a file whose codec the CPU backend copies into its repack
+    buffer: a memory-mapped file would stay resident beside the copy (a 27B PTQ1_0: 9.5 GiB of RSS
+    for a 4.7 GiB file, 5.0 with the file read once; a 1.7B Q4_K_M: 2168 MiB against 1374, for
+    0.5 s more load; docs/benchmarks.md). Not when the user set the loading or repacking after --,
+    or the build lacks the flag."""
     served = inputs.weights.served if inputs.weights is not None else None
     if ngl != 0 or served not in CPU_REPACKED_CODECS:
         return
