@@ -1,9 +1,9 @@
 """The build self-test (issue 38): each check fails on a build with its bug, and a failure changes
 what bonsai does.
 
-- kernels: the pinned llama.cpp without our patches (tests/support/prepatch_ggml.py) fails the
-  check for Q1_0 and Q2_0, for Q4_0 (and Q8_0 where the CPU has dpbusd) on patch 0020's missing
-  tiles, and passes F16; the current build passes every type; a build
+- kernels: the pinned llama.cpp without our patches (tests/support/ggml_libs.py) fails the
+  check for Q1_0 and Q2_0, for Q4_0, Q8_0 and the K-quants on their missing tiles (patches 0020,
+  0022-0026), and passes F16; the current build passes every type; a build
   whose check failed for a type refuses a model with weights of that type;
 - hybrid_two_slots: the AMX code cannot run here, so the harness switch BONSAI_SELF_TEST_FAULT=
   hybrid gives the second of two concurrent sequences a wrong column; the check fails, and the
@@ -155,23 +155,40 @@ def test_the_current_build_passes_every_check(llama_server):
 
 @pytest.mark.server
 @pytest.mark.slow
-def test_the_kernel_check_fails_on_the_build_without_our_patches(tmp_path):
-    import prepatch_ggml
+def test_the_kernel_check_passes_on_the_portable_build(tmp_path):
+    """The kernels an AVX2-only CPU runs, which the native build of an AVX-512 machine never
+    compiles: maddubs instead of dpbusd (0020's Q4_0, the runs within int16 of 0023-0025, 0026's
+    Q8_0 by each weight's sign). The patched pin configured as `bonsai build --portable` passes
+    every type; without 0026 its Q8_0 is not in the tiles and the check fails."""
+    import ggml_libs
 
-    root, include = prepatch_ggml.prepatch_key_dir()
+    root, include = ggml_libs.portable_key_dir()
+    exe = kernel_check.compile_check(kernel_check.link_parts(root, include), tmp_path)
+    result = kernel_check.run(exe)
+    assert "avx2=1 avx512=0 avx512_vnni=0 avx_vnni=0" in result.first_line, result.first_line
+    assert "q8_0.rows16=1" in result.first_line, result.first_line
+    assert result.passed, result.output[-3000:]
+    assert result.types == dict.fromkeys(kernel_check.TYPES, True)
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_the_kernel_check_fails_on_the_build_without_our_patches(tmp_path):
+    import ggml_libs
+
+    root, include = ggml_libs.prepatch_key_dir()
     exe = kernel_check.compile_check(kernel_check.link_parts(root, include), tmp_path)
     result = kernel_check.run(exe)
     assert not result.passed, result.output[-3000:]
-    # our patches are Q1_0's, Q2_0's and PTQ1_0's (a type the pin lacks), and since 0020 and 0022-0025
-    # Q4_0's, Q4_K's, Q5_0's, Q6_K's and Q5_K's tiles and, where the kernels have dpbusd, Q8_0's:
-    # those fail on their wiring (upstream's answers for them are right); F16 must still pass there
-    # (no false alarm)
+    # our patches are Q1_0's, Q2_0's and PTQ1_0's (a type the pin lacks), and since 0020 and 0022-0026
+    # Q4_0's, Q8_0's, Q4_K's, Q5_0's, Q6_K's and Q5_K's tiles: those fail on their wiring (upstream's
+    # answers for them are right); F16 must still pass there (no false alarm)
     dpbusd = "avx512_vnni=1" in result.first_line or "avx_vnni=1" in result.first_line
     want = {
         "Q1_0": False,
         "Q2_0": False,
         "Q4_0": False,
-        "Q8_0": not dpbusd,
+        "Q8_0": False,
         "F16": True,
         "PTQ1_0": False,
         "Q4_K": False,
@@ -188,6 +205,9 @@ def test_the_kernel_check_fails_on_the_build_without_our_patches(tmp_path):
     assert [f for f in result.failures if "patch 0023 missing" in f], result.failures
     assert [f for f in result.failures if "patch 0024 missing" in f], result.failures
     assert [f for f in result.failures if "patch 0025 missing" in f], result.failures
+    q8_0_patch = "patch 0020 missing" if dpbusd else "patch 0026 missing"  # dpbusd, or maddubs by the weights' sign
+    assert [f for f in result.failures if q8_0_patch in f and "Q8_0" in f], result.failures
+    assert not [f for f in result.failures if "Q8_0" in f and q8_0_patch not in f], "upstream's Q8_0 answers are right"
     assert not [f for f in result.failures if "Q5_K" in f and "patch 0025" not in f], (
         "upstream's Q5_K answers are right"
     )

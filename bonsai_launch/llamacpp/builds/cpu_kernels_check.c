@@ -29,6 +29,7 @@
  *    does the same from its definition; Q1_0 takes the tiles from 4 columns); on x86 with AVX2
  *    it fails without that patch;
  *  - patch 0020: Q4_0 weights of 16 rows in the same tiles, and Q8_0 where the build has dpbusd
+ *    (patch 0026: on AVX2 without it too, each weight's sign applied to the activations)
  *    (their layout read back from the repack buffer; on x86 with AVX2 it fails when they are
  *    not), every batch 1-17 and 33 against
  *    ggml's dequantization, every code 15 against +-1 activations (the maddubs path's largest
@@ -469,7 +470,8 @@ static int near_dequant(float got, double want, double mag) { return isfinite(go
 /* With `exact` (Q4_0 and Q8_0 in patch 0020's tiles) each column alone must give the same bits as
  * in the batch; `f` other than RANDOM writes Q4_0/Q5_0/Q8_0 blocks directly against +-1
  * activations: every code at its top (ALL_HIGH: Q4_0 15 and Q5_0 31, the largest sums the maddubs
- * path keeps in int16; Q8_0 127) or its bottom (ALL_LOW: Q4_0 and Q5_0 0, Q8_0 -128). */
+ * path keeps in int16; Q8_0 127) or its bottom (ALL_LOW: Q4_0 and Q5_0 0, Q8_0 -128, whose |w| times
+ * 127 gives patch 0026's largest maddubs pairs). */
 static void check_generic_mul_mat_fill(enum ggml_type t, int n, int rows, int batch, int threads, int repacked, int exact,
                                        enum fill f) {
     const struct ggml_type_traits * tt = ggml_get_type_traits(t);
@@ -822,18 +824,18 @@ int main(int argc, char ** argv) {
         } else if (!ptq1_repacked) {
             FAIL("PTQ1_0 weights are not repacked: the x86 sixteen-row kernels are not offered (patch 0012 missing)");
         }
-        /* the tile types with Q8_0 activations: each in the tiles on x86 with AVX2 (Q8_0 where dpbusd is) */
-        const struct { enum ggml_type t; const char * name; int in_tiles, required; const char * patch; } tiled_wiring[] = {
-            { GGML_TYPE_Q4_0, "Q4_0", q4_rows16, 1, "0020" }, { GGML_TYPE_Q8_0, "Q8_0", q8_rows16, dpbusd, "0020" },
-            { GGML_TYPE_Q4_K, "Q4_K", q4k_rows16, 1, "0022" }, { GGML_TYPE_Q5_0, "Q5_0", q5_rows16, 1, "0023" },
-            { GGML_TYPE_Q6_K, "Q6_K", q6k_rows16, 1, "0024" }, { GGML_TYPE_Q5_K, "Q5_K", q5k_rows16, 1, "0025" },
+        /* the tile types with Q8_0 activations: each in the tiles on x86 with AVX2 (Q8_0 by 0020 where
+         * the build has dpbusd, by 0026 where it multiplies with maddubs) */
+        const struct { enum ggml_type t; const char * name; int in_tiles; const char * patch; } tiled_wiring[] = {
+            { GGML_TYPE_Q4_0, "Q4_0", q4_rows16, "0020" }, { GGML_TYPE_Q8_0, "Q8_0", q8_rows16, dpbusd ? "0020" : "0026" },
+            { GGML_TYPE_Q4_K, "Q4_K", q4k_rows16, "0022" }, { GGML_TYPE_Q5_0, "Q5_0", q5_rows16, "0023" },
+            { GGML_TYPE_Q6_K, "Q6_K", q6k_rows16, "0024" }, { GGML_TYPE_Q5_K, "Q5_K", q5k_rows16, "0025" },
         };
         for (size_t i = 0; i < sizeof(tiled_wiring) / sizeof(tiled_wiring[0]); i++) {
             cur_type = tiled_wiring[i].t;
-            if (tiled_wiring[i].required && !tiled_wiring[i].in_tiles) {
-                FAIL("%s weights of 16 rows are not in the sixteen-row tiles%s: a 5-column batch runs upstream's kernels "
-                     "(patch %s missing)", tiled_wiring[i].name, cur_type == GGML_TYPE_Q8_0 ? " on a build with dpbusd" : "",
-                     tiled_wiring[i].patch);
+            if (!tiled_wiring[i].in_tiles) {
+                FAIL("%s weights of 16 rows are not in the sixteen-row tiles: a 5-column batch runs upstream's kernels "
+                     "(patch %s missing)", tiled_wiring[i].name, tiled_wiring[i].patch);
             }
         }
     }
@@ -880,7 +882,7 @@ int main(int argc, char ** argv) {
         }
     }
     const enum ggml_type tiled[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q5_K };
-    for (int ti = 0; ti < 6; ti++) { /* patches 0020, 0022-0025: every batch against the reference, each column bit-identical alone */
+    for (int ti = 0; ti < 6; ti++) { /* patches 0020, 0022-0026: every batch against the reference, each column bit-identical alone */
         const enum ggml_type t = tiled[ti];
         const int in_tiles = t == GGML_TYPE_Q4_0 ? q4_rows16 : t == GGML_TYPE_Q8_0 ? q8_rows16 : t == GGML_TYPE_Q4_K ? q4k_rows16
                            : t == GGML_TYPE_Q5_0 ? q5_rows16 : t == GGML_TYPE_Q6_K ? q6k_rows16 : q5k_rows16;

@@ -258,9 +258,9 @@ def _self_test_workaround(inputs: PlanInputs, choice: SlotChoice, b: ArgvBuilder
 
 
 # The types the CPU backend copies into its repack buffer at load on x86: Bonsai's (patches 0011,
-# 0013) and, in the sixteen-row tiles since 0020-0025, those of users' own files (Q4_0, Q4_K,
-# Q5_0, Q5_K, Q6_K; Q8_0 where the kernels have dpbusd). Upstream's ARM layouts copy most of the
-# latter too. Where a type is not copied, reading the file once holds what the map would.
+# 0013) and, in the sixteen-row tiles since 0020-0026, those of users' own files (Q4_0, Q4_K,
+# Q5_0, Q5_K, Q6_K, Q8_0). Upstream's ARM layouts copy most of the latter too. Where a type is
+# not copied, reading the file once holds what the map would.
 CPU_REPACKED_CODECS = frozenset({"Q1_0", "Q2_0", "PTQ1_0", "Q4_0", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0"})
 
 
