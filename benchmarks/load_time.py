@@ -83,7 +83,7 @@ def load_modes(args: argparse.Namespace) -> None:
     after = args.after or after_bin()
     modes = args.load_modes.split(",")
     types = [t for t in args.types.split(",") if t] if args.types else []
-    paths = {t: p for t, p in models(after, args.dir, args.shape, types).items()} | {m.name: m for m in args.model}
+    paths = models(after, args.dir, args.shape, types) | {m.name: m for m in args.model}
     for path in paths.values():  # into the page cache, untimed
         path.read_bytes()
     runs: dict[str, dict[str, list[dict[str, float]]]] = {f: {m: [] for m in modes} for f in paths}

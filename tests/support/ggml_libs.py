@@ -58,11 +58,7 @@ def portable_key_dir() -> tuple[Path, Path]:
 
 def _key_dir(name: str, series: tuple[patches.Patch, ...], native: bool) -> tuple[Path, Path]:
     sdist, sha = _sdist()
-    key = (
-        hashlib.sha256(f"{sha}\0{patches.series_hash(series)}\0{native}".encode()).hexdigest()[:12]
-        if series
-        else sha[:12]
-    )
+    key = hashlib.sha256(f"{sha}\0{patches.series_hash(series)}\0{native}".encode()).hexdigest()[:12]
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bonsai-tests" / f"{name}-{key}"
     work = root / "work"
     done = root / ".done"
