@@ -40,7 +40,11 @@ def main() -> None:
     ap.add_argument("--after", type=Path, help="bin folder of the patched build (default: this checkout's build)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", default="2")
-    ap.add_argument("--load-modes", help="e.g. auto,none: compare llama-server's --load-mode values on one build")
+    ap.add_argument(
+        "--load-modes",
+        type=load_mode_list,
+        help="e.g. auto,none: compare llama-server's --load-mode values on one build",
+    )
     ap.add_argument("--model", type=Path, action="append", default=[], help="also this file (repeatable)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -78,10 +82,24 @@ def main() -> None:
         args.json.write_text(json.dumps({"builds": {b: str(p) for b, p in builds.items()}, "load_s": loads}, indent=1))
 
 
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")  # llama-server's --load-mode (b11434)
+
+
+def load_mode_list(text: str) -> list[str]:
+    """--load-modes, checked before any server starts."""
+    modes = [m for m in text.split(",") if m]
+    bad = [m for m in modes if m not in LOAD_MODES]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(
+            f"{','.join(bad) or repr(text)} is not a load mode: give a comma-separated list of {', '.join(LOAD_MODES)}"
+        )
+    return modes
+
+
 def load_modes(args: argparse.Namespace) -> None:
     """Each file under each --load-mode on one build: load time and RSS after a request, medians."""
     after = args.after or after_bin()
-    modes = args.load_modes.split(",")
+    modes = args.load_modes
     types = [t for t in args.types.split(",") if t] if args.types else []
     paths = models(after, args.dir, args.shape, types) | {m.name: m for m in args.model}
     for path in paths.values():  # into the page cache, untimed
