@@ -158,8 +158,9 @@ def test_the_current_build_passes_every_check(llama_server):
 def test_the_kernel_check_passes_on_the_portable_build(tmp_path):
     """The kernels an AVX2-only CPU runs, which the native build of an AVX-512 machine never
     compiles: maddubs instead of dpbusd (0020's Q4_0, the runs within int16 of 0023-0025, 0026's
-    Q8_0 by each weight's sign). The patched pin configured as `bonsai build --portable` passes
-    every type; without 0026 its Q8_0 is not in the tiles and the check fails."""
+    Q8_0 by each weight's sign), and the ymm kernels' one pass (0027) and widths of 5-8 columns
+    (0028). The patched pin configured as `bonsai build --portable` passes every type; without
+    0026 its Q8_0 is not in the tiles and the check fails."""
     import ggml_libs
 
     root, include = ggml_libs.portable_key_dir()
